@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# `make bench`: trains the standard bench model with Fabrica (build/fabrica_bench)
+# and with its PyTorch peer (bench/torch_peer.py), each in its own process, one
+# after the other, for every precision, and prints tokens/s, MFU, peak RSS and the
+# Fabrica/PyTorch ratios. Exits non-zero if either side fails.
+#
+# Environment (all optional):
+#   FABRICA_BENCH  Fabrica binary            (default build/fabrica_bench)
+#   PRECISIONS     precisions to run         (default "fp32 bf16")
+#   BENCH_WARMUP   untimed steps             (default 2)
+#   BENCH_STEPS    timed steps               (default 8)
+#   BENCH_THREADS  compute threads per side  (default 2)
+#   PEAK_GFLOPS    peak FLOP/s for MFU, in GFLOP/s (default 315: 2 cores x the
+#                  measured fp32 FMA peak of this machine; used for bf16 too)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+fabrica="${FABRICA_BENCH:-build/fabrica_bench}"
+precisions="${PRECISIONS:-fp32 bf16}"
+warmup="${BENCH_WARMUP:-2}"
+steps="${BENCH_STEPS:-8}"
+threads="${BENCH_THREADS:-2}"
+peak_gflops="${PEAK_GFLOPS:-315}"
+
+if [ ! -x "$fabrica" ]; then
+  echo "run_bench: $fabrica not found or not executable (build it first: make bench)" >&2
+  exit 1
+fi
+
+bench/setup_peer.sh
+peer_py="bench/.venv/bin/python"
+fmt_py="$(command -v python3 || echo "$peer_py")"
+
+results="$(mktemp)"
+trap 'rm -f "$results"' EXIT
+
+# run_one LABEL CMD...: runs CMD (stderr passes through), keeps the last JSON line of its stdout.
+run_one() {
+  local label="$1"; shift
+  echo "run_bench: $label: $*"
+  local out rc=0
+  out="$("$@")" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    [ -n "$out" ] && printf '%s\n' "$out" >&2
+    echo "run_bench: $label failed (exit $rc)" >&2
+    exit 1
+  fi
+  local line
+  line="$(printf '%s\n' "$out" | grep '^[[:space:]]*{' | tail -n 1 || true)"
+  if [ -z "$line" ]; then
+    printf '%s\n' "$out" >&2
+    echo "run_bench: $label printed no JSON line" >&2
+    exit 1
+  fi
+  printf '%s\n' "$line" >>"$results"
+}
+
+args=(--warmup "$warmup" --steps "$steps" --threads "$threads")
+for p in $precisions; do
+  run_one "fabrica $p" "$fabrica" --precision "$p" "${args[@]}"
+  run_one "pytorch $p" "$peer_py" bench/torch_peer.py --precision "$p" "${args[@]}"
+done
+
+cpu="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
+isa="$(grep -m1 -o -w -E 'avx512f|avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null | sort -u | tr '\n' ' ' || true)"
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo 'no commit yet')"
+if [ -n "$(git status --porcelain 2>/dev/null | head -n 1)" ]; then commit="$commit, dirty tree"; fi
+
+BENCH_CPU="${cpu:-unknown}" BENCH_NPROC="$(nproc)" BENCH_ISA="${isa% }" \
+BENCH_DATE="$(date -u '+%Y-%m-%d %H:%M:%S UTC')" BENCH_COMMIT="$commit" \
+BENCH_PRECISIONS="$precisions" BENCH_WARMUP="$warmup" BENCH_STEPS="$steps" \
+BENCH_THREADS="$threads" PEAK_GFLOPS="$peak_gflops" \
+"$fmt_py" - "$results" <<'PY'
+import json, os, sys
+
+# Standard bench model (must match bench/torch_peer.py and fabrica_bench).
+V, C, L, H, KV, I, T, B = 8192, 256, 4, 4, 4, 704, 256, 8
+D = C // H
+N = L * (C * H * D + 2 * C * KV * D + H * D * C + 3 * C * I) + V * C  # matmul parameters
+ATTN = 12 * L * T * C
+FLOPS_PER_TOKEN = 6 * N + ATTN
+peak = float(os.environ["PEAK_GFLOPS"]) * 1e9
+threads = int(os.environ["BENCH_THREADS"])
+precisions = os.environ["BENCH_PRECISIONS"].split()
+keys = ["impl", "precision", "threads", "tokens_per_s", "step_ms", "peak_rss_mb", "final_loss"]
+
+rows, bad = {}, []
+with open(sys.argv[1]) as f:
+    for line in f:
+        try:
+            r = json.loads(line)
+        except ValueError as e:
+            bad.append(f"unparsable JSON line ({e}): {line.strip()}")
+            continue
+        missing = [k for k in keys if k not in r]
+        if missing:
+            bad.append(f"{r.get('impl', '?')} {r.get('precision', '?')}: missing {', '.join(missing)}")
+            continue
+        if r["threads"] != threads:
+            bad.append(f"{r['impl']} {r['precision']}: ran with {r['threads']} threads, asked for {threads}")
+        rows[(r["precision"], r["impl"])] = r
+for p in precisions:
+    for impl in ("fabrica", "pytorch"):
+        if (p, impl) not in rows:
+            bad.append(f"no result for {impl} {p}")
+if bad:
+    for b in bad:
+        print("run_bench:", b, file=sys.stderr)
+    sys.exit(1)
+
+torch_versions = sorted({r.get("torch", "?") for (p, i), r in rows.items() if i == "pytorch"})
+e = os.environ
+print()
+print("=" * 78)
+print(f"Fabrica vs PyTorch: Llama-style decoder training step (forward, backward, clip, AdamW)")
+print(f"  model    hidden {C}, {L} layers, {H} heads x {D}, {KV} kv heads, intermediate {I}, "
+      f"vocab {V}, untied")
+print(f"  batch    {B} x {T} tokens; --warmup {e['BENCH_WARMUP']} --steps {e['BENCH_STEPS']} "
+      f"--threads {threads}; each side in its own process")
+print(f"  machine  {e['BENCH_CPU']}, nproc {e['BENCH_NPROC']}"
+      + (f" ({e['BENCH_ISA']})" if e.get("BENCH_ISA") else ""))
+print(f"  date     {e['BENCH_DATE']}")
+print(f"  fabrica  {e['BENCH_COMMIT']}")
+print(f"  pytorch  torch {', '.join(torch_versions)} (bench/.venv), eager mode")
+print("=" * 78)
+hdr = f"{'precision':<9}  {'impl':<8}  {'tokens/s':>9}  {'step ms':>8}  {'MFU':>6}  {'peak RSS MB':>11}  {'final loss':>10}"
+print(hdr)
+print("-" * len(hdr))
+for p in precisions:
+    fa, pt = rows[(p, "fabrica")], rows[(p, "pytorch")]
+    for r in (fa, pt):
+        mfu = r["tokens_per_s"] * FLOPS_PER_TOKEN / peak
+        print(f"{p:<9}  {r['impl']:<8}  {r['tokens_per_s']:>9.1f}  {r['step_ms']:>8.1f}  "
+              f"{100 * mfu:>5.1f}%  {r['peak_rss_mb']:>11.1f}  {r['final_loss']:>10.4f}")
+    tp = fa["tokens_per_s"] / pt["tokens_per_s"] if pt["tokens_per_s"] else float("nan")
+    mem = fa["peak_rss_mb"] / pt["peak_rss_mb"] if pt["peak_rss_mb"] else float("nan")
+    print(f"{'':<9}  Fabrica/PyTorch: tokens/s x{tp:.2f}, peak RSS x{mem:.2f}")
+    print("-" * len(hdr))
+
+imp = sorted({r["import_rss_mb"] for (p, i), r in rows.items() if i == "pytorch" and "import_rss_mb" in r})
+print(f"MFU = tokens/s x FLOPs/token / peak FLOP/s")
+print(f"  FLOPs/token = 6*N + 12*L*T*C = 6*{N:,} + 12*{L}*{T}*{C} = {FLOPS_PER_TOKEN:,} "
+      f"({FLOPS_PER_TOKEN / 1e6:.1f} MFLOP)")
+print(f"  N = L*(4*C*C + 3*C*I) + V*C = {L}*(4*{C}*{C} + 3*{C}*{I}) + {V}*{C} = {N:,}:")
+print(f"      every parameter that takes part in a matmul (q, k, v, o with kv heads = heads;")
+print(f"      gate, up, down; the untied lm_head). The embedding lookup is not a matmul and")
+print(f"      RMSNorm weights are not counted.")
+print(f"  12*L*T*C = forward+backward FLOPs of QK^T and P*V per token with the causal mask")
+print(f"      ignored (full T x T), the PaLM/Chinchilla convention.")
+print(f"  peak = PEAK_GFLOPS = {peak / 1e9:g} GFLOP/s: 2 cores x the measured fp32 FMA peak;")
+print(f"      the same fp32 peak is used for bf16 rows (override with PEAK_GFLOPS=...).")
+print(f"peak RSS = getrusage ru_maxrss of each process (whole process, incl. libraries).")
+if imp:
+    print(f"  The PyTorch process is already at {max(imp):.0f} MB right after `import torch`")
+    print(f"      (the default PyPI wheel is the CUDA build and maps its CUDA libraries).")
+PY

@@ -1,0 +1,66 @@
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <new>
+
+namespace fab {
+
+std::string_view category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::parameters: return "parameters";
+    case MemoryCategory::gradients: return "gradients";
+    case MemoryCategory::optimizer_state: return "optimizer_state";
+    case MemoryCategory::activations: return "activations";
+    case MemoryCategory::temporaries: return "temporaries";
+  }
+  return "?";
+}
+
+static void raise_peak(std::atomic<size_t>& peak, size_t value) {
+  size_t old = peak.load(std::memory_order_relaxed);
+  while (value > old && !peak.compare_exchange_weak(old, value)) {
+  }
+}
+
+void Allocator::account(MemoryCategory category, ptrdiff_t delta) {
+  auto i = size_t(category);
+  size_t now = live_[i].fetch_add(size_t(delta)) + size_t(delta);
+  raise_peak(peak_[i], now);
+  size_t total = total_live_.fetch_add(size_t(delta)) + size_t(delta);
+  raise_peak(total_peak_, total);
+}
+
+void* Allocator::allocate(size_t bytes, MemoryCategory category) {
+  void* p = raw_allocate(bytes == 0 ? 1 : bytes);
+  account(category, ptrdiff_t(bytes));
+  return p;
+}
+
+void Allocator::release(void* ptr, size_t bytes, MemoryCategory category) {
+  if (!ptr) return;
+  raw_release(ptr);
+  account(category, -ptrdiff_t(bytes));
+}
+
+MemoryStats Allocator::stats(MemoryCategory category) const {
+  auto i = size_t(category);
+  return {live_[i].load(), peak_[i].load()};
+}
+
+MemoryStats Allocator::total() const { return {total_live_.load(), total_peak_.load()}; }
+
+void Allocator::reset_peaks() {
+  for (size_t i = 0; i < kNumMemoryCategories; ++i) peak_[i] = live_[i].load();
+  total_peak_ = total_live_.load();
+}
+
+void* HostAllocator::raw_allocate(size_t bytes) {
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void HostAllocator::raw_release(void* ptr) { std::free(ptr); }
+
+}  // namespace fab

@@ -1,0 +1,49 @@
+#pragma once
+// Host memory with accounting: every allocation names a category, and the allocator keeps live
+// and peak bytes for each, so the trainer and the tests can ask where memory went.
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <string_view>
+
+namespace fab {
+
+enum class MemoryCategory : uint8_t { parameters, gradients, optimizer_state, activations, temporaries };
+constexpr size_t kNumMemoryCategories = 5;
+std::string_view category_name(MemoryCategory c);
+
+struct MemoryStats {
+  size_t live = 0;
+  size_t peak = 0;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  void* allocate(size_t bytes, MemoryCategory category);
+  void release(void* ptr, size_t bytes, MemoryCategory category);
+
+  MemoryStats stats(MemoryCategory category) const;
+  MemoryStats total() const;
+  // Starts a new peak window: each peak becomes the current live figure.
+  void reset_peaks();
+
+ protected:
+  virtual void* raw_allocate(size_t bytes) = 0;
+  virtual void raw_release(void* ptr) = 0;
+
+ private:
+  void account(MemoryCategory category, ptrdiff_t delta);
+  std::array<std::atomic<size_t>, kNumMemoryCategories> live_{};
+  std::array<std::atomic<size_t>, kNumMemoryCategories> peak_{};
+  std::atomic<size_t> total_live_{0}, total_peak_{0};
+};
+
+// 64-byte aligned host memory (one cache line, one AVX-512 register).
+class HostAllocator final : public Allocator {
+ protected:
+  void* raw_allocate(size_t bytes) override;
+  void raw_release(void* ptr) override;
+};
+
+}  // namespace fab

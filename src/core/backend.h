@@ -1,0 +1,30 @@
+#pragma once
+// The narrow backend interface: memory, copies and the table of compute kernels of one device
+// kind. The CPU backend is always present; the CUDA slot holds a stub until the CUDA backend is
+// built, so CPU-only builds compile and say clearly that CUDA is missing. Another accelerator
+// plugs in by implementing this class and its KernelTable.
+#include <string>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace fab {
+
+struct KernelTable;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual bool available() const = 0;
+  virtual Allocator& allocator() = 0;
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // The compute kernels; the stub throws.
+  virtual const KernelTable& kernels() const = 0;
+};
+
+Backend& backend(DeviceKind kind);
+
+}  // namespace fab

@@ -1,0 +1,209 @@
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace fab {
+namespace {
+
+using nlohmann::json;
+
+size_t stored_size(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL") return 1;
+  return 0;
+}
+
+const char* stored_name(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+  }
+  return "?";
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    float f = std::ldexp(float(mant), -24);
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+}  // namespace
+
+void parse_safetensors_header(const std::string& text, size_t data_bytes, const std::string& source,
+                              std::map<std::string, SafetensorsEntry>& entries,
+                              std::map<std::string, std::string>& metadata) {
+  json header;
+  try {
+    header = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw UserError(format("{}: safetensors header is not valid JSON ({})", source, e.what()));
+  }
+  FAB_USER_CHECK(header.is_object(), "{}: safetensors header must be a JSON object", source);
+  for (auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      FAB_USER_CHECK(value.is_object(), "{}: __metadata__ must be an object of strings", source);
+      for (auto& [k, v] : value.items()) {
+        FAB_USER_CHECK(v.is_string(), "{}: __metadata__.{} must be a string", source, k);
+        metadata[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    FAB_USER_CHECK(value.is_object() && value.contains("dtype") && value.contains("shape") &&
+                       value.contains("data_offsets"),
+                   "{}: tensor \"{}\" needs dtype, shape and data_offsets", source, name);
+    SafetensorsEntry e;
+    FAB_USER_CHECK(value["dtype"].is_string(), "{}: tensor \"{}\": dtype must be a string", source, name);
+    e.dtype = value["dtype"].get<std::string>();
+    const size_t elem = stored_size(e.dtype);
+    FAB_USER_CHECK(elem != 0, "{}: tensor \"{}\": unknown dtype \"{}\"", source, name, e.dtype);
+    FAB_USER_CHECK(value["shape"].is_array(), "{}: tensor \"{}\": shape must be an array", source, name);
+    size_t count = 1;
+    for (const json& d : value["shape"]) {
+      FAB_USER_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (uint64_t(1) << 40),
+                     "{}: tensor \"{}\": bad dimension {}", source, name, d.dump());
+      e.shape.push_back(int64_t(d.get<uint64_t>()));
+      FAB_USER_CHECK(count <= (size_t(1) << 50) / (e.shape.back() + 1), "{}: tensor \"{}\" is too large", source,
+                     name);
+      count *= size_t(e.shape.back());
+    }
+    const json& off = value["data_offsets"];
+    FAB_USER_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                   "{}: tensor \"{}\": data_offsets must be [begin, end]", source, name);
+    e.begin = off[0].get<size_t>();
+    e.end = off[1].get<size_t>();
+    FAB_USER_CHECK(e.begin <= e.end && e.end <= data_bytes,
+                   "{}: tensor \"{}\": data_offsets [{}, {}] outside the {} data bytes", source, name, e.begin, e.end,
+                   data_bytes);
+    FAB_USER_CHECK(e.end - e.begin == count * elem, "{}: tensor \"{}\": {} bytes stored but shape {} of {} needs {}",
+                   source, name, e.end - e.begin, shape_str(e.shape), e.dtype, count * elem);
+    entries[name] = std::move(e);
+  }
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  FAB_USER_CHECK(fd >= 0, "{}: cannot open ({})", path, std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  const size_t size = size_t(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    throw UserError(format("{}: too short for a safetensors file ({} bytes)", path, size));
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  FAB_USER_CHECK(map != MAP_FAILED, "{}: cannot map ({})", path, std::strerror(errno));
+  SafetensorsFile f;
+  f.path_ = path;
+  f.mapping_ = std::shared_ptr<void>(map, [size](void* p) { ::munmap(p, size); });
+  uint64_t header_len;
+  std::memcpy(&header_len, map, 8);
+  FAB_USER_CHECK(header_len <= size - 8, "{}: header length {} runs past the end of the {}-byte file", path,
+                 header_len, size);
+  const char* base = static_cast<const char*>(map);
+  f.data_ = base + 8 + header_len;
+  parse_safetensors_header(std::string(base + 8, header_len), size - 8 - header_len, path, f.entries_, f.metadata_);
+  return f;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+Tensor SafetensorsFile::tensor(const std::string& name) const {
+  auto it = entries_.find(name);
+  FAB_USER_CHECK(it != entries_.end(), "{}: no tensor named \"{}\"", path_, name);
+  const SafetensorsEntry& e = it->second;
+  DType t;
+  if (e.dtype == "F32") t = DType::f32;
+  else if (e.dtype == "BF16") t = DType::bf16;
+  else if (e.dtype == "I64") t = DType::i64;
+  else if (e.dtype == "I32") t = DType::i32;
+  else throw UserError(format("{}: tensor \"{}\" has dtype {}, not usable directly", path_, name, e.dtype));
+  auto keep = mapping_;
+  void* data = const_cast<char*>(data_ + e.begin);
+  return Tensor::from_external(data, e.shape, t, [keep] {});
+}
+
+Tensor SafetensorsFile::as_f32(const std::string& name, MemoryCategory category) const {
+  auto it = entries_.find(name);
+  FAB_USER_CHECK(it != entries_.end(), "{}: no tensor named \"{}\"", path_, name);
+  const SafetensorsEntry& e = it->second;
+  Tensor out = Tensor::empty(e.shape, DType::f32, category);
+  float* dst = out.data<float>();
+  const char* src = data_ + e.begin;
+  const int64_t n = out.numel();
+  if (e.dtype == "F32") {
+    std::memcpy(dst, src, size_t(n) * 4);
+  } else if (e.dtype == "BF16" || e.dtype == "F16") {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      dst[i] = e.dtype == "BF16" ? to_f32(bf16{h}) : half_to_float(h);
+    }
+  } else {
+    throw UserError(format("{}: tensor \"{}\" has dtype {}; expected F32, BF16 or F16", path_, name, e.dtype));
+  }
+  return out;
+}
+
+void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  size_t offset = 0;
+  for (const NamedTensor& t : tensors) {
+    header[t.name] = {{"dtype", stored_name(t.tensor.dtype())},
+                      {"shape", t.tensor.shape()},
+                      {"data_offsets", {offset, offset + t.tensor.bytes()}}};
+    offset += t.tensor.bytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    FAB_USER_CHECK(out, "{}: cannot write", tmp);
+    uint64_t len = text.size();
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out.write(text.data(), std::streamsize(text.size()));
+    for (const NamedTensor& t : tensors) out.write(static_cast<const char*>(t.tensor.raw()), std::streamsize(t.tensor.bytes()));
+    FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
+  }
+  int fd = ::open(tmp.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  FAB_USER_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename into place ({})", path,
+                 std::strerror(errno));
+}
+
+}  // namespace fab

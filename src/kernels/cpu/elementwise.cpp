@@ -1,0 +1,190 @@
+// Embedding, SwiGLU, residual and bias helpers, cross-entropy, AdamW: the memory-bound kernels.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace fab::cpu::FAB_ISA {
+
+void embedding_forward(const int64_t* ids, int64_t n, const float* table, int64_t c, float* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* src = table + ids[i] * c;
+    float* dst = out + i * c;
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) dst[j] = src[j];
+  }
+}
+
+// dtable[ids[i], :] += dout[i, :]. Each thread owns a slice of columns, so repeated ids never
+// race and the sum order is fixed.
+void embedding_backward(const int64_t* ids, int64_t n, const float* dout, int64_t c, float* dtable) {
+#pragma omp parallel
+  {
+    Range cols = split_range(c, omp_get_num_threads(), omp_get_thread_num());
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = dtable + ids[i] * c;
+      const float* src = dout + i * c;
+#pragma omp simd
+      for (int64_t j = cols.begin; j < cols.end; ++j) dst[j] += src[j];
+    }
+  }
+}
+
+void swiglu_forward(const float* gate_up, int64_t rows, int64_t i, float* h) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate_up + r * 2 * i;
+    const float* u = g + i;
+    float* out = h + r * i;
+#pragma omp simd
+    for (int64_t j = 0; j < i; ++j) out[j] = g[j] * sigmoid(g[j]) * u[j];
+  }
+}
+
+// h = silu(g) u, silu(g) = g s(g), s = sigmoid:
+//   dh/du = silu(g);  dh/dg = u s(g) (1 + g (1 - s(g)))
+void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate_up + r * 2 * i;
+    const float* u = g + i;
+    const float* d = dh + r * i;
+    float* dg = dgate_up + r * 2 * i;
+    float* du = dg + i;
+#pragma omp simd
+    for (int64_t j = 0; j < i; ++j) {
+      float s = sigmoid(g[j]);
+      du[j] += d[j] * g[j] * s;
+      dg[j] += d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+    }
+  }
+}
+
+// loss_r = logsumexp(z_r) - z_r[y_r];  d loss_r / d z_r = softmax(z_r) - onehot(y_r).
+double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale) {
+  double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* z = logits + r * vocab;
+    if (labels[r] == -100) {
+#pragma omp simd
+      for (int64_t j = 0; j < vocab; ++j) z[j] = 0.0f;
+      continue;
+    }
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < vocab; ++j) mx = std::fmax(mx, z[j]);
+    const float target_shifted = z[labels[r]] - mx;
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < vocab; ++j) {
+      z[j] = exp_approx(z[j] - mx);
+      sum += z[j];
+    }
+    total += double(std::log(sum)) - double(target_shifted);  // lse - z[y], both shifted by max
+    float inv = scale / sum;
+#pragma omp simd
+    for (int64_t j = 0; j < vocab; ++j) z[j] *= inv;
+    z[labels[r]] -= scale;
+  }
+  return total;
+}
+
+void copy_2d(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols,
+             bool accumulate) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * src_ld;
+    float* d = dst + r * dst_ld;
+    if (accumulate) {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) d[j] += s[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) d[j] = s[j];
+    }
+  }
+}
+
+void add(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];
+}
+
+void accumulate(const float* x, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t j = 0; j < n; ++j) out[j] += x[j];
+}
+
+void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] += bias[j];
+  }
+}
+
+void bias_backward(const float* dy, int64_t rows, int64_t n, float* db) {
+#pragma omp parallel
+  {
+    Range cols = split_range(n, omp_get_num_threads(), omp_get_thread_num());
+    for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+      for (int64_t j = cols.begin; j < cols.end; ++j) db[j] += dy[r * n + j];
+    }
+  }
+}
+
+void scale(float* x, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t j = 0; j < n; ++j) x[j] *= s;
+}
+
+double sum_squares(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (int64_t b = 0; b < n; b += kBlock) {
+    int64_t end = b + kBlock < n ? b + kBlock : n;
+    float partial = 0;
+#pragma omp simd reduction(+ : partial)
+    for (int64_t j = b; j < end; ++j) partial += x[j] * x[j];
+    total += partial;
+  }
+  return total;
+}
+
+void to_bf16(const float* x, bf16* out, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t j = 0; j < n; ++j) {
+    uint32_t u;
+    std::memcpy(&u, &x[j], 4);
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (inputs are finite here)
+    out[j].bits = uint16_t(u >> 16);
+  }
+}
+
+// torch.optim.AdamW, one tensor:
+//   p *= 1 - lr wd;  m = lerp(m, g, 1 - b1);  v = b2 v + (1 - b2) g^2
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& a) {
+  const float decay = float(1.0 - double(a.lr) * double(a.weight_decay));
+  const float step_size = float(double(a.lr) / (1.0 - std::pow(double(a.beta1), double(a.step))));
+  const float bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))));
+  const float one_minus_b1 = 1.0f - a.beta1, one_minus_b2 = 1.0f - a.beta2;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t j = 0; j < n; ++j) {
+    float g = grad[j];
+    float p = param[j] * decay;
+    m[j] = m[j] + one_minus_b1 * (g - m[j]);
+    v[j] = v[j] * a.beta2 + one_minus_b2 * g * g;
+    float denom = std::sqrt(v[j]) / bc2_sqrt + a.eps;
+    param[j] = p - step_size * (m[j] / denom);
+  }
+}
+
+}  // namespace fab::cpu::FAB_ISA

@@ -1,0 +1,87 @@
+#pragma once
+// Every compute kernel a backend provides, as plain functions over raw device pointers.
+// Layout conventions: row-major; activations (rows, C) with rows = B*T; attention tensors
+// (B, T, heads, D). Backward kernels ACCUMULATE (+=) into every gradient they write, so one
+// buffer can collect the contributions of several uses (tied embeddings, residual streams).
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace fab {
+
+struct MatmulArgs {
+  // C (M, N) = op(A) (M, K) x op(B) (K, N), f32 output; op transposes when trans_* is set
+  // (A stored (K, M), B stored (N, K)). A and B are f32 or both bf16 (fp32 accumulation).
+  const void* a = nullptr;
+  const void* b = nullptr;
+  float* c = nullptr;
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  bool accumulate = false;  // C += ... instead of C = ...
+  DType dtype = DType::f32;
+};
+
+struct AttentionShape {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+  float scale;
+};
+
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based: the bias corrections use beta^step
+};
+
+struct KernelTable {
+  const char* isa;
+
+  void (*matmul)(const MatmulArgs& args);
+
+  // out[i, :] = table[ids[i], :]
+  void (*embedding_forward)(const int64_t* ids, int64_t n, const float* table, int64_t c, float* out);
+  void (*embedding_backward)(const int64_t* ids, int64_t n, const float* dout, int64_t c, float* dtable);
+
+  // y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) per row (fp32 statistics)
+  void (*rmsnorm_forward)(const float* x, const float* w, int64_t rows, int64_t c, float eps, float* y, float* rstd);
+  void (*rmsnorm_backward)(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+                           int64_t c, float* dx, float* dw);
+
+  // Hugging Face rotate-half RoPE on x (rows = B*T, heads, d), in place; cos/sin tables are
+  // (max_positions, d/2) and positions (rows) picks each row's angle.
+  void (*rope_forward)(float* x, const int64_t* positions, const float* cos, const float* sin, int64_t rows,
+                       int64_t heads, int64_t d);
+  // dy -> dx in place (the rotation transposed).
+  void (*rope_backward)(float* dy, const int64_t* positions, const float* cos, const float* sin, int64_t rows,
+                        int64_t heads, int64_t d);
+
+  // Causal grouped-query attention; keeps only out and the row log-sum-exp (B, H, T).
+  void (*attention_forward)(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
+                            float* lse);
+  void (*attention_backward)(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                             const float* dout, const AttentionShape& s, float* dq, float* dk, float* dv);
+
+  // gate_up rows are [gate (i), up (i)]; h = silu(gate) * up
+  void (*swiglu_forward)(const float* gate_up, int64_t rows, int64_t i, float* h);
+  void (*swiglu_backward)(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up);
+
+  // Cross-entropy of one chunk of rows, in place: logits become scale * (softmax - onehot)
+  // (zero rows where label == -100). Returns the sum of the rows' losses.
+  double (*cross_entropy_chunk)(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale);
+
+  // dst[r, 0:cols] (+)= src[r, 0:cols] with leading dimensions src_ld / dst_ld
+  void (*copy_2d)(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols,
+                  bool accumulate);
+  void (*add)(const float* a, const float* b, float* out, int64_t n);         // out = a + b
+  void (*accumulate)(const float* x, float* out, int64_t n);                  // out += x
+  void (*add_bias)(float* y, const float* bias, int64_t rows, int64_t n);     // y[r, :] += bias
+  void (*bias_backward)(const float* dy, int64_t rows, int64_t n, float* db); // db += sum_r dy[r, :]
+  void (*scale)(float* x, int64_t n, float s);
+  double (*sum_squares)(const float* x, int64_t n);
+  void (*to_bf16)(const float* x, bf16* out, int64_t n);
+
+  void (*adamw_step)(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args);
+};
+
+// The CPU table, chosen once at run time: AVX-512 kernels where the CPU has them, else AVX2.
+const KernelTable& cpu_kernels();
+
+}  // namespace fab

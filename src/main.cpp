@@ -1,0 +1,65 @@
+// fabrica: the command-line front. Today: `env` and `--version`; training commands arrive with
+// the trainer.
+#include <omp.h>
+
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "core/backend.h"
+#include "core/error.h"
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+void print_usage() {
+  std::cout << "usage: fabrica <command>\n\n"
+               "commands:\n"
+               "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
+               "  --version  print the version\n\n"
+               "example:\n"
+               "  fabrica env\n";
+}
+
+int run_env() {
+  __builtin_cpu_init();
+  std::cout << "fabrica " << kVersion << "\n";
+  std::cout << "cpu kernels: " << fab::backend(fab::DeviceKind::cpu).name() << "\n";
+  std::cout << "cpu features:";
+  if (__builtin_cpu_supports("avx2")) std::cout << " avx2";
+  if (__builtin_cpu_supports("fma")) std::cout << " fma";
+  if (__builtin_cpu_supports("avx512f")) std::cout << " avx512f";
+  if (__builtin_cpu_supports("avx512bw")) std::cout << " avx512bw";
+  if (__builtin_cpu_supports("avx512vl")) std::cout << " avx512vl";
+  if (__builtin_cpu_supports("avx512bf16")) std::cout << " avx512bf16";
+  std::cout << "\nopenmp threads: " << omp_get_max_threads() << "\n";
+  const fab::Backend& cuda = fab::backend(fab::DeviceKind::cuda);
+  std::cout << "cuda: " << (cuda.available() ? "available" : cuda.name()) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+      print_usage();
+      return argc < 2 ? 2 : 0;
+    }
+    const std::string command = argv[1];
+    if (command == "--version") {
+      std::cout << "fabrica " << kVersion << "\n";
+      return 0;
+    }
+    if (command == "env") return run_env();
+    std::cerr << "fabrica: unknown command \"" << command << "\" (try fabrica --help)\n";
+    return 2;
+  } catch (const fab::UserError& e) {
+    std::cerr << "fabrica: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "fabrica: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

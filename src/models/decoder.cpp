@@ -1,0 +1,198 @@
+#include "models/decoder.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace fab {
+namespace {
+
+std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
+
+// labels[b, t + 1] for t < T - 1, -100 at t = T - 1: the targets of each position.
+Tensor shift_labels(const Tensor& labels, int64_t vocab) {
+  FAB_CHECK(labels.ndim() == 2 && labels.dtype() == DType::i64, "labels must be (B, T) i64, got {}",
+            shape_str(labels.shape()));
+  const int64_t b = labels.dim(0), t = labels.dim(1);
+  Tensor out = Tensor::empty({b * t}, DType::i64, MemoryCategory::activations);
+  const int64_t* src = labels.data<int64_t>();
+  int64_t* dst = out.data<int64_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    for (int64_t j = 0; j + 1 < t; ++j) dst[i * t + j] = src[i * t + j + 1];
+    dst[i * t + t - 1] = -100;
+  }
+  for (int64_t i = 0; i < b * t; ++i)
+    FAB_USER_CHECK(dst[i] == -100 || (dst[i] >= 0 && dst[i] < vocab), "label {} outside the vocabulary of {}", dst[i],
+                   vocab);
+  return out;
+}
+
+}  // namespace
+
+DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& options)
+    : config_(config), options_(options) {
+  register_parameters();
+  params_.allocate(options_.precision == Precision::bf16);
+  bind_parameters();
+  const int64_t max_len = options_.max_seq_len ? options_.max_seq_len : config_.max_position_embeddings;
+  rope_ = RopeTable::make(config_.head_dim, config_.rope_theta, max_len);
+}
+
+void DecoderModel::register_parameters() {
+  const ModelConfig& c = config_;
+  const int64_t C = c.hidden_size, D = c.head_dim;
+  params_.add("model.embed_tokens.weight", {c.vocab_size, C});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = layer_prefix(i);
+    params_.add(p + "input_layernorm.weight", {C});
+    params_.add(p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C});
+    params_.add(p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, C}, true);
+    params_.add(p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, C}, true);
+    if (c.attention_bias) {
+      params_.add(p + "self_attn.q_proj.bias", {c.num_attention_heads * D});
+      params_.add(p + "self_attn.k_proj.bias", {c.num_key_value_heads * D}, true);
+      params_.add(p + "self_attn.v_proj.bias", {c.num_key_value_heads * D}, true);
+    }
+    if (c.qk_norm) {
+      params_.add(p + "self_attn.q_norm.weight", {D});
+      params_.add(p + "self_attn.k_norm.weight", {D});
+    }
+    params_.add(p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D});
+    params_.add(p + "post_attention_layernorm.weight", {C});
+    params_.add(p + "mlp.gate_proj.weight", {c.intermediate_size, C});
+    params_.add(p + "mlp.up_proj.weight", {c.intermediate_size, C}, true);
+    params_.add(p + "mlp.down_proj.weight", {C, c.intermediate_size});
+  }
+  params_.add("model.norm.weight", {C});
+  if (!c.tie_word_embeddings) params_.add("lm_head.weight", {c.vocab_size, C});
+}
+
+Linear DecoderModel::make_linear(const std::vector<std::string>& weights,
+                                 const std::vector<std::string>& biases) const {
+  Linear l;
+  l.weight = params_.fused(weights);
+  if (!biases.empty()) l.bias = params_.fused(biases);
+  l.weight_bf16 = params_.bf16_fused(weights);
+  return l;
+}
+
+void DecoderModel::bind_parameters() {
+  const ModelConfig& c = config_;
+  embed_ = params_.var("model.embed_tokens.weight");
+  final_norm_ = params_.var("model.norm.weight");
+  lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = layer_prefix(i), a = p + "self_attn.";
+    Layer l;
+    l.input_norm = params_.var(p + "input_layernorm.weight");
+    l.post_norm = params_.var(p + "post_attention_layernorm.weight");
+    std::vector<std::string> qkv_bias;
+    if (c.attention_bias) qkv_bias = {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"};
+    l.qkv = make_linear({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, qkv_bias);
+    if (c.qk_norm) {
+      l.q_norm = params_.var(a + "q_norm.weight");
+      l.k_norm = params_.var(a + "k_norm.weight");
+    }
+    l.o_proj = make_linear({a + "o_proj.weight"}, {});
+    l.gate_up = make_linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {});
+    l.down = make_linear({p + "mlp.down_proj.weight"}, {});
+    layers_.push_back(l);
+  }
+}
+
+void DecoderModel::init_random(uint64_t seed) {
+  Rng rng(seed);
+  float* values = params_.values().data<float>();
+  for (const ParamInfo& p : params_.params()) {
+    float* w = values + p.offset;
+    const bool is_norm = p.name.find("norm.weight") != std::string::npos;
+    const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    for (int64_t i = 0; i < p.numel(); ++i)
+      w[i] = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
+  }
+  weights_changed();
+}
+
+void DecoderModel::weights_changed() {
+  if (params_.has_bf16()) params_.refresh_bf16();
+}
+
+Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const Tensor& positions, int64_t batch,
+                                int64_t seq) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
+  const float eps = float(c.rms_norm_eps);
+  // Attention block: x + o_proj(attn(rope(q), rope(k), v))
+  Var h = rmsnorm(tape, x, l.input_norm, eps);
+  std::vector<Var> qkv = split_columns(tape, linear(tape, h, l.qkv), {H * D, KV * D, KV * D});
+  Var q = qkv[0], k = qkv[1], v = qkv[2];
+  if (c.qk_norm) {  // RMSNorm over each head's head_dim features
+    q = rmsnorm(tape, q, l.q_norm, eps);
+    k = rmsnorm(tape, k, l.k_norm, eps);
+  }
+  q = rope(tape, q, positions, rope_, H);
+  k = rope(tape, k, positions, rope_, KV);
+  const AttentionShape shape{batch, seq, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+  Var x2 = add(tape, x, linear(tape, attention(tape, q, k, v, shape), l.o_proj));
+  // MLP block: x + down(silu(gate(x)) * up(x))
+  Var gate_up = linear(tape, rmsnorm(tape, x2, l.post_norm, eps), l.gate_up);
+  return add(tape, x2, linear(tape, swiglu(tape, gate_up, c.intermediate_size), l.down));
+}
+
+Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids) {
+  FAB_CHECK(ids.ndim() == 2 && ids.dtype() == DType::i64, "ids must be (B, T) i64, got {}", shape_str(ids.shape()));
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  FAB_USER_CHECK(seq <= rope_.cos.dim(0), "sequence length {} exceeds the model's {} positions", seq,
+                 rope_.cos.dim(0));
+  FAB_USER_CHECK(config_.sliding_window == 0 || seq <= config_.sliding_window,
+                 "sequence length {} exceeds mistral's sliding_window {}, which is not implemented yet", seq,
+                 config_.sliding_window);
+  const int64_t* id = ids.data<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    FAB_USER_CHECK(id[i] >= 0 && id[i] < config_.vocab_size, "token id {} outside the vocabulary of {}", id[i],
+                   config_.vocab_size);
+  Tensor positions = Tensor::empty({batch * seq}, DType::i64, MemoryCategory::activations);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < seq; ++t) positions.data<int64_t>()[b * seq + t] = t;
+
+  Var x = embedding(tape, ids.reshape({batch * seq}), embed_);
+  for (const Layer& l : layers_) {
+    auto body = [this, &l, positions, batch, seq](Tape& t, const Var& in) {
+      return layer_forward(t, l, in, positions, batch, seq);
+    };
+    x = options_.recompute_layers ? checkpoint(tape, x, body) : body(tape, x);
+  }
+  return rmsnorm(tape, x, final_norm_, float(config_.rms_norm_eps));
+}
+
+double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale) {
+  Tensor targets = shift_labels(labels, config_.vocab_size);
+  Tape tape;
+  Var hidden = forward_hidden(tape, ids);
+  double loss = lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale);
+  tape.backward();
+  return loss;
+}
+
+double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels) {
+  Tape no_grad(false);
+  Var hidden = forward_hidden(no_grad, ids);
+  return lm_head_cross_entropy(no_grad, hidden, lm_head_, shift_labels(labels, config_.vocab_size), 1.0f);
+}
+
+Tensor DecoderModel::logits(const Tensor& ids) {
+  Tape no_grad(false);
+  Var hidden = forward_hidden(no_grad, ids);
+  return lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
+}
+
+int64_t DecoderModel::count_targets(const Tensor& labels) {
+  const int64_t b = labels.dim(0), t = labels.dim(1);
+  int64_t n = 0;
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 1; j < t; ++j) n += labels.data<int64_t>()[i * t + j] != -100;
+  return n;
+}
+
+}  // namespace fab

@@ -1,0 +1,66 @@
+#pragma once
+// The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
+// Face names and live in a ParamBuffer; parallelism wraps this model from outside.
+#include <vector>
+
+#include "models/model_config.h"
+#include "models/param_buffer.h"
+#include "nn/ops.h"
+
+namespace fab {
+
+struct DecoderOptions {
+  Precision precision = Precision::fp32;
+  bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
+  int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
+};
+
+class DecoderModel {
+ public:
+  DecoderModel(const ModelConfig& config, const DecoderOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const DecoderOptions& options() const { return options_; }
+  ParamBuffer& params() { return params_; }
+  const ParamBuffer& params() const { return params_; }
+
+  // HF's _init_weights: N(0, initializer_range) for linear and embedding weights, zero biases,
+  // unit norm weights.
+  void init_random(uint64_t seed);
+  // Call after the fp32 weights change (load, optimizer step): refreshes the bf16 compute copy.
+  void weights_changed();
+
+  // ids, labels: (B, T) i64. Labels are shifted inside (position t predicts labels[t + 1]);
+  // -100 is ignored. Accumulates into params().grads() the gradient of
+  // loss_scale * sum(token losses) and returns that unscaled sum.
+  double forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale);
+  // Sum of token losses without gradients (evaluation).
+  double loss_sum(const Tensor& ids, const Tensor& labels);
+  // (B, T, vocab) logits.
+  Tensor logits(const Tensor& ids);
+
+  // Targets that count in the loss: labels[b, t + 1] != -100.
+  static int64_t count_targets(const Tensor& labels);
+
+ private:
+  struct Layer {
+    Var input_norm, post_norm, q_norm, k_norm;
+    Linear qkv, o_proj, gate_up, down;
+  };
+  void register_parameters();
+  void bind_parameters();
+  Var forward_hidden(Tape& tape, const Tensor& ids);
+  Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, int64_t batch,
+                    int64_t seq);
+  Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
+
+  ModelConfig config_;
+  DecoderOptions options_;
+  ParamBuffer params_;
+  RopeTable rope_;
+  Var embed_, final_norm_;
+  Linear lm_head_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace fab

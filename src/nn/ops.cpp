@@ -1,0 +1,240 @@
+#include "nn/ops.h"
+
+#include <cmath>
+
+#include "core/backend.h"
+#include "core/error.h"
+
+namespace fab {
+namespace {
+
+const KernelTable& kernels_for(const Tensor& t) { return backend(t.device().kind).kernels(); }
+
+Tensor new_activation(Shape shape, Device device, DType dtype = DType::f32) {
+  return Tensor::empty(std::move(shape), dtype, MemoryCategory::activations, device);
+}
+
+int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
+
+Tensor to_bf16(const Tensor& x, MemoryCategory category) {
+  Tensor out = Tensor::empty(x.shape(), DType::bf16, category, x.device());
+  kernels_for(x).to_bf16(x.data<float>(), out.data<bf16>(), x.numel());
+  return out;
+}
+
+// C (M, N) (+)= op(A) op(B) where A/B are tensors of the same dtype.
+void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float* c, int64_t m,
+          int64_t n, int64_t kdim, bool accumulate) {
+  MatmulArgs args;
+  args.a = a.raw();
+  args.b = b.raw();
+  args.c = c;
+  args.m = m;
+  args.n = n;
+  args.k = kdim;
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.accumulate = accumulate;
+  args.dtype = a.dtype();
+  k.matmul(args);
+}
+
+}  // namespace
+
+RopeTable RopeTable::make(int64_t head_dim, double theta, int64_t max_positions) {
+  // As transformers: inv_freq = 1 / theta^(arange(0, d, 2) / d) in fp32; angle = pos * inv_freq in fp32.
+  const int64_t half = head_dim / 2;
+  RopeTable t;
+  t.head_dim = head_dim;
+  t.cos = Tensor::empty({max_positions, half}, DType::f32, MemoryCategory::parameters);
+  t.sin = Tensor::empty({max_positions, half}, DType::f32, MemoryCategory::parameters);
+  for (int64_t j = 0; j < half; ++j) {
+    float exponent = float(2 * j) / float(head_dim);
+    float inv_freq = 1.0f / float(std::pow(theta, double(exponent)));
+    for (int64_t p = 0; p < max_positions; ++p) {
+      float angle = float(p) * inv_freq;
+      t.cos.data<float>()[p * half + j] = std::cos(angle);
+      t.sin.data<float>()[p * half + j] = std::sin(angle);
+    }
+  }
+  return t;
+}
+
+Var embedding(Tape& tape, const Tensor& ids, const Var& table) {
+  const int64_t n = ids.numel(), c = table->value.dim(1);
+  Var out = make_var(new_activation({n, c}, table->value.device()));
+  kernels_for(table->value).embedding_forward(ids.data<int64_t>(), n, table->value.data<float>(), c,
+                                              out->value.data<float>());
+  tape.push([ids, table, out, n, c] {
+    kernels_for(ids).embedding_backward(ids.data<int64_t>(), n, grad_of(out).data<float>(), c,
+                                        grad_of(table).data<float>());
+  });
+  return out;
+}
+
+Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps) {
+  const int64_t c = weight->value.numel(), rows = x->value.numel() / c;
+  Var out = make_var(new_activation(x->value.shape(), x->value.device()));
+  Tensor rstd = new_activation({rows}, x->value.device());
+  kernels_for(x->value).rmsnorm_forward(x->value.data<float>(), weight->value.data<float>(), rows, c, eps,
+                                        out->value.data<float>(), rstd.data<float>());
+  tape.push([x, weight, out, rstd, rows, c] {
+    kernels_for(rstd).rmsnorm_backward(x->value.data<float>(), weight->value.data<float>(), rstd.data<float>(),
+                                       grad_of(out).data<float>(), rows, c, grad_of(x).data<float>(),
+                                       grad_of(weight).data<float>());
+  });
+  return out;
+}
+
+// y = x W^T + b:   dx += dy W;   dW += dy^T x;   db += sum_rows dy
+Var linear(Tape& tape, const Var& x, const Linear& layer) {
+  const Tensor& w = layer.weight->value;
+  const int64_t rows = rows_of(x->value), in = w.dim(1), out_features = w.dim(0);
+  FAB_CHECK(x->value.dim(-1) == in, "linear: input width {} but weight {}", x->value.dim(-1), shape_str(w.shape()));
+  const KernelTable& k = kernels_for(w);
+  const bool bf16 = layer.weight_bf16.defined();
+  // In bf16 mode the saved input is the bf16 copy: half the activation memory.
+  Tensor saved_x = bf16 ? to_bf16(x->value.reshape({rows, in}), MemoryCategory::activations) : x->value;
+  const Tensor& w_compute = bf16 ? layer.weight_bf16 : w;
+  Shape out_shape = x->value.shape();
+  out_shape.back() = out_features;
+  Var y = make_var(new_activation(out_shape, w.device()));
+  gemm(k, saved_x, false, w_compute, true, y->value.data<float>(), rows, out_features, in, false);
+  if (layer.bias) k.add_bias(y->value.data<float>(), layer.bias->value.data<float>(), rows, out_features);
+  tape.push([x, layer, y, saved_x, w_compute, rows, in, out_features, bf16] {
+    const KernelTable& k = kernels_for(w_compute);
+    Tensor dy = grad_of(y);
+    if (layer.bias) k.bias_backward(dy.data<float>(), rows, out_features, grad_of(layer.bias).data<float>());
+    Tensor dy_compute = bf16 ? to_bf16(dy, MemoryCategory::temporaries) : dy;
+    if (x->requires_grad)
+      gemm(k, dy_compute, false, w_compute, false, grad_of(x).data<float>(), rows, in, out_features, true);
+    gemm(k, dy_compute, true, saved_x, false, grad_of(layer.weight).data<float>(), out_features, in, rows, true);
+  });
+  return y;
+}
+
+Var add(Tape& tape, const Var& a, const Var& b) {
+  Var out = make_var(new_activation(a->value.shape(), a->value.device()));
+  kernels_for(a->value).add(a->value.data<float>(), b->value.data<float>(), out->value.data<float>(),
+                            a->value.numel());
+  tape.push([a, b, out] {
+    const KernelTable& k = kernels_for(out->value);
+    Tensor& g = grad_of(out);
+    k.accumulate(g.data<float>(), grad_of(a).data<float>(), g.numel());
+    k.accumulate(g.data<float>(), grad_of(b).data<float>(), g.numel());
+  });
+  return out;
+}
+
+std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64_t>& widths) {
+  const int64_t total = x->value.dim(-1), rows = rows_of(x->value);
+  const KernelTable& k = kernels_for(x->value);
+  std::vector<Var> parts;
+  int64_t offset = 0;
+  for (int64_t w : widths) {
+    Var part = make_var(new_activation({rows, w}, x->value.device()));
+    k.copy_2d(x->value.data<float>() + offset, total, part->value.data<float>(), w, rows, w, false);
+    parts.push_back(part);
+    offset += w;
+  }
+  FAB_CHECK(offset == total, "split_columns: widths sum to {} but the input has {} columns", offset, total);
+  tape.push([x, parts, total, rows] {
+    const KernelTable& k = kernels_for(x->value);
+    int64_t offset = 0;
+    for (const Var& part : parts) {
+      const int64_t w = part->value.dim(-1);
+      if (part->grad.defined())
+        k.copy_2d(part->grad.data<float>(), w, grad_of(x).data<float>() + offset, total, rows, w, true);
+      offset += w;
+    }
+  });
+  return parts;
+}
+
+Var rope(Tape& tape, const Var& x, const Tensor& positions, const RopeTable& table, int64_t heads) {
+  const int64_t d = table.head_dim, rows = x->value.numel() / (heads * d);
+  Var out = make_var(x->value.clone(MemoryCategory::activations));
+  const KernelTable& k = kernels_for(x->value);
+  k.rope_forward(out->value.data<float>(), positions.data<int64_t>(), table.cos.data<float>(),
+                 table.sin.data<float>(), rows, heads, d);
+  tape.push([x, out, positions, table, heads, d, rows] {
+    const KernelTable& k = kernels_for(out->value);
+    Tensor g = grad_of(out).clone(MemoryCategory::temporaries);
+    k.rope_backward(g.data<float>(), positions.data<int64_t>(), table.cos.data<float>(), table.sin.data<float>(),
+                    rows, heads, d);
+    k.accumulate(g.data<float>(), grad_of(x).data<float>(), g.numel());
+  });
+  return out;
+}
+
+Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& s) {
+  FAB_CHECK(s.heads % s.kv_heads == 0, "attention: {} heads not a multiple of {} kv heads", s.heads, s.kv_heads);
+  const Device dev = q->value.device();
+  Var out = make_var(new_activation({s.batch * s.seq, s.heads * s.head_dim}, dev));
+  Tensor lse = new_activation({s.batch, s.heads, s.seq}, dev);
+  kernels_for(q->value).attention_forward(q->value.data<float>(), k->value.data<float>(), v->value.data<float>(), s,
+                                          out->value.data<float>(), lse.data<float>());
+  tape.push([q, k, v, out, lse, s] {
+    kernels_for(lse).attention_backward(q->value.data<float>(), k->value.data<float>(), v->value.data<float>(),
+                                        out->value.data<float>(), lse.data<float>(), grad_of(out).data<float>(), s,
+                                        grad_of(q).data<float>(), grad_of(k).data<float>(),
+                                        grad_of(v).data<float>());
+  });
+  return out;
+}
+
+Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate) {
+  const int64_t rows = rows_of(gate_up->value);
+  Var h = make_var(new_activation({rows, intermediate}, gate_up->value.device()));
+  kernels_for(h->value).swiglu_forward(gate_up->value.data<float>(), rows, intermediate, h->value.data<float>());
+  tape.push([gate_up, h, rows, intermediate] {
+    kernels_for(h->value).swiglu_backward(gate_up->value.data<float>(), grad_of(h).data<float>(), rows, intermediate,
+                                          grad_of(gate_up).data<float>());
+  });
+  return h;
+}
+
+// Per chunk of rows: z = h W^T; CE turns z into dz = scale (softmax(z) - onehot) in place;
+// dh = dz W;  dW += dz^T h. The weight gradient is accumulated right away; dh waits for backward.
+double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
+                             float loss_scale, int64_t chunk_rows) {
+  const Tensor& w = head.weight->value;
+  const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
+  const KernelTable& k = kernels_for(w);
+  const bool bf16 = head.weight_bf16.defined();
+  const Tensor& w_compute = bf16 ? head.weight_bf16 : w;
+  const Tensor h_compute = bf16 ? to_bf16(hidden->value.reshape({rows, c}), MemoryCategory::temporaries)
+                                : hidden->value.reshape({rows, c});
+  const bool need_grads = tape.recording();
+  Tensor dh = need_grads ? Tensor::empty({rows, c}, DType::f32, MemoryCategory::activations, w.device()) : Tensor();
+  chunk_rows = std::min(chunk_rows, rows);
+  Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
+  double loss_sum = 0;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r0);
+    const Tensor h_chunk = h_compute.view(r0 * c, {n, c});
+    gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+    loss_sum += k.cross_entropy_chunk(logits.data<float>(), labels.data<int64_t>() + r0, n, vocab, loss_scale);
+    if (!need_grads) continue;
+    const Tensor dz = bf16 ? to_bf16(logits.view(0, {n, vocab}), MemoryCategory::temporaries) : logits.view(0, {n, vocab});
+    gemm(k, dz, false, w_compute, false, dh.data<float>() + r0 * c, n, c, vocab, false);
+    gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
+  }
+  tape.push([hidden, dh] {
+    kernels_for(dh).accumulate(dh.data<float>(), grad_of(hidden).data<float>(), dh.numel());
+  });
+  return loss_sum;
+}
+
+Tensor lm_head_logits(const Var& hidden, const Linear& head) {
+  const Tensor& w = head.weight->value;
+  const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
+  Tensor logits = Tensor::empty({rows, vocab}, DType::f32, MemoryCategory::activations, w.device());
+  const bool bf16 = head.weight_bf16.defined();
+  const Tensor h = bf16 ? to_bf16(hidden->value.reshape({rows, c}), MemoryCategory::temporaries)
+                        : hidden->value.reshape({rows, c});
+  gemm(kernels_for(w), h, false, bf16 ? head.weight_bf16 : w, true, logits.data<float>(), rows, vocab, c, false);
+  return logits;
+}
+
+}  // namespace fab

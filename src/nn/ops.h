@@ -1,0 +1,49 @@
+#pragma once
+// Differentiable ops over Vars, each a forward kernel call plus one tape closure that calls the
+// backward kernel. Shapes: activations (rows, C) with rows = B*T; attention inputs (B, T, heads, D).
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "autograd/tape.h"
+#include "kernels/kernel_table.h"
+
+namespace fab {
+
+enum class Precision { fp32, bf16 };
+
+// A linear layer's parameters: y = x W^T (+ b), W (out, in). In bf16 mode `weight_bf16` is the
+// compute copy of W (refreshed from the fp32 master after each optimizer step).
+struct Linear {
+  Var weight;
+  Var bias;            // may be null
+  Tensor weight_bf16;  // undefined in fp32 mode
+};
+
+// cos/sin of every position for one head_dim, (max_positions, head_dim / 2), computed as HF does.
+struct RopeTable {
+  Tensor cos, sin;
+  int64_t head_dim = 0;
+  static RopeTable make(int64_t head_dim, double theta, int64_t max_positions);
+};
+
+Var embedding(Tape& tape, const Tensor& ids, const Var& table);
+Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps);
+Var linear(Tape& tape, const Var& x, const Linear& layer);
+Var add(Tape& tape, const Var& a, const Var& b);
+// Splits x (rows, sum(widths)) into contiguous column blocks.
+std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64_t>& widths);
+// x (rows, heads * d); positions (rows) i64.
+Var rope(Tape& tape, const Var& x, const Tensor& positions, const RopeTable& table, int64_t heads);
+Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& shape);
+Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate);
+
+// Output head and cross-entropy fused and chunked over rows: never holds more than one chunk of
+// (rows, vocab) logits. Returns the sum of the token losses; the gradients of
+// loss_scale * (that sum) reach `hidden` and the head's weight.
+double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
+                             float loss_scale, int64_t chunk_rows = 1024);
+// Plain logits (rows, vocab) for evaluation and generation.
+Tensor lm_head_logits(const Var& hidden, const Linear& head);
+
+}  // namespace fab
