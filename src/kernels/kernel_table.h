@@ -45,13 +45,13 @@ struct KernelTable {
   void (*rmsnorm_backward)(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
                            int64_t c, float* dx, float* dw);
 
-  // Hugging Face rotate-half RoPE on x (rows = B*T, heads, d), in place; cos/sin tables are
-  // (max_positions, d/2) and positions (rows) picks each row's angle.
-  void (*rope_forward)(float* x, const int64_t* positions, const float* cos, const float* sin, int64_t rows,
-                       int64_t heads, int64_t d);
-  // dy -> dx in place (the rotation transposed).
-  void (*rope_backward)(float* dy, const int64_t* positions, const float* cos, const float* sin, int64_t rows,
-                        int64_t heads, int64_t d);
+  // Hugging Face rotate-half RoPE, y = rope(x) with x (rows = B*T, heads, d); cos/sin tables are
+  // (max_positions, d/2) and positions (rows) picks each row's angle. y may alias x.
+  void (*rope_forward)(const float* x, float* y, const int64_t* positions, const float* cos, const float* sin,
+                       int64_t rows, int64_t heads, int64_t d);
+  // dx += (the rotation transposed) dy
+  void (*rope_backward)(const float* dy, float* dx, const int64_t* positions, const float* cos, const float* sin,
+                        int64_t rows, int64_t heads, int64_t d);
 
   // Causal grouped-query attention; keeps only out and the row log-sum-exp (B, H, T).
   void (*attention_forward)(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
@@ -81,7 +81,10 @@ struct KernelTable {
   void (*adamw_step)(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args);
 };
 
-// The CPU table, chosen once at run time: AVX-512 kernels where the CPU has them, else AVX2.
+// The CPU table, chosen once at run time: AVX-512 kernels where the CPU has them, else AVX2
+// (FAB_CPU_ISA=avx2 forces the fallback).
 const KernelTable& cpu_kernels();
+// A specific CPU table ("avx512" or "avx2"), or nullptr when this CPU cannot run it (tests).
+const KernelTable* cpu_kernels_for_isa(const char* isa);
 
 }  // namespace fab

@@ -4,6 +4,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/profiler.h"
 
 namespace fab {
 namespace {
@@ -61,11 +62,13 @@ RopeTable RopeTable::make(int64_t head_dim, double theta, int64_t max_positions)
 }
 
 Var embedding(Tape& tape, const Tensor& ids, const Var& table) {
+  ProfileScope profile("embedding");
   const int64_t n = ids.numel(), c = table->value.dim(1);
   Var out = make_var(new_activation({n, c}, table->value.device()));
   kernels_for(table->value).embedding_forward(ids.data<int64_t>(), n, table->value.data<float>(), c,
                                               out->value.data<float>());
   tape.push([ids, table, out, n, c] {
+    ProfileScope profile("embedding backward");
     kernels_for(ids).embedding_backward(ids.data<int64_t>(), n, grad_of(out).data<float>(), c,
                                         grad_of(table).data<float>());
   });
@@ -73,12 +76,14 @@ Var embedding(Tape& tape, const Tensor& ids, const Var& table) {
 }
 
 Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps) {
+  ProfileScope profile("rmsnorm");
   const int64_t c = weight->value.numel(), rows = x->value.numel() / c;
   Var out = make_var(new_activation(x->value.shape(), x->value.device()));
   Tensor rstd = new_activation({rows}, x->value.device());
   kernels_for(x->value).rmsnorm_forward(x->value.data<float>(), weight->value.data<float>(), rows, c, eps,
                                         out->value.data<float>(), rstd.data<float>());
   tape.push([x, weight, out, rstd, rows, c] {
+    ProfileScope profile("rmsnorm backward");
     kernels_for(rstd).rmsnorm_backward(x->value.data<float>(), weight->value.data<float>(), rstd.data<float>(),
                                        grad_of(out).data<float>(), rows, c, grad_of(x).data<float>(),
                                        grad_of(weight).data<float>());
@@ -88,6 +93,7 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps) {
 
 // y = x W^T + b:   dx += dy W;   dW += dy^T x;   db += sum_rows dy
 Var linear(Tape& tape, const Var& x, const Linear& layer) {
+  ProfileScope profile("linear");
   const Tensor& w = layer.weight->value;
   const int64_t rows = rows_of(x->value), in = w.dim(1), out_features = w.dim(0);
   FAB_CHECK(x->value.dim(-1) == in, "linear: input width {} but weight {}", x->value.dim(-1), shape_str(w.shape()));
@@ -102,6 +108,7 @@ Var linear(Tape& tape, const Var& x, const Linear& layer) {
   gemm(k, saved_x, false, w_compute, true, y->value.data<float>(), rows, out_features, in, false);
   if (layer.bias) k.add_bias(y->value.data<float>(), layer.bias->value.data<float>(), rows, out_features);
   tape.push([x, layer, y, saved_x, w_compute, rows, in, out_features, bf16] {
+    ProfileScope profile("linear backward");
     const KernelTable& k = kernels_for(w_compute);
     Tensor dy = grad_of(y);
     if (layer.bias) k.bias_backward(dy.data<float>(), rows, out_features, grad_of(layer.bias).data<float>());
@@ -114,19 +121,27 @@ Var linear(Tape& tape, const Var& x, const Linear& layer) {
 }
 
 Var add(Tape& tape, const Var& a, const Var& b) {
+  ProfileScope profile("add");
   Var out = make_var(new_activation(a->value.shape(), a->value.device()));
   kernels_for(a->value).add(a->value.data<float>(), b->value.data<float>(), out->value.data<float>(),
                             a->value.numel());
   tape.push([a, b, out] {
+    ProfileScope profile("add backward");
+    // d(a + b)/da = d(a + b)/db = 1. out is final once this runs, so when a has no gradient yet
+    // it can take out's gradient tensor itself instead of a copy.
     const KernelTable& k = kernels_for(out->value);
     Tensor& g = grad_of(out);
-    k.accumulate(g.data<float>(), grad_of(a).data<float>(), g.numel());
     k.accumulate(g.data<float>(), grad_of(b).data<float>(), g.numel());
+    if (a->grad.defined())
+      k.accumulate(g.data<float>(), a->grad.data<float>(), g.numel());
+    else
+      a->grad = g;
   });
   return out;
 }
 
 std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64_t>& widths) {
+  ProfileScope profile("split_columns");
   const int64_t total = x->value.dim(-1), rows = rows_of(x->value);
   const KernelTable& k = kernels_for(x->value);
   std::vector<Var> parts;
@@ -139,6 +154,7 @@ std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64
   }
   FAB_CHECK(offset == total, "split_columns: widths sum to {} but the input has {} columns", offset, total);
   tape.push([x, parts, total, rows] {
+    ProfileScope profile("split_columns backward");
     const KernelTable& k = kernels_for(x->value);
     int64_t offset = 0;
     for (const Var& part : parts) {
@@ -152,22 +168,22 @@ std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64
 }
 
 Var rope(Tape& tape, const Var& x, const Tensor& positions, const RopeTable& table, int64_t heads) {
+  ProfileScope profile("rope");
   const int64_t d = table.head_dim, rows = x->value.numel() / (heads * d);
-  Var out = make_var(x->value.clone(MemoryCategory::activations));
-  const KernelTable& k = kernels_for(x->value);
-  k.rope_forward(out->value.data<float>(), positions.data<int64_t>(), table.cos.data<float>(),
-                 table.sin.data<float>(), rows, heads, d);
+  Var out = make_var(new_activation(x->value.shape(), x->value.device()));
+  kernels_for(x->value).rope_forward(x->value.data<float>(), out->value.data<float>(), positions.data<int64_t>(),
+                                     table.cos.data<float>(), table.sin.data<float>(), rows, heads, d);
   tape.push([x, out, positions, table, heads, d, rows] {
-    const KernelTable& k = kernels_for(out->value);
-    Tensor g = grad_of(out).clone(MemoryCategory::temporaries);
-    k.rope_backward(g.data<float>(), positions.data<int64_t>(), table.cos.data<float>(), table.sin.data<float>(),
-                    rows, heads, d);
-    k.accumulate(g.data<float>(), grad_of(x).data<float>(), g.numel());
+    ProfileScope profile("rope backward");
+    kernels_for(out->value).rope_backward(grad_of(out).data<float>(), grad_of(x).data<float>(),
+                                          positions.data<int64_t>(), table.cos.data<float>(),
+                                          table.sin.data<float>(), rows, heads, d);
   });
   return out;
 }
 
 Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& s) {
+  ProfileScope profile("attention");
   FAB_CHECK(s.heads % s.kv_heads == 0, "attention: {} heads not a multiple of {} kv heads", s.heads, s.kv_heads);
   const Device dev = q->value.device();
   Var out = make_var(new_activation({s.batch * s.seq, s.heads * s.head_dim}, dev));
@@ -175,6 +191,7 @@ Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const Attent
   kernels_for(q->value).attention_forward(q->value.data<float>(), k->value.data<float>(), v->value.data<float>(), s,
                                           out->value.data<float>(), lse.data<float>());
   tape.push([q, k, v, out, lse, s] {
+    ProfileScope profile("attention backward");
     kernels_for(lse).attention_backward(q->value.data<float>(), k->value.data<float>(), v->value.data<float>(),
                                         out->value.data<float>(), lse.data<float>(), grad_of(out).data<float>(), s,
                                         grad_of(q).data<float>(), grad_of(k).data<float>(),
@@ -184,10 +201,12 @@ Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const Attent
 }
 
 Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate) {
+  ProfileScope profile("swiglu");
   const int64_t rows = rows_of(gate_up->value);
   Var h = make_var(new_activation({rows, intermediate}, gate_up->value.device()));
   kernels_for(h->value).swiglu_forward(gate_up->value.data<float>(), rows, intermediate, h->value.data<float>());
   tape.push([gate_up, h, rows, intermediate] {
+    ProfileScope profile("swiglu backward");
     kernels_for(h->value).swiglu_backward(gate_up->value.data<float>(), grad_of(h).data<float>(), rows, intermediate,
                                           grad_of(gate_up).data<float>());
   });
@@ -198,6 +217,7 @@ Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate) {
 // dh = dz W;  dW += dz^T h. The weight gradient is accumulated right away; dh waits for backward.
 double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
                              float loss_scale, int64_t chunk_rows) {
+  ProfileScope profile("lm_head_cross_entropy");
   const Tensor& w = head.weight->value;
   const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
   const KernelTable& k = kernels_for(w);
@@ -221,6 +241,7 @@ double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, 
     gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
   }
   tape.push([hidden, dh] {
+    ProfileScope profile("lm_head_cross_entropy backward");
     kernels_for(dh).accumulate(dh.data<float>(), grad_of(hidden).data<float>(), dh.numel());
   });
   return loss_sum;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/backend.h"
+#include "core/profiler.h"
 #include "kernels/kernel_table.h"
 
 namespace fab {
@@ -14,6 +15,7 @@ AdamW::AdamW(ParamBuffer& params, const AdamWConfig& config)
       v_(Tensor::zeros(params.values().shape(), DType::f32, MemoryCategory::optimizer_state)) {}
 
 void AdamW::step(float lr) {
+  ProfileScope profile("adamw");
   ++step_;
   const KernelTable& k = backend(params_.values().device().kind).kernels();
   float* p = params_.values().data<float>();
@@ -26,6 +28,7 @@ void AdamW::step(float lr) {
 }
 
 double clip_grad_norm(ParamBuffer& params, double max_norm) {
+  ProfileScope profile("clip_grad_norm");
   const KernelTable& k = backend(params.grads().device().kind).kernels();
   Tensor& g = params.grads();
   const double norm = std::sqrt(k.sum_squares(g.data<float>(), g.numel()));

@@ -9,9 +9,9 @@ namespace fab {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-const char* kKnown =
-    "linear, cosine, cosine_with_restarts, polynomial, constant, constant_with_warmup, inverse_sqrt, "
-    "cosine_with_min_lr, warmup_stable_decay";
+constexpr const char* kKnownTypes[] = {"linear",       "cosine",      "cosine_with_restarts", "polynomial",
+                                       "constant",     "constant_with_warmup", "inverse_sqrt",
+                                       "cosine_with_min_lr", "warmup_stable_decay"};
 
 double warmup(int64_t step, int64_t warmup_steps) {
   return double(step) / double(std::max<int64_t>(1, warmup_steps));
@@ -38,10 +38,12 @@ double warmup_stable_decay(const LrSchedule& s, int64_t step) {
 }  // namespace
 
 void check_lr_schedule(const LrSchedule& s) {
-  const std::string known = kKnown;
-  FAB_USER_CHECK(known.find(s.type) != std::string::npos && !s.type.empty() && s.type.find(',') == std::string::npos &&
-                     s.type.find(' ') == std::string::npos,
-                 "lr_scheduler_type \"{}\" is not supported (expected one of: {})", s.type, kKnown);
+  std::string known;
+  for (const char* name : kKnownTypes) {
+    if (s.type == name) return;
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  }
+  throw UserError(format("lr_scheduler_type \"{}\" is not supported (expected one of: {})", s.type, known));
 }
 
 double LrSchedule::multiplier(int64_t step) const {

@@ -32,9 +32,15 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
+const KernelTable avx512_table = FAB_KERNEL_TABLE(avx512);
+const KernelTable avx2_table = FAB_KERNEL_TABLE(avx2);
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 const KernelTable& choose() {
-  static const KernelTable avx512_table = FAB_KERNEL_TABLE(avx512);
-  static const KernelTable avx2_table = FAB_KERNEL_TABLE(avx2);
   // FAB_CPU_ISA=avx2 forces the fallback (tests run both on AVX-512 machines).
   const char* forced = std::getenv("FAB_CPU_ISA");
   if (forced && std::string_view(forced) == "avx2") return avx2_table;
@@ -43,12 +49,18 @@ const KernelTable& choose() {
     return avx512_table;
   }
   if (cpu_has_avx512()) return avx512_table;
-  FAB_USER_CHECK(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
-                 "Fabrica needs an x86-64 CPU with AVX2 and FMA");
+  FAB_USER_CHECK(cpu_has_avx2(), "Fabrica needs an x86-64 CPU with AVX2 and FMA");
   return avx2_table;
 }
 
 }  // namespace
+
+const KernelTable* cpu_kernels_for_isa(const char* isa) {
+  const std::string_view name = isa;
+  if (name == "avx512") return cpu_has_avx512() ? &avx512_table : nullptr;
+  if (name == "avx2") return cpu_has_avx2() ? &avx2_table : nullptr;
+  return nullptr;
+}
 
 const KernelTable& cpu_kernels() {
   static const KernelTable& table = choose();

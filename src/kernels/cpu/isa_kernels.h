@@ -15,10 +15,10 @@ void embedding_backward(const int64_t* ids, int64_t n, const float* dout, int64_
 void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t c, float eps, float* y, float* rstd);
 void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows, int64_t c,
                       float* dx, float* dw);
-void rope_forward(float* x, const int64_t* positions, const float* cos, const float* sin, int64_t rows,
-                  int64_t heads, int64_t d);
-void rope_backward(float* dy, const int64_t* positions, const float* cos, const float* sin, int64_t rows,
-                   int64_t heads, int64_t d);
+void rope_forward(const float* x, float* y, const int64_t* positions, const float* cos, const float* sin,
+                  int64_t rows, int64_t heads, int64_t d);
+void rope_backward(const float* dy, float* dx, const int64_t* positions, const float* cos, const float* sin,
+                   int64_t rows, int64_t heads, int64_t d);
 void attention_forward(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
                        float* lse);
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,

@@ -63,42 +63,42 @@ void rmsnorm_backward(const float* x, const float* w, const float* rstd, const f
 // rotate_half layout, h = d/2, angle of pair (j, j+h) = pos * inv_freq[j]:
 //   y[j]   = x[j] cos - x[j+h] sin
 //   y[j+h] = x[j+h] cos + x[j] sin
-void rope_forward(float* x, const int64_t* positions, const float* cos, const float* sin, int64_t rows,
-                  int64_t heads, int64_t d) {
+void rope_forward(const float* x, float* y, const int64_t* positions, const float* cos, const float* sin,
+                  int64_t rows, int64_t heads, int64_t d) {
   const int64_t h = d / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* c = cos + positions[r] * h;
     const float* s = sin + positions[r] * h;
     for (int64_t hd = 0; hd < heads; ++hd) {
-      float* a = x + (r * heads + hd) * d;
-      float* b = a + h;
+      const float* a = x + (r * heads + hd) * d;
+      float* ya = y + (r * heads + hd) * d;
 #pragma omp simd
       for (int64_t j = 0; j < h; ++j) {
-        float x1 = a[j], x2 = b[j];
-        a[j] = x1 * c[j] - x2 * s[j];
-        b[j] = x2 * c[j] + x1 * s[j];
+        const float x1 = a[j], x2 = a[j + h];
+        ya[j] = x1 * c[j] - x2 * s[j];
+        ya[j + h] = x2 * c[j] + x1 * s[j];
       }
     }
   }
 }
 
-// The transpose of the rotation above:  dx[j] = dy[j] cos + dy[j+h] sin;  dx[j+h] = dy[j+h] cos - dy[j] sin
-void rope_backward(float* dy, const int64_t* positions, const float* cos, const float* sin, int64_t rows,
-                   int64_t heads, int64_t d) {
+// The transpose of the rotation above:  dx[j] += dy[j] cos + dy[j+h] sin;  dx[j+h] += dy[j+h] cos - dy[j] sin
+void rope_backward(const float* dy, float* dx, const int64_t* positions, const float* cos, const float* sin,
+                   int64_t rows, int64_t heads, int64_t d) {
   const int64_t h = d / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* c = cos + positions[r] * h;
     const float* s = sin + positions[r] * h;
     for (int64_t hd = 0; hd < heads; ++hd) {
-      float* a = dy + (r * heads + hd) * d;
-      float* b = a + h;
+      const float* g = dy + (r * heads + hd) * d;
+      float* out = dx + (r * heads + hd) * d;
 #pragma omp simd
       for (int64_t j = 0; j < h; ++j) {
-        float g1 = a[j], g2 = b[j];
-        a[j] = g1 * c[j] + g2 * s[j];
-        b[j] = g2 * c[j] - g1 * s[j];
+        const float g1 = g[j], g2 = g[j + h];
+        out[j] += g1 * c[j] + g2 * s[j];
+        out[j + h] += g2 * c[j] - g1 * s[j];
       }
     }
   }

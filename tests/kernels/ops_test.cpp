@@ -1,0 +1,280 @@
+// Every CPU kernel, on each instruction set this CPU runs: forward and backward against PyTorch
+// (build/reference/ops.safetensors from tests/reference/make_reference.py), and backward against
+// central finite differences of L = sum(r * y) for a random r.
+#include <functional>
+#include <vector>
+
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "kernels/kernel_table.h"
+#include "test_util.h"
+
+namespace fab {
+namespace {
+
+using Floats = std::vector<float>;
+
+Floats to_vec(const Tensor& t) { return Floats(t.data<float>(), t.data<float>() + t.numel()); }
+
+Floats random_floats(int64_t n, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed);
+  Floats v(static_cast<size_t>(n));
+  for (float& x : v) x = float(rng.normal() * scale);
+  return v;
+}
+
+void expect_close(const Floats& a, const Tensor& b, double tol, const std::string& what) {
+  ASSERT_EQ(int64_t(a.size()), b.numel()) << what;
+  const double err = test::scaled_error(a.data(), b.data<float>(), b.numel());
+  EXPECT_LE(err, tol) << what << ": error " << err << " relative to the tensor's max";
+}
+
+void expect_close(const Floats& a, const Floats& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  const double err = test::scaled_error(a.data(), b.data(), int64_t(a.size()));
+  EXPECT_LE(err, tol) << what << ": error " << err << " relative to the tensor's max";
+}
+
+// Checks an analytic gradient `grad` of L(x) = sum(r * forward(x)) at 24 coordinates of x.
+void check_finite_differences(Floats x, const Floats& grad, const std::function<double(const Floats&)>& loss,
+                              const std::string& what, double eps = 1e-2, double tol = 2e-2) {
+  double scale = 1e-12;
+  for (float g : grad) scale = std::max(scale, double(std::fabs(g)));
+  Rng pick(7);
+  for (int trial = 0; trial < 24; ++trial) {
+    const size_t i = size_t(pick.next_u64() % x.size());
+    const float saved = x[i];
+    x[i] = saved + float(eps);
+    const double up = loss(x);
+    x[i] = saved - float(eps);
+    const double down = loss(x);
+    x[i] = saved;
+    const double numeric = (up - down) / (2 * eps);
+    EXPECT_NEAR(numeric, grad[i], tol * scale) << what << " at " << i;
+  }
+}
+
+double dot(const Floats& a, const Floats& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * double(b[i]);
+  return s;
+}
+
+class Ops : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    k_ = cpu_kernels_for_isa(GetParam());
+    if (!k_) GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
+    ops_ = std::make_unique<SafetensorsFile>(SafetensorsFile::open(test::reference_dir() + "/ops.safetensors"));
+  }
+  Floats get(const std::string& name) const { return to_vec(ops_->tensor(name)); }
+  Tensor ref(const std::string& name) const { return ops_->tensor(name); }
+  const KernelTable* k_ = nullptr;
+  std::unique_ptr<SafetensorsFile> ops_;
+};
+
+TEST_P(Ops, RmsNorm) {
+  Floats x = get("rmsnorm.x"), w = get("rmsnorm.w"), dy = get("rmsnorm.dy");
+  const int64_t c = int64_t(w.size()), rows = int64_t(x.size()) / c;
+  const float eps = std::stof(ops_->metadata().at("rmsnorm.eps"));
+  auto forward = [&](const Floats& in, const Floats& weight) {
+    Floats y(in.size()), rstd(static_cast<size_t>(rows));
+    k_->rmsnorm_forward(in.data(), weight.data(), rows, c, eps, y.data(), rstd.data());
+    return std::make_pair(y, rstd);
+  };
+  auto [y, rstd] = forward(x, w);
+  expect_close(y, ref("rmsnorm.y"), 1e-5, "y");
+  Floats dx(x.size(), 0.0f), dw(w.size(), 0.0f);
+  k_->rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, c, dx.data(), dw.data());
+  expect_close(dx, ref("rmsnorm.dx"), 1e-5, "dx");
+  expect_close(dw, ref("rmsnorm.dw"), 1e-5, "dw");
+  check_finite_differences(x, dx, [&](const Floats& in) { return dot(forward(in, w).first, dy); }, "rmsnorm dx");
+  check_finite_differences(w, dw, [&](const Floats& in) { return dot(forward(x, in).first, dy); }, "rmsnorm dw");
+}
+
+TEST_P(Ops, Rope) {
+  Tensor xt = ref("rope.x");
+  const int64_t b = xt.dim(0), t = xt.dim(1), heads = xt.dim(2), d = xt.dim(3);
+  Floats x = to_vec(xt), dy = get("rope.dy");
+  // Tables as the model builds them (fp32 angles, as transformers).
+  std::vector<float> cos(static_cast<size_t>(t * d / 2)), sin(cos.size());
+  const double theta = std::stod(ops_->metadata().at("rope.theta"));
+  for (int64_t j = 0; j < d / 2; ++j) {
+    const float inv_freq = 1.0f / float(std::pow(theta, double(float(2 * j) / float(d))));
+    for (int64_t p = 0; p < t; ++p) {
+      cos[size_t(p * d / 2 + j)] = std::cos(float(p) * inv_freq);
+      sin[size_t(p * d / 2 + j)] = std::sin(float(p) * inv_freq);
+    }
+  }
+  std::vector<int64_t> pos(static_cast<size_t>(b * t));
+  for (int64_t r = 0; r < b * t; ++r) pos[size_t(r)] = r % t;
+  auto forward = [&](const Floats& in) {
+    Floats y(in.size());
+    k_->rope_forward(in.data(), y.data(), pos.data(), cos.data(), sin.data(), b * t, heads, d);
+    return y;
+  };
+  expect_close(forward(x), ref("rope.y"), 1e-5, "y");
+  Floats dx(x.size(), 0.0f);
+  k_->rope_backward(dy.data(), dx.data(), pos.data(), cos.data(), sin.data(), b * t, heads, d);
+  expect_close(dx, ref("rope.dx"), 1e-5, "dx");
+  check_finite_differences(x, dx, [&](const Floats& in) { return dot(forward(in), dy); }, "rope dx");
+}
+
+TEST_P(Ops, Attention) {
+  Tensor qt = ref("attn.q"), kt = ref("attn.k");
+  const AttentionShape s{qt.dim(0), qt.dim(1), qt.dim(2), kt.dim(2), qt.dim(3),
+                         std::stof(ops_->metadata().at("attn.scale"))};
+  Floats q = to_vec(qt), k = to_vec(kt), v = get("attn.v"), dout = get("attn.dout");
+  auto forward = [&](const Floats& qq, const Floats& kk, const Floats& vv) {
+    Floats out(qq.size()), lse(static_cast<size_t>(s.batch * s.heads * s.seq));
+    k_->attention_forward(qq.data(), kk.data(), vv.data(), s, out.data(), lse.data());
+    return std::make_pair(out, lse);
+  };
+  auto [out, lse] = forward(q, k, v);
+  expect_close(out, ref("attn.out"), 1e-5, "out");
+  Floats dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+  k_->attention_backward(q.data(), k.data(), v.data(), out.data(), lse.data(), dout.data(), s, dq.data(), dk.data(),
+                         dv.data());
+  expect_close(dq, ref("attn.dq"), 1e-5, "dq");
+  expect_close(dk, ref("attn.dk"), 1e-5, "dk");
+  expect_close(dv, ref("attn.dv"), 1e-5, "dv");
+  check_finite_differences(q, dq, [&](const Floats& in) { return dot(forward(in, k, v).first, dout); }, "dq");
+  check_finite_differences(k, dk, [&](const Floats& in) { return dot(forward(q, in, v).first, dout); }, "dk");
+  check_finite_differences(v, dv, [&](const Floats& in) { return dot(forward(q, k, in).first, dout); }, "dv");
+}
+
+TEST_P(Ops, SwiGlu) {
+  Floats gate = get("swiglu.gate"), up = get("swiglu.up"), dh = get("swiglu.dh");
+  const int64_t i = ref("swiglu.gate").dim(1), rows = int64_t(gate.size()) / i;
+  auto pack = [&](const Floats& g, const Floats& u) {
+    Floats gu(static_cast<size_t>(rows * 2 * i));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < i; ++j) {
+        gu[size_t(r * 2 * i + j)] = g[size_t(r * i + j)];
+        gu[size_t(r * 2 * i + i + j)] = u[size_t(r * i + j)];
+      }
+    return gu;
+  };
+  auto forward = [&](const Floats& gu) {
+    Floats h(static_cast<size_t>(rows * i));
+    k_->swiglu_forward(gu.data(), rows, i, h.data());
+    return h;
+  };
+  Floats gu = pack(gate, up);
+  expect_close(forward(gu), ref("swiglu.h"), 1e-5, "h");
+  Floats dgu(gu.size(), 0.0f);
+  k_->swiglu_backward(gu.data(), dh.data(), rows, i, dgu.data());
+  expect_close(dgu, pack(get("swiglu.dgate"), get("swiglu.dup")), 1e-5, "dgate_up");
+  check_finite_differences(gu, dgu, [&](const Floats& in) { return dot(forward(in), dh); }, "swiglu");
+}
+
+TEST_P(Ops, CrossEntropy) {
+  Tensor logits_t = ref("ce.logits");
+  const int64_t rows = logits_t.dim(0), vocab = logits_t.dim(1);
+  Floats logits = to_vec(logits_t);
+  Tensor labels = ref("ce.labels");
+  int64_t counted = 0;
+  for (int64_t r = 0; r < rows; ++r) counted += labels.data<int64_t>()[r] != -100;
+  auto loss = [&](const Floats& z) {
+    Floats work = z;
+    return k_->cross_entropy_chunk(work.data(), labels.data<int64_t>(), rows, vocab, 1.0f / float(counted)) /
+           double(counted);
+  };
+  EXPECT_NEAR(loss(logits), ref("ce.loss").data<float>()[0], 1e-5 * ref("ce.loss").data<float>()[0]);
+  Floats grad = logits;
+  k_->cross_entropy_chunk(grad.data(), labels.data<int64_t>(), rows, vocab, 1.0f / float(counted));
+  expect_close(grad, ref("ce.dlogits"), 1e-5, "dlogits");
+  check_finite_differences(logits, grad, loss, "cross-entropy", 1e-2, 2e-2);
+}
+
+TEST_P(Ops, EmbeddingBackwardSumsRepeatedIds) {
+  const int64_t vocab = 5, c = 37;
+  std::vector<int64_t> ids = {3, 1, 3, 3, 0};
+  Floats table = random_floats(vocab * c, 1), dout = random_floats(int64_t(ids.size()) * c, 2);
+  Floats out(ids.size() * size_t(c));
+  k_->embedding_forward(ids.data(), int64_t(ids.size()), table.data(), c, out.data());
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int64_t j = 0; j < c; ++j) ASSERT_EQ(out[i * size_t(c) + size_t(j)], table[size_t(ids[i] * c + j)]);
+  Floats dtable(table.size(), 0.0f);
+  k_->embedding_backward(ids.data(), int64_t(ids.size()), dout.data(), c, dtable.data());
+  for (int64_t j = 0; j < c; ++j) {
+    EXPECT_FLOAT_EQ(dtable[size_t(3 * c + j)], dout[size_t(0 * c + j)] + dout[size_t(2 * c + j)] + dout[size_t(3 * c + j)]);
+    EXPECT_FLOAT_EQ(dtable[size_t(2 * c + j)], 0.0f);
+  }
+}
+
+TEST_P(Ops, MatmulAllTranspositionsAndAccumulate) {
+  const int64_t m = 37, n = 29, kk = 45;
+  Floats a = random_floats(m * kk, 3), b = random_floats(kk * n, 4);
+  Floats expected(size_t(m * n), 0.0f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < kk; ++p) s += double(a[size_t(i * kk + p)]) * double(b[size_t(p * n + j)]);
+      expected[size_t(i * n + j)] = float(s);
+    }
+  Floats at(a.size()), bt(b.size());  // stored transposed: A as (K, M), B as (N, K)
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < kk; ++p) at[size_t(p * m + i)] = a[size_t(i * kk + p)];
+  for (int64_t p = 0; p < kk; ++p)
+    for (int64_t j = 0; j < n; ++j) bt[size_t(j * kk + p)] = b[size_t(p * n + j)];
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      Floats c(size_t(m * n), 1.0f);
+      MatmulArgs args;
+      args.a = ta ? at.data() : a.data();
+      args.b = tb ? bt.data() : b.data();
+      args.c = c.data();
+      args.m = m, args.n = n, args.k = kk;
+      args.trans_a = ta, args.trans_b = tb, args.accumulate = true;
+      k_->matmul(args);
+      for (float& x : c) x -= 1.0f;
+      expect_close(c, expected, 1e-5, "matmul trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb));
+    }
+}
+
+TEST_P(Ops, AdamWMatchesTorchFormula) {
+  const int64_t n = 1000;
+  Floats p = random_floats(n, 5), g = random_floats(n, 6), m(size_t(n), 0.0f), v(size_t(n), 0.0f);
+  Floats p_ref = p;
+  std::vector<double> m_ref(size_t(n), 0.0), v_ref(size_t(n), 0.0);
+  const AdamWArgs base{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0};
+  for (int64_t step = 1; step <= 3; ++step) {
+    AdamWArgs args = base;
+    args.step = step;
+    k_->adamw_step(p.data(), g.data(), m.data(), v.data(), n, args);
+    for (int64_t i = 0; i < n; ++i) {  // torch.optim.AdamW in double
+      const double gi = g[size_t(i)];
+      double param = double(p_ref[size_t(i)]) * (1.0 - 1e-2 * 0.1);
+      m_ref[size_t(i)] = 0.9 * m_ref[size_t(i)] + 0.1 * gi;
+      v_ref[size_t(i)] = 0.95 * v_ref[size_t(i)] + 0.05 * gi * gi;
+      const double denom = std::sqrt(v_ref[size_t(i)]) / std::sqrt(1.0 - std::pow(0.95, double(step))) + 1e-8;
+      param -= 1e-2 / (1.0 - std::pow(0.9, double(step))) * m_ref[size_t(i)] / denom;
+      p_ref[size_t(i)] = float(param);
+    }
+  }
+  expect_close(p, p_ref, 1e-6, "params after 3 AdamW steps");
+}
+
+TEST_P(Ops, SumSquaresAndScale) {
+  Floats x = random_floats(10007, 8);
+  double expected = 0;
+  for (float f : x) expected += double(f) * double(f);
+  EXPECT_NEAR(k_->sum_squares(x.data(), int64_t(x.size())), expected, 1e-5 * expected);
+  k_->scale(x.data(), int64_t(x.size()), 0.5f);
+  EXPECT_NEAR(k_->sum_squares(x.data(), int64_t(x.size())), expected / 4, 1e-5 * expected);
+}
+
+TEST_P(Ops, Bf16ConversionRoundsToNearestEven) {
+  Floats x = {1.0f, 1.00390625f, 1.01171875f, -2.5f, 3.0e-20f, 65504.0f, 1.0f + 1.0f / 256 + 1.0f / 512};
+  std::vector<bf16> out(x.size());
+  k_->to_bf16(x.data(), out.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(out[i].bits, to_bf16(x[i]).bits) << x[i];
+  EXPECT_EQ(to_f32(out[1]), 1.0f);          // halfway between 1 and 1+2^-7: ties to even
+  EXPECT_EQ(to_f32(out[2]), 1.015625f);     // halfway, odd neighbour below: rounds up
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, Ops, ::testing::Values("avx512", "avx2"));
+
+}  // namespace
+}  // namespace fab
