@@ -1,11 +1,12 @@
-// fabrica: the command-line front. Today: `env` and `--version`; training commands arrive with
-// the trainer.
+// fabrica: the command-line front. Today: `env`, `demo` and `--version`; training commands arrive
+// with the trainer.
 #include <omp.h>
 
 #include <cstring>
 #include <iostream>
 #include <string>
 
+#include "cli/demo.h"
 #include "core/backend.h"
 #include "core/error.h"
 
@@ -17,6 +18,7 @@ void print_usage() {
   std::cout << "usage: fabrica <command>\n\n"
                "commands:\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
+               "  demo       train a small byte-level Llama on built-in text [--steps N]\n"
                "  --version  print the version\n\n"
                "example:\n"
                "  fabrica env\n";
@@ -53,6 +55,15 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (command == "env") return run_env();
+    if (command == "demo") {
+      int steps = 300;
+      if (argc == 4 && !std::strcmp(argv[2], "--steps")) steps = std::atoi(argv[3]);
+      if (steps <= 0 || (argc != 2 && argc != 4)) {
+        std::cerr << "usage: fabrica demo [--steps N]   (N > 0)\n";
+        return 2;
+      }
+      return fab::run_demo(steps);
+    }
     std::cerr << "fabrica: unknown command \"" << command << "\" (try fabrica --help)\n";
     return 2;
   } catch (const fab::UserError& e) {

@@ -1,8 +1,11 @@
 // Causal grouped-query attention that keeps no (B, H, T, T) tensor: the forward saves only the
 // output and each row's log-sum-exp, and the backward recomputes the probabilities from them
-// (the flash-attention recipe). Work is split over (batch, kv head), so each task owns the dk/dv
-// rows it writes and nothing races. Scores are computed against K transposed, which turns every
-// inner loop into a vectorised axpy over keys or over head_dim.
+// (the flash-attention recipe). Both work on (query block x key block) tiles held in scratch:
+// scores are formed transposed, S^T = K Q^T (keys x queries), so that the softmax statistics of
+// every query are vector lanes and K is read in place; all products go through the register-
+// blocked small_gemm (attention_blocks.h). Key blocks past the diagonal are never visited and
+// the diagonal tile is masked. The forward splits over (batch, head, query block); the backward
+// over (batch, kv head), so each task owns the dk/dv rows it writes and nothing races.
 #include <omp.h>
 
 #include <cmath>
@@ -10,78 +13,238 @@
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/attention_blocks.h"
 
 namespace fab::cpu::FAB_ISA {
 namespace {
 
-struct Strides {
-  int64_t q_row, kv_row;  // elements between consecutive tokens in q and in k/v
+constexpr int64_t kQueryBlock = 64, kKeyBlock = 64;  // tile size; kQueryBlock a multiple of kLanes
+constexpr int64_t kQueryVecs = kQueryBlock / kLanes;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+struct Dims {
+  int64_t T, D, Dp, H, group, q_row, kv_row;  // Dp: head_dim padded to whole vectors
+  float scale;
+  explicit Dims(const AttentionShape& s)
+      : T(s.seq),
+        D(s.head_dim),
+        Dp(round_up(s.head_dim, kLanes)),
+        H(s.heads),
+        group(s.heads / s.kv_heads),
+        q_row(s.heads * s.head_dim),
+        kv_row(s.kv_heads * s.head_dim),
+        scale(s.scale) {}
 };
 
-// kt (D, T) = k[b, :, g, :] transposed
-void transpose_head(const float* k, const AttentionShape& s, int64_t b, int64_t g, float* kt) {
-  for (int64_t j = 0; j < s.seq; ++j) {
-    const float* src = k + ((b * s.seq + j) * s.kv_heads + g) * s.head_dim;
-    for (int64_t d = 0; d < s.head_dim; ++d) kt[d * s.seq + j] = src[d];
+// Hands out 64-byte aligned pieces of one thread's scratch buffer.
+struct Carver {
+  float* next;
+  float* take(int64_t n) {
+    float* p = next;
+    next += round_up(n, 16);
+    return p;
+  }
+};
+
+// dst (D x kQueryBlock) = the n rows of src (row stride ld) transposed, other columns zero.
+void pack_transposed(const float* src, int64_t ld, int64_t n, int64_t D, float* dst) {
+  const int64_t n_full = n / kLanes * kLanes, d_full = D / kLanes * kLanes;
+  for (int64_t i = 0; i < n_full; i += kLanes)
+    for (int64_t d = 0; d < d_full; d += kLanes) transpose_block(src + i * ld + d, ld, dst + d * kQueryBlock + i, kQueryBlock);
+  for (int64_t d = 0; d < D; ++d) {
+    for (int64_t i = d < d_full ? n_full : 0; i < n; ++i) dst[d * kQueryBlock + i] = src[i * ld + d];
+    for (int64_t i = n; i < kQueryBlock; ++i) dst[d * kQueryBlock + i] = 0.0f;
   }
 }
 
-// scores[j] = sum_d q[d] kt[d, j] for j < n
-void scores_row(const float* q, const float* kt, int64_t seq, int64_t head_dim, int64_t n, float* scores) {
-#pragma omp simd
-  for (int64_t j = 0; j < n; ++j) scores[j] = 0.0f;
-  for (int64_t d = 0; d < head_dim; ++d) {
-    const float qd = q[d];
-    const float* row = kt + d * seq;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) scores[j] += qd * row[j];
+// dst (n x Dp) = the n rows of src (row stride ld), padded with zero columns.
+void pack_rows(const float* src, int64_t ld, int64_t n, int64_t D, int64_t Dp, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(dst + i * Dp, src + i * ld, size_t(D) * sizeof(float));
+    for (int64_t d = D; d < Dp; ++d) dst[i * Dp + d] = 0.0f;
   }
+}
+
+// The first n rows of a K or V head as a product operand: in place when rows are whole vectors,
+// else copied into `pad` with zero columns.
+MatB head_rows(const float* src, const Dims& d, int64_t n, float* pad) {
+  if (d.D == d.Dp) return {src, d.kv_row};
+  pack_rows(src, d.kv_row, n, d.D, d.Dp, pad);
+  return {pad, d.Dp};
+}
+
+VecF vmax(VecF a, VecF b) { return a > b ? a : b; }
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+struct ForwardWork {
+  float *qt, *s, *o, *m, *l, *alpha, *v_pad;
+  ForwardWork(float* buf, const Dims& d) {
+    Carver c{buf};
+    qt = c.take(d.D * kQueryBlock);
+    s = c.take(kKeyBlock * kQueryBlock);
+    o = c.take(kQueryBlock * d.Dp);
+    m = c.take(kQueryBlock);
+    l = c.take(kQueryBlock);
+    alpha = c.take(kQueryBlock);
+    v_pad = c.take(d.D == d.Dp ? 0 : d.T * d.Dp);
+  }
+  static int64_t floats(const Dims& d) {
+    return (d.D + kKeyBlock + d.Dp + 3) * kQueryBlock + (d.D == d.Dp ? 0 : d.T * d.Dp) + 7 * 16;
+  }
+};
+
+// Online softmax step on a transposed score tile s (nk keys x kQueryBlock queries, unscaled):
+// lanes below key row j + off are masked (key after query). Raises the running max m, returns
+// alpha = exp(m_old - m_new) for rescaling earlier outputs, updates the running sum l and turns
+// s into the probabilities exp(scale s - m_new).
+void online_softmax(float* s, int64_t nk, int64_t off, float scale, float* m, float* l, float* alpha) {
+  VecF mx[kQueryVecs], sum[kQueryVecs];
+  for (int64_t v = 0; v < kQueryVecs; ++v) mx[v] = load_vec(m + v * kLanes);
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v) {
+      const VecF x = load_vec(s + j * kQueryBlock + v * kLanes) * scale;
+      mx[v] = vmax(mx[v], mask_below(x, v * kLanes, j + off, -INFINITY));
+    }
+  for (int64_t v = 0; v < kQueryVecs; ++v) {
+    store_vec(alpha + v * kLanes, exp_vec(load_vec(m + v * kLanes) - mx[v]));
+    store_vec(m + v * kLanes, mx[v]);
+    sum[v] = VecF{};
+  }
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v) {
+      float* sj = s + j * kQueryBlock + v * kLanes;
+      const VecF p = mask_below(exp_vec(load_vec(sj) * scale - mx[v]), v * kLanes, j + off, 0.0f);
+      store_vec(sj, p);
+      sum[v] += p;
+    }
+  for (int64_t v = 0; v < kQueryVecs; ++v)
+    store_vec(l + v * kLanes, load_vec(l + v * kLanes) * load_vec(alpha + v * kLanes) + sum[v]);
+}
+
+// Query rows q0.. (one block) of head h in batch b: for each key block up to the diagonal,
+// S^T = K Q^T, online softmax, O = alpha O + P V; at the end out = O / l, lse = m + log(l).
+void forward_block(const float* q, const float* k, const float* v, const Dims& d, int64_t b, int64_t h, int64_t q0,
+                   ForwardWork w, float* out, float* lse) {
+  const int64_t nq = min64(kQueryBlock, d.T - q0), g = h / d.group, end = q0 + nq;
+  const float* kb = k + b * d.T * d.kv_row + g * d.D;
+  const MatB vb = head_rows(v + b * d.T * d.kv_row + g * d.D, d, end, w.v_pad);
+  pack_transposed(q + (b * d.T + q0) * d.q_row + h * d.D, d.q_row, nq, d.D, w.qt);
+  std::memset(w.o, 0, size_t(nq * d.Dp) * sizeof(float));
+  for (int64_t i = 0; i < kQueryBlock; ++i) w.m[i] = -INFINITY, w.l[i] = 0.0f;
+  for (int64_t j0 = 0; j0 < end; j0 += kKeyBlock) {
+    const int64_t nk = min64(kKeyBlock, end - j0), off = j0 - q0;
+    small_gemm(nk, kQueryBlock, d.D, {kb + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock}, {w.s, kQueryBlock},
+               false, off);
+    online_softmax(w.s, nk, off, d.scale, w.m, w.l, w.alpha);
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t c = 0; c < d.Dp; c += kLanes)
+        store_vec(w.o + i * d.Dp + c, load_vec(w.o + i * d.Dp + c) * w.alpha[i]);
+    small_gemm(nq, d.Dp, nk, {w.s, 1, kQueryBlock}, {vb.p + j0 * vb.ld, vb.ld}, {w.o, d.Dp}, true);
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    float* oi = out + (b * d.T + q0 + i) * d.q_row + h * d.D;
+    const float inv = 1.0f / w.l[i];
+    for (int64_t c = 0; c < d.D; ++c) oi[c] = w.o[i * d.Dp + c] * inv;
+    lse[(b * d.H + h) * d.T + q0 + i] = w.m[i] + std::log(w.l[i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+struct BackwardWork {
+  float *qt, *dot, *q_rows, *do_rows, *dq, *s, *ds, *lse, *di, *k_pad, *dk, *dv;
+  BackwardWork(float* buf, const Dims& d) {
+    Carver c{buf};
+    qt = c.take(d.D * kQueryBlock);
+    dot = c.take(d.D * kQueryBlock);
+    q_rows = c.take(kQueryBlock * d.Dp);
+    do_rows = c.take(kQueryBlock * d.Dp);
+    dq = c.take(kQueryBlock * d.Dp);
+    s = c.take(kKeyBlock * kQueryBlock);
+    ds = c.take(kKeyBlock * kQueryBlock);
+    lse = c.take(kQueryBlock);
+    di = c.take(kQueryBlock);
+    k_pad = c.take(d.D == d.Dp ? 0 : d.T * d.Dp);
+    dk = c.take(d.T * d.Dp);
+    dv = c.take(d.T * d.Dp);
+  }
+  static int64_t floats(const Dims& d) {
+    return (2 * d.D + 3 * d.Dp + 2 * kKeyBlock + 2) * kQueryBlock + (d.D == d.Dp ? 2 : 3) * d.T * d.Dp + 12 * 16;
+  }
+};
+
+// On a transposed tile (nk keys x kQueryBlock queries) holding s = q.k (unscaled) and dp = do.v:
+//   p = exp(scale s - lse_i),  ds = scale p (dp - D_i),  both zero where the key follows the query
+// (lanes below key row j + off). s becomes p and dp becomes ds.
+void probs_and_grads(float* s, float* dp, int64_t nk, int64_t off, float scale, const float* lse, const float* di) {
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v) {
+      const int64_t at = j * kQueryBlock + v * kLanes;
+      const VecF x = load_vec(s + at) * scale - load_vec(lse + v * kLanes);
+      const VecF p = mask_below(exp_vec(x), v * kLanes, j + off, 0.0f);
+      const VecF ds = p * (load_vec(dp + at) - load_vec(di + v * kLanes)) * scale;
+      store_vec(s + at, p);
+      store_vec(dp + at, mask_below(ds, v * kLanes, j + off, 0.0f));
+    }
+}
+
+// Gradient contributions of query rows q0.. (one block) of head h in batch b: dq rows directly,
+// dk/dv into the task's accumulators w.dk, w.dv (T x Dp). kb: K rows of the head as an operand.
+void backward_block(const float* q, const float* k, const float* v, const float* out, const float* lse,
+                    const float* dout, const Dims& d, int64_t b, int64_t h, int64_t q0, MatB kb, BackwardWork w,
+                    float* dq) {
+  const int64_t nq = min64(kQueryBlock, d.T - q0), g = h / d.group, end = q0 + nq;
+  const int64_t row0 = (b * d.T + q0) * d.q_row + h * d.D, kv0 = b * d.T * d.kv_row + g * d.D;
+  pack_transposed(q + row0, d.q_row, nq, d.D, w.qt);
+  pack_transposed(dout + row0, d.q_row, nq, d.D, w.dot);
+  pack_rows(q + row0, d.q_row, nq, d.D, d.Dp, w.q_rows);
+  pack_rows(dout + row0, d.q_row, nq, d.D, d.Dp, w.do_rows);
+  for (int64_t i = 0; i < kQueryBlock; ++i) {
+    w.lse[i] = i < nq ? lse[(b * d.H + h) * d.T + q0 + i] : 0.0f;
+    float di = 0;  // D_i = do_i . out_i
+    const float *doi = dout + row0 + i * d.q_row, *oi = out + row0 + i * d.q_row;
+#pragma omp simd reduction(+ : di)
+    for (int64_t c = 0; c < (i < nq ? d.D : 0); ++c) di += doi[c] * oi[c];
+    w.di[i] = di;
+  }
+  std::memset(w.dq, 0, size_t(nq * d.Dp) * sizeof(float));
+  for (int64_t j0 = 0; j0 < end; j0 += kKeyBlock) {
+    const int64_t nk = min64(kKeyBlock, end - j0), off = j0 - q0;
+    const MatC tile_s{w.s, kQueryBlock}, tile_ds{w.ds, kQueryBlock};
+    small_gemm(nk, kQueryBlock, d.D, {k + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock}, tile_s, false, off);
+    small_gemm(nk, kQueryBlock, d.D, {v + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.dot, kQueryBlock}, tile_ds, false,
+               off);
+    probs_and_grads(w.s, w.ds, nk, off, d.scale, w.lse, w.di);
+    small_gemm(nk, d.Dp, nq, {w.s, kQueryBlock, 1}, {w.do_rows, d.Dp}, {w.dv + j0 * d.Dp, d.Dp}, true);  // P^T dO
+    small_gemm(nk, d.Dp, nq, {w.ds, kQueryBlock, 1}, {w.q_rows, d.Dp}, {w.dk + j0 * d.Dp, d.Dp}, true);  // dS^T Q
+    small_gemm(nq, d.Dp, nk, {w.ds, 1, kQueryBlock}, {kb.p + j0 * kb.ld, kb.ld}, {w.dq, d.Dp}, true);   // dS K
+  }
+  for (int64_t i = 0; i < nq; ++i)
+#pragma omp simd
+    for (int64_t c = 0; c < d.D; ++c) dq[row0 + i * d.q_row + c] += w.dq[i * d.Dp + c];
 }
 
 }  // namespace
 
 void attention_forward(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
                        float* lse) {
-  const int64_t T = s.seq, D = s.head_dim, group = s.heads / s.kv_heads;
-  const Strides st{s.heads * D, s.kv_heads * D};
+  const Dims d(s);
+  const int64_t blocks = (d.T + kQueryBlock - 1) / kQueryBlock, heads = s.batch * s.heads;
 #pragma omp parallel
   {
-    ScratchBuffer kt_buf{size_t(D * T)}, scores_buf{size_t(T)}, qs_buf{size_t(D)};
-    float *kt = kt_buf.data(), *scores = scores_buf.data(), *qs = qs_buf.data();
-#pragma omp for schedule(static) collapse(2)
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t g = 0; g < s.kv_heads; ++g) {
-        transpose_head(k, s, b, g, kt);
-        const float* vb = v + b * T * st.kv_row + g * D;
-        for (int64_t h = g * group; h < (g + 1) * group; ++h)
-          for (int64_t i = 0; i < T; ++i) {
-            const float* qi = q + b * T * st.q_row + i * st.q_row + h * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) qs[d] = qi[d] * s.scale;
-            const int64_t n = i + 1;  // causal: keys 0..i
-            scores_row(qs, kt, T, D, n, scores);
-            float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-            for (int64_t j = 0; j < n; ++j) mx = std::fmax(mx, scores[j]);
-            float sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < n; ++j) {
-              scores[j] = exp_approx(scores[j] - mx);
-              sum += scores[j];
-            }
-            float* oi = out + b * T * st.q_row + i * st.q_row + h * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) oi[d] = 0.0f;
-            const float inv = 1.0f / sum;
-            for (int64_t j = 0; j < n; ++j) {
-              const float p = scores[j] * inv;
-              const float* vj = vb + j * st.kv_row;
-#pragma omp simd
-              for (int64_t d = 0; d < D; ++d) oi[d] += p * vj[d];
-            }
-            lse[(b * s.heads + h) * T + i] = mx + std::log(sum);
-          }
-      }
+    ScratchBuffer buf{size_t(ForwardWork::floats(d))};
+    const ForwardWork w(buf.data(), d);
+    // Longest query blocks (latest in the sequence) first, for balance.
+#pragma omp for schedule(dynamic)
+    for (int64_t t = 0; t < blocks * heads; ++t) {
+      const int64_t qblock = blocks - 1 - t / heads, bh = t % heads;
+      forward_block(q, k, v, d, bh / s.heads, bh % s.heads, qblock * kQueryBlock, w, out, lse);
+    }
   }
 }
 
@@ -89,54 +252,32 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
 //   dv_j += sum_i p_ij do_i
 //   dp_ij = do_i . v_j;   ds_ij = p_ij (dp_ij - D_i),  D_i = sum_j p_ij dp_ij = do_i . out_i
 //   dq_i += scale sum_j ds_ij k_j;   dk_j += scale sum_i ds_ij q_i
+// Per tile, as matrices: P^T and dS^T are formed (keys x queries) from recomputed scores,
+// dV += P^T dO, dK += (scale dS)^T Q, dQ += (scale dS) K.
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, const AttentionShape& s, float* dq, float* dk, float* dv) {
-  const int64_t T = s.seq, D = s.head_dim, group = s.heads / s.kv_heads;
-  const Strides st{s.heads * D, s.kv_heads * D};
+  const Dims d(s);
+  const int64_t blocks = (d.T + kQueryBlock - 1) / kQueryBlock;
 #pragma omp parallel
   {
-    ScratchBuffer kt_buf{size_t(D * T)}, vt_buf{size_t(D * T)}, p_buf{size_t(T)}, dp_buf{size_t(T)},
-        qs_buf{size_t(D)};
-    float *kt = kt_buf.data(), *vt = vt_buf.data(), *p = p_buf.data(), *dp = dp_buf.data(), *qs = qs_buf.data();
-#pragma omp for schedule(static) collapse(2)
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t g = 0; g < s.kv_heads; ++g) {
-        transpose_head(k, s, b, g, kt);
-        transpose_head(v, s, b, g, vt);
-        const float* kb = k + b * T * st.kv_row + g * D;
-        float* dkb = dk + b * T * st.kv_row + g * D;
-        float* dvb = dv + b * T * st.kv_row + g * D;
-        for (int64_t h = g * group; h < (g + 1) * group; ++h)
-          for (int64_t i = 0; i < T; ++i) {
-            const int64_t row = b * T * st.q_row + i * st.q_row + h * D;
-            const float *qi = q + row, *oi = out + row, *doi = dout + row;
-            float* dqi = dq + row;
+    ScratchBuffer buf{size_t(BackwardWork::floats(d))};
+    const BackwardWork w(buf.data(), d);
+#pragma omp for schedule(dynamic)
+    for (int64_t t = 0; t < s.batch * s.kv_heads; ++t) {
+      const int64_t b = t / s.kv_heads, g = t % s.kv_heads, kv0 = b * d.T * d.kv_row + g * d.D;
+      const MatB kb = head_rows(k + kv0, d, d.T, w.k_pad);
+      std::memset(w.dk, 0, size_t(d.T * d.Dp) * sizeof(float));
+      std::memset(w.dv, 0, size_t(d.T * d.Dp) * sizeof(float));
+      for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h)
+        for (int64_t qb = 0; qb < blocks; ++qb)
+          backward_block(q, k, v, out, lse, dout, d, b, h, qb * kQueryBlock, kb, w, dq);
+      for (int64_t j = 0; j < d.T; ++j)
 #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) qs[d] = qi[d] * s.scale;
-            const int64_t n = i + 1;
-            const float row_lse = lse[(b * s.heads + h) * T + i];
-            scores_row(qs, kt, T, D, n, p);
-#pragma omp simd
-            for (int64_t j = 0; j < n; ++j) p[j] = exp_approx(p[j] - row_lse);
-            scores_row(doi, vt, T, D, n, dp);
-            float di = 0;
-#pragma omp simd reduction(+ : di)
-            for (int64_t d = 0; d < D; ++d) di += doi[d] * oi[d];
-            for (int64_t j = 0; j < n; ++j) {
-              const float ds = p[j] * (dp[j] - di) * s.scale;
-              const float pj = p[j];
-              const float* kj = kb + j * st.kv_row;
-              float* dkj = dkb + j * st.kv_row;
-              float* dvj = dvb + j * st.kv_row;
-#pragma omp simd
-              for (int64_t d = 0; d < D; ++d) {
-                dqi[d] += ds * kj[d];
-                dkj[d] += ds * qi[d];
-                dvj[d] += pj * doi[d];
-              }
-            }
-          }
-      }
+        for (int64_t c = 0; c < d.D; ++c) {
+          dk[kv0 + j * d.kv_row + c] += w.dk[j * d.Dp + c];
+          dv[kv0 + j * d.kv_row + c] += w.dv[j * d.Dp + c];
+        }
+    }
   }
 }
 

@@ -1,0 +1,165 @@
+#pragma once
+// Building blocks of the blocked attention kernels (attention.cpp only): a native-width float
+// vector, a vector exp, and a register-blocked small-matrix product. Everything lives in an
+// anonymous namespace inside the per-ISA namespace, so the AVX-512 and AVX2 objects never share
+// a definition. GCC vector extensions compile to AVX-512 or AVX2 code from the same source.
+#include <cstdint>
+#include <cstring>
+
+#ifndef FAB_ISA
+#error "include isa_kernels.h first"
+#endif
+
+namespace fab::cpu::FAB_ISA {
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int64_t kLanes = 16;  // floats per vector
+constexpr int kTileRows = 4, kTileVecs = 4;  // register tile: 16 accumulators of 32 registers
+#else
+constexpr int64_t kLanes = 8;
+constexpr int kTileRows = 6, kTileVecs = 2;  // 12 accumulators of 16 registers
+#endif
+
+typedef float VecF __attribute__((vector_size(kLanes * 4)));
+typedef int32_t VecI __attribute__((vector_size(kLanes * 4)));
+
+inline VecF load_vec(const float* p) {
+  VecF v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_vec(float* p, VecF v) { std::memcpy(p, &v, sizeof v); }
+
+inline VecI lane_index() {
+  VecI v;
+  for (int i = 0; i < kLanes; ++i) v[i] = i;
+  return v;
+}
+
+// x with the lanes whose column (first + lane) is below `limit` replaced by `fill`.
+inline VecF mask_below(VecF x, int64_t first, int64_t limit, float fill) {
+  const VecI below = lane_index() + int32_t(first) < int32_t(limit);
+  return below ? VecF{} + fill : x;
+}
+
+// The kLanes x kLanes block at src (row stride ld) transposed into dst (row stride ldd): log2(kLanes)
+// butterfly stages, each swapping the off-diagonal sub-blocks of width w between row pairs.
+// Shuffle indices (b's lanes numbered from kLanes) for the new rows a and b of a pair.
+template <int W>
+VecI swap_mask(bool second) {
+  VecI m;
+  for (int c = 0; c < kLanes; ++c)
+    m[c] = second ? ((c & W) ? c + kLanes : c + W) : ((c & W) ? c - W + kLanes : c);
+  return m;
+}
+template <int W>
+void butterfly(VecF* rows) {
+  for (int r = 0; r < kLanes; ++r)
+    if (!(r & W)) {
+      const VecF a = rows[r], b = rows[r + W];
+      rows[r] = __builtin_shuffle(a, b, swap_mask<W>(false));
+      rows[r + W] = __builtin_shuffle(a, b, swap_mask<W>(true));
+    }
+  if constexpr (W > 1) butterfly<W / 2>(rows);
+}
+inline void transpose_block(const float* src, int64_t ld, float* dst, int64_t ldd) {
+  VecF rows[kLanes];
+  for (int r = 0; r < kLanes; ++r) rows[r] = load_vec(src + r * ld);
+  butterfly<kLanes / 2>(rows);
+  for (int r = 0; r < kLanes; ++r) store_vec(dst + r * ldd, rows[r]);
+}
+
+// exp_approx (vec_math.h) on a whole vector: same range reduction and polynomial, with
+// branch-free clamps so that it really is vector code.
+inline VecF exp_vec(VecF x) {
+  x = x < -87.3f ? VecF{} - 87.3f : x;
+  x = x > 88.7f ? VecF{} + 88.7f : x;
+  const VecF rounder = VecF{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const VecF n = (x * 1.44269504088896341f + rounder) - rounder;
+  const VecF r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  VecF p = VecF{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const VecI bits = (__builtin_convertvector(n, VecI) + 127) << 23;
+  VecF scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// Operands of the small products: A(i, p) = a[i * row_stride + p * k_stride] is read one scalar
+// at a time (so it may be a transposed view), B and C are row-major with whole vectors per row.
+struct MatA {
+  const float* p;
+  int64_t row_stride, k_stride;
+};
+struct MatB {
+  const float* p;
+  int64_t ld;
+};
+struct MatC {
+  float* p;
+  int64_t ld;
+};
+
+// C[R x C vectors] (+)= A[R x k] B[k x C vectors], the tile held in registers.
+template <int R, int C>
+void tile_product(MatA a, MatB b, MatC c, int64_t k, bool accumulate) {
+  VecF acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < C; ++v) acc[r][v] = accumulate ? load_vec(c.p + r * c.ld + v * kLanes) : VecF{};
+  for (int64_t p = 0; p < k; ++p) {
+    VecF bv[C];
+#pragma GCC unroll 8
+    for (int v = 0; v < C; ++v) bv[v] = load_vec(b.p + p * b.ld + v * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float ar = a.p[r * a.row_stride + p * a.k_stride];
+#pragma GCC unroll 8
+      for (int v = 0; v < C; ++v) acc[r][v] += ar * bv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < C; ++v) store_vec(c.p + r * c.ld + v * kLanes, acc[r][v]);
+}
+
+using TileFn = void (*)(MatA, MatB, MatC, int64_t, bool);
+
+// The tile_product instance for a (rows <= R) x (vecs <= C) edge tile.
+template <int R, int C>
+TileFn pick_tile(int rows, int vecs) {
+  if constexpr (R > 1)
+    if (rows < R) return pick_tile<R - 1, C>(rows, vecs);
+  if constexpr (C > 1)
+    if (vecs < C) return pick_tile<R, C - 1>(rows, vecs);
+  return tile_product<R, C>;
+}
+
+// C (m x n) (+)= A (m x k) B (k x n), n a multiple of kLanes. For row tiles starting at row r0,
+// the columns below r0 + skip_before are not needed (causal masking) and may be left unwritten.
+void small_gemm(int64_t m, int64_t n, int64_t k, MatA a, MatB b, MatC c, bool accumulate,
+                int64_t skip_before = -(int64_t(1) << 40)) {
+  for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+    const int rows = int(m - r0 < kTileRows ? m - r0 : kTileRows);
+    const int64_t skip = r0 + skip_before;
+    const int64_t first = skip > 0 ? skip / kLanes * kLanes : 0;
+    const MatA ar{a.p + r0 * a.row_stride, a.row_stride, a.k_stride};
+    for (int64_t c0 = first; c0 < n; c0 += kTileVecs * kLanes) {
+      const int64_t left = (n - c0) / kLanes;
+      const int vecs = int(left < kTileVecs ? left : kTileVecs);
+      pick_tile<kTileRows, kTileVecs>(rows, vecs)(ar, MatB{b.p + c0, b.ld}, MatC{c.p + r0 * c.ld + c0, c.ld}, k,
+                                                    accumulate);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fab::cpu::FAB_ISA
