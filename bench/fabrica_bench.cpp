@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/rng.h"
@@ -78,14 +79,20 @@ int main(int argc, char** argv) {
   model.init_random(1234);
   AdamW optimizer(model.params(), {0.9f, 0.95f, 1e-8f, 0.1f});
 
+  // A fresh random batch every step, all made before timing (as the PyTorch peer does).
   Rng rng(42);
-  Tensor ids = Tensor::empty({batch, seq}, DType::i64, MemoryCategory::activations);
-  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = int64_t(rng.next_u64() % cfg.vocab_size);
-  const int64_t targets = DecoderModel::count_targets(ids);
+  std::vector<Tensor> batches;
+  for (int step = 0; step < flags.warmup + flags.steps; ++step) {
+    Tensor ids = Tensor::empty({batch, seq}, DType::i64, MemoryCategory::activations);
+    for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = int64_t(rng.next_u64() % cfg.vocab_size);
+    batches.push_back(ids);
+  }
 
   double loss = 0, seconds = 0;
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
+    const Tensor& ids = batches[size_t(step)];
+    const int64_t targets = DecoderModel::count_targets(ids);
     model.params().grads().zero_();
     loss = model.forward_backward(ids, ids, 1.0f / float(targets)) / double(targets);
     clip_grad_norm(model.params(), 1.0);

@@ -11,9 +11,8 @@
 #include <cmath>
 
 #include "kernels/cpu/isa_kernels.h"
-#include "kernels/cpu/scratch.h"
-#include "kernels/cpu/vec_math.h"
 #include "kernels/cpu/attention_blocks.h"
+#include "kernels/cpu/scratch.h"
 
 namespace fab::cpu::FAB_ISA {
 namespace {
@@ -52,7 +51,8 @@ struct Carver {
 void pack_transposed(const float* src, int64_t ld, int64_t n, int64_t D, float* dst) {
   const int64_t n_full = n / kLanes * kLanes, d_full = D / kLanes * kLanes;
   for (int64_t i = 0; i < n_full; i += kLanes)
-    for (int64_t d = 0; d < d_full; d += kLanes) transpose_block(src + i * ld + d, ld, dst + d * kQueryBlock + i, kQueryBlock);
+    for (int64_t d = 0; d < d_full; d += kLanes)
+      transpose_block(src + i * ld + d, ld, dst + d * kQueryBlock + i, kQueryBlock);
   for (int64_t d = 0; d < D; ++d) {
     for (int64_t i = d < d_full ? n_full : 0; i < n; ++i) dst[d * kQueryBlock + i] = src[i * ld + d];
     for (int64_t i = n; i < kQueryBlock; ++i) dst[d * kQueryBlock + i] = 0.0f;
@@ -67,15 +67,22 @@ void pack_rows(const float* src, int64_t ld, int64_t n, int64_t D, int64_t Dp, f
   }
 }
 
-// The first n rows of a K or V head as a product operand: in place when rows are whole vectors,
+// n rows of one head (row stride ld) as a product operand: in place when rows are whole vectors,
 // else copied into `pad` with zero columns.
-MatB head_rows(const float* src, const Dims& d, int64_t n, float* pad) {
-  if (d.D == d.Dp) return {src, d.kv_row};
-  pack_rows(src, d.kv_row, n, d.D, d.Dp, pad);
+MatB head_rows(const float* src, int64_t ld, const Dims& d, int64_t n, float* pad) {
+  if (d.D == d.Dp) return {src, ld};
+  pack_rows(src, ld, n, d.D, d.Dp, pad);
   return {pad, d.Dp};
 }
 
 VecF vmax(VecF a, VecF b) { return a > b ? a : b; }
+
+float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Forward
@@ -131,23 +138,25 @@ void forward_block(const float* q, const float* k, const float* v, const Dims& d
                    ForwardWork w, float* out, float* lse) {
   const int64_t nq = min64(kQueryBlock, d.T - q0), g = h / d.group, end = q0 + nq;
   const float* kb = k + b * d.T * d.kv_row + g * d.D;
-  const MatB vb = head_rows(v + b * d.T * d.kv_row + g * d.D, d, end, w.v_pad);
+  const MatB vb = head_rows(v + b * d.T * d.kv_row + g * d.D, d.kv_row, d, end, w.v_pad);
   pack_transposed(q + (b * d.T + q0) * d.q_row + h * d.D, d.q_row, nq, d.D, w.qt);
   std::memset(w.o, 0, size_t(nq * d.Dp) * sizeof(float));
   for (int64_t i = 0; i < kQueryBlock; ++i) w.m[i] = -INFINITY, w.l[i] = 0.0f;
   for (int64_t j0 = 0; j0 < end; j0 += kKeyBlock) {
     const int64_t nk = min64(kKeyBlock, end - j0), off = j0 - q0;
     small_gemm(nk, kQueryBlock, d.D, {kb + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock}, {w.s, kQueryBlock},
-               false, off);
+               false, Causal::kColumnsFrom, off);
     online_softmax(w.s, nk, off, d.scale, w.m, w.l, w.alpha);
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t c = 0; c < d.Dp; c += kLanes)
         store_vec(w.o + i * d.Dp + c, load_vec(w.o + i * d.Dp + c) * w.alpha[i]);
-    small_gemm(nq, d.Dp, nk, {w.s, 1, kQueryBlock}, {vb.p + j0 * vb.ld, vb.ld}, {w.o, d.Dp}, true);
+    small_gemm(nq, d.Dp, nk, {w.s, 1, kQueryBlock}, {vb.p + j0 * vb.ld, vb.ld}, {w.o, d.Dp}, true, Causal::kTermsUpTo,
+               off);
   }
   for (int64_t i = 0; i < nq; ++i) {
     float* oi = out + (b * d.T + q0 + i) * d.q_row + h * d.D;
     const float inv = 1.0f / w.l[i];
+#pragma omp simd
     for (int64_t c = 0; c < d.D; ++c) oi[c] = w.o[i * d.Dp + c] * inv;
     lse[(b * d.H + h) * d.T + q0 + i] = w.m[i] + std::log(w.l[i]);
   }
@@ -193,40 +202,44 @@ void probs_and_grads(float* s, float* dp, int64_t nk, int64_t off, float scale, 
     }
 }
 
+struct BackwardArgs {
+  const float *q, *k, *v, *out, *lse, *dout;
+  float* dq;
+};
+
 // Gradient contributions of query rows q0.. (one block) of head h in batch b: dq rows directly,
 // dk/dv into the task's accumulators w.dk, w.dv (T x Dp). kb: K rows of the head as an operand.
-void backward_block(const float* q, const float* k, const float* v, const float* out, const float* lse,
-                    const float* dout, const Dims& d, int64_t b, int64_t h, int64_t q0, MatB kb, BackwardWork w,
-                    float* dq) {
+void backward_block(const BackwardArgs& a, const Dims& d, int64_t b, int64_t h, int64_t q0, MatB kb, BackwardWork w) {
   const int64_t nq = min64(kQueryBlock, d.T - q0), g = h / d.group, end = q0 + nq;
   const int64_t row0 = (b * d.T + q0) * d.q_row + h * d.D, kv0 = b * d.T * d.kv_row + g * d.D;
-  pack_transposed(q + row0, d.q_row, nq, d.D, w.qt);
-  pack_transposed(dout + row0, d.q_row, nq, d.D, w.dot);
-  pack_rows(q + row0, d.q_row, nq, d.D, d.Dp, w.q_rows);
-  pack_rows(dout + row0, d.q_row, nq, d.D, d.Dp, w.do_rows);
-  for (int64_t i = 0; i < kQueryBlock; ++i) {
-    w.lse[i] = i < nq ? lse[(b * d.H + h) * d.T + q0 + i] : 0.0f;
-    float di = 0;  // D_i = do_i . out_i
-    const float *doi = dout + row0 + i * d.q_row, *oi = out + row0 + i * d.q_row;
-#pragma omp simd reduction(+ : di)
-    for (int64_t c = 0; c < (i < nq ? d.D : 0); ++c) di += doi[c] * oi[c];
-    w.di[i] = di;
+  pack_transposed(a.q + row0, d.q_row, nq, d.D, w.qt);
+  pack_transposed(a.dout + row0, d.q_row, nq, d.D, w.dot);
+  const MatB q_rows = head_rows(a.q + row0, d.q_row, d, nq, w.q_rows);
+  const MatB do_rows = head_rows(a.dout + row0, d.q_row, d, nq, w.do_rows);
+  for (int64_t i = 0; i < kQueryBlock; ++i) w.lse[i] = w.di[i] = 0.0f;
+  for (int64_t i = 0; i < nq; ++i) {
+    w.lse[i] = a.lse[(b * d.H + h) * d.T + q0 + i];
+    w.di[i] = dot(a.dout + row0 + i * d.q_row, a.out + row0 + i * d.q_row, d.D);  // D_i = do_i . out_i
   }
   std::memset(w.dq, 0, size_t(nq * d.Dp) * sizeof(float));
   for (int64_t j0 = 0; j0 < end; j0 += kKeyBlock) {
     const int64_t nk = min64(kKeyBlock, end - j0), off = j0 - q0;
-    const MatC tile_s{w.s, kQueryBlock}, tile_ds{w.ds, kQueryBlock};
-    small_gemm(nk, kQueryBlock, d.D, {k + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock}, tile_s, false, off);
-    small_gemm(nk, kQueryBlock, d.D, {v + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.dot, kQueryBlock}, tile_ds, false,
-               off);
+    const Causal cols = Causal::kColumnsFrom, from = Causal::kTermsFrom, upto = Causal::kTermsUpTo;
+    small_gemm(nk, kQueryBlock, d.D, {a.k + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock},
+               {w.s, kQueryBlock}, false, cols, off);  // S^T = K Q^T
+    small_gemm(nk, kQueryBlock, d.D, {a.v + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.dot, kQueryBlock},
+               {w.ds, kQueryBlock}, false, cols, off);  // dP^T = V dO^T
     probs_and_grads(w.s, w.ds, nk, off, d.scale, w.lse, w.di);
-    small_gemm(nk, d.Dp, nq, {w.s, kQueryBlock, 1}, {w.do_rows, d.Dp}, {w.dv + j0 * d.Dp, d.Dp}, true);  // P^T dO
-    small_gemm(nk, d.Dp, nq, {w.ds, kQueryBlock, 1}, {w.q_rows, d.Dp}, {w.dk + j0 * d.Dp, d.Dp}, true);  // dS^T Q
-    small_gemm(nq, d.Dp, nk, {w.ds, 1, kQueryBlock}, {kb.p + j0 * kb.ld, kb.ld}, {w.dq, d.Dp}, true);   // dS K
+    small_gemm(nk, d.Dp, nq, {w.s, kQueryBlock, 1}, do_rows, {w.dv + j0 * d.Dp, d.Dp}, true, from,
+               off);  // dV += P^T dO
+    small_gemm(nk, d.Dp, nq, {w.ds, kQueryBlock, 1}, q_rows, {w.dk + j0 * d.Dp, d.Dp}, true, from,
+               off);  // dK += dS^T Q
+    small_gemm(nq, d.Dp, nk, {w.ds, 1, kQueryBlock}, {kb.p + j0 * kb.ld, kb.ld}, {w.dq, d.Dp}, true, upto,
+               off);  // dQ += dS K
   }
   for (int64_t i = 0; i < nq; ++i)
 #pragma omp simd
-    for (int64_t c = 0; c < d.D; ++c) dq[row0 + i * d.q_row + c] += w.dq[i * d.Dp + c];
+    for (int64_t c = 0; c < d.D; ++c) a.dq[row0 + i * d.q_row + c] += w.dq[i * d.Dp + c];
 }
 
 }  // namespace
@@ -258,6 +271,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
                         const float* dout, const AttentionShape& s, float* dq, float* dk, float* dv) {
   const Dims d(s);
   const int64_t blocks = (d.T + kQueryBlock - 1) / kQueryBlock;
+  const BackwardArgs args{q, k, v, out, lse, dout, dq};
 #pragma omp parallel
   {
     ScratchBuffer buf{size_t(BackwardWork::floats(d))};
@@ -265,12 +279,12 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < s.batch * s.kv_heads; ++t) {
       const int64_t b = t / s.kv_heads, g = t % s.kv_heads, kv0 = b * d.T * d.kv_row + g * d.D;
-      const MatB kb = head_rows(k + kv0, d, d.T, w.k_pad);
+      const MatB kb = head_rows(k + kv0, d.kv_row, d, d.T, w.k_pad);
       std::memset(w.dk, 0, size_t(d.T * d.Dp) * sizeof(float));
       std::memset(w.dv, 0, size_t(d.T * d.Dp) * sizeof(float));
       for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h)
         for (int64_t qb = 0; qb < blocks; ++qb)
-          backward_block(q, k, v, out, lse, dout, d, b, h, qb * kQueryBlock, kb, w, dq);
+          backward_block(args, d, b, h, qb * kQueryBlock, kb, w);
       for (int64_t j = 0; j < d.T; ++j)
 #pragma omp simd
         for (int64_t c = 0; c < d.D; ++c) {

@@ -15,7 +15,7 @@ namespace {
 
 #if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;  // floats per vector
-constexpr int kTileRows = 4, kTileVecs = 4;  // register tile: 16 accumulators of 32 registers
+constexpr int kTileRows = 8, kTileVecs = 2;  // register tile: 16 accumulators of 32 registers
 #else
 constexpr int64_t kLanes = 8;
 constexpr int kTileRows = 6, kTileVecs = 2;  // 12 accumulators of 16 registers
@@ -43,9 +43,8 @@ inline VecF mask_below(VecF x, int64_t first, int64_t limit, float fill) {
   return below ? VecF{} + fill : x;
 }
 
-// The kLanes x kLanes block at src (row stride ld) transposed into dst (row stride ldd): log2(kLanes)
-// butterfly stages, each swapping the off-diagonal sub-blocks of width w between row pairs.
-// Shuffle indices (b's lanes numbered from kLanes) for the new rows a and b of a pair.
+// Shuffle indices (b's lanes numbered from kLanes) that swap the off-diagonal sub-blocks of
+// width W between the rows a and b of a pair: the new a (second = false) or the new b.
 template <int W>
 VecI swap_mask(bool second) {
   VecI m;
@@ -53,6 +52,7 @@ VecI swap_mask(bool second) {
     m[c] = second ? ((c & W) ? c + kLanes : c + W) : ((c & W) ? c - W + kLanes : c);
   return m;
 }
+// Butterfly stages W, W/2, ..., 1 of a transpose, on rows whose index differs in bit W.
 template <int W>
 void butterfly(VecF* rows) {
   for (int r = 0; r < kLanes; ++r)
@@ -63,6 +63,7 @@ void butterfly(VecF* rows) {
     }
   if constexpr (W > 1) butterfly<W / 2>(rows);
 }
+// The kLanes x kLanes block at src (row stride ld) transposed into dst (row stride ldd).
 inline void transpose_block(const float* src, int64_t ld, float* dst, int64_t ldd) {
   VecF rows[kLanes];
   for (int r = 0; r < kLanes; ++r) rows[r] = load_vec(src + r * ld);
@@ -70,8 +71,7 @@ inline void transpose_block(const float* src, int64_t ld, float* dst, int64_t ld
   for (int r = 0; r < kLanes; ++r) store_vec(dst + r * ldd, rows[r]);
 }
 
-// exp_approx (vec_math.h) on a whole vector: same range reduction and polynomial, with
-// branch-free clamps so that it really is vector code.
+// exp_approx (vec_math.h) on a whole vector: the same clamps, range reduction and polynomial.
 inline VecF exp_vec(VecF x) {
   x = x < -87.3f ? VecF{} - 87.3f : x;
   x = x > 88.7f ? VecF{} + 88.7f : x;
@@ -143,20 +143,30 @@ TileFn pick_tile(int rows, int vecs) {
   return tile_product<R, C>;
 }
 
-// C (m x n) (+)= A (m x k) B (k x n), n a multiple of kLanes. For row tiles starting at row r0,
-// the columns below r0 + skip_before are not needed (causal masking) and may be left unwritten.
+// Causal structure of a diagonal tile, with row r of C and offset `off` (see small_gemm).
+enum class Causal {
+  kNone,
+  kColumnsFrom,  // row r needs only the columns c >= r + off; the others may be left unwritten
+  kTermsUpTo,    // A(r, p) = 0 for p > r - off
+  kTermsFrom,    // A(r, p) = 0 for p < r + off
+};
+
+// C (m x n) (+)= A (m x k) B (k x n), n a multiple of kLanes, in register tiles; `causal` and
+// `off` let a diagonal tile skip the work that masking makes useless.
 void small_gemm(int64_t m, int64_t n, int64_t k, MatA a, MatB b, MatC c, bool accumulate,
-                int64_t skip_before = -(int64_t(1) << 40)) {
+                Causal causal = Causal::kNone, int64_t off = 0) {
   for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
     const int rows = int(m - r0 < kTileRows ? m - r0 : kTileRows);
-    const int64_t skip = r0 + skip_before;
-    const int64_t first = skip > 0 ? skip / kLanes * kLanes : 0;
-    const MatA ar{a.p + r0 * a.row_stride, a.row_stride, a.k_stride};
+    int64_t first = 0, k0 = 0, k1 = k;
+    if (causal == Causal::kColumnsFrom && r0 + off > 0) first = (r0 + off) / kLanes * kLanes;
+    if (causal == Causal::kTermsUpTo && r0 + rows - off < k) k1 = r0 + rows - off;
+    if (causal == Causal::kTermsFrom && r0 + off > 0) k0 = r0 + off < k ? r0 + off : k;
+    if (k1 < k0) k1 = k0;
+    const MatA ar{a.p + r0 * a.row_stride + k0 * a.k_stride, a.row_stride, a.k_stride};
     for (int64_t c0 = first; c0 < n; c0 += kTileVecs * kLanes) {
       const int64_t left = (n - c0) / kLanes;
-      const int vecs = int(left < kTileVecs ? left : kTileVecs);
-      pick_tile<kTileRows, kTileVecs>(rows, vecs)(ar, MatB{b.p + c0, b.ld}, MatC{c.p + r0 * c.ld + c0, c.ld}, k,
-                                                    accumulate);
+      const TileFn tile = pick_tile<kTileRows, kTileVecs>(rows, int(left < kTileVecs ? left : kTileVecs));
+      tile(ar, MatB{b.p + k0 * b.ld + c0, b.ld}, MatC{c.p + r0 * c.ld + c0, c.ld}, k1 - k0, accumulate);
     }
   }
 }

@@ -2,7 +2,7 @@
 #include <omp.h>
 
 #include <cmath>
-#include <cstring>
+#include <bit>
 
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/vec_math.h"
@@ -77,7 +77,7 @@ double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, i
     }
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-    for (int64_t j = 0; j < vocab; ++j) mx = std::fmax(mx, z[j]);
+    for (int64_t j = 0; j < vocab; ++j) mx = max_of(mx, z[j]);
     const float target_shifted = z[labels[r]] - mx;
     float sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -161,8 +161,7 @@ double sum_squares(const float* x, int64_t n) {
 void to_bf16(const float* x, bf16* out, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t j = 0; j < n; ++j) {
-    uint32_t u;
-    std::memcpy(&u, &x[j], 4);
+    uint32_t u = std::bit_cast<uint32_t>(x[j]);
     u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (inputs are finite here)
     out[j].bits = uint16_t(u >> 16);
   }

@@ -6,7 +6,7 @@
 // reason the kernels take scratch memory from ScratchBuffer (compiled once), not std::vector.
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <bit>
 
 #ifndef FAB_ISA
 #error "include isa_kernels.h first"
@@ -17,8 +17,11 @@ namespace fab::cpu::FAB_ISA {
 // exp(x) by Cody-Waite range reduction x = n ln2 + r and a degree-6 polynomial for e^r
 // (Cephes expf coefficients): relative error ~1 ulp over the float range; exp(-inf) -> ~0.
 inline float exp_approx(float x) {
-  x = std::fmin(std::fmax(x, -87.3f), 88.7f);
-  float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = x < -87.3f ? -87.3f : x;  // comparisons, not std::fmin/fmax: those are libm calls that
+  x = x > 88.7f ? 88.7f : x;    // block vectorisation
+
+  // n = round(x / ln2) by the 1.5 * 2^23 trick: std::floor would block vectorisation.
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -27,13 +30,13 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  int32_t bits = (int32_t(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
+  const float scale = std::bit_cast<float>((int32_t(n) + 127) << 23);
   return p * scale;
 }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+
+inline float max_of(float a, float b) { return a > b ? a : b; }
 
 // Per-thread row ranges for work split by hand (contiguous, deterministic for a thread count).
 struct Range {
