@@ -97,7 +97,6 @@ int main(int argc, char** argv) {
     loss = model.forward_backward(ids, ids, 1.0f / float(targets)) / double(targets);
     clip_grad_norm(model.params(), 1.0);
     optimizer.step(3e-4f);
-    model.weights_changed();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step >= flags.warmup) seconds += s;
   }

@@ -15,6 +15,12 @@ Tensor& grad_of(const Var& v) {
   return v->grad;
 }
 
+GradTarget grad_target(const Var& v) {
+  if (v->grad.defined()) return {v->grad.data<float>(), true};
+  v->grad = Tensor::empty(v->value.shape(), DType::f32, MemoryCategory::activations, v->value.device());
+  return {v->grad.data<float>(), false};
+}
+
 void Tape::push(std::function<void()> backward_fn) {
   if (recording_) nodes_.push_back(std::move(backward_fn));
 }

@@ -22,6 +22,15 @@ Var make_var(Tensor value, bool requires_grad = true);
 // The gradient tensor of v, created zero-filled (accounted as activations) the first time.
 Tensor& grad_of(const Var& v);
 
+// Where a backward kernel should put v's gradient: a fresh (uninitialised) buffer to overwrite
+// the first time, the existing one to accumulate into after that. Saves the zero-fill and the
+// read of zeros for the many gradients that have a single producer.
+struct GradTarget {
+  float* data;
+  bool accumulate;
+};
+GradTarget grad_target(const Var& v);
+
 class Tape {
  public:
   explicit Tape(bool recording = true) : recording_(recording) {}

@@ -81,7 +81,6 @@ int run_demo(int steps) {
     const double norm = clip_grad_norm(model.params(), 1.0);
     const double lr = schedule.lr(step);
     optimizer.step(float(lr));
-    model.weights_changed();
     if (step % 20 == 0 || step == steps - 1) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::printf("step %4d/%d  loss %.4f  grad_norm %.3f  lr %.2e  tokens/s %.0f\n", step + 1, steps, loss, norm, lr,

@@ -61,7 +61,9 @@ struct KernelTable {
 
   // gate_up rows are [gate (i), up (i)]; h = silu(gate) * up
   void (*swiglu_forward)(const float* gate_up, int64_t rows, int64_t i, float* h);
-  void (*swiglu_backward)(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up);
+  // dgate_up (+)= d h / d gate_up; overwrites when accumulate is false (a fresh gradient buffer)
+  void (*swiglu_backward)(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up,
+                          bool accumulate);
 
   // Cross-entropy of one chunk of rows, in place: logits become scale * (softmax - onehot)
   // (zero rows where label == -100). Returns the sum of the rows' losses.
@@ -78,7 +80,10 @@ struct KernelTable {
   double (*sum_squares)(const float* x, int64_t n);
   void (*to_bf16)(const float* x, bf16* out, int64_t n);
 
-  void (*adamw_step)(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args);
+  // One AdamW update; when param_bf16 is not null it also receives the new weights in bf16
+  // (the compute copy of bf16 mode), saving a separate pass over the parameters.
+  void (*adamw_step)(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args,
+                     bf16* param_bf16);
 };
 
 // The CPU table, chosen once at run time: AVX-512 kernels where the CPU has them, else AVX2

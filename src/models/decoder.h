@@ -27,7 +27,7 @@ class DecoderModel {
   // HF's _init_weights: N(0, initializer_range) for linear and embedding weights, zero biases,
   // unit norm weights.
   void init_random(uint64_t seed);
-  // Call after the fp32 weights change (load, optimizer step): refreshes the bf16 compute copy.
+  // Call after changing the fp32 weights directly (AdamW::step keeps the bf16 copy in sync itself).
   void weights_changed();
 
   // ids, labels: (B, T) i64. Labels are shifted inside (position t predicts labels[t + 1]);

@@ -43,6 +43,7 @@ class ParamBuffer {
   const Tensor& values() const { return values_; }
   const Tensor& grads() const { return grads_; }
   bool has_bf16() const { return values_bf16_.defined(); }
+  Tensor& bf16_values() { return values_bf16_; }
   void refresh_bf16();  // values_bf16 = bf16(values)
 
  private:

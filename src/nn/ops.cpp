@@ -113,8 +113,10 @@ Var linear(Tape& tape, const Var& x, const Linear& layer) {
     Tensor dy = grad_of(y);
     if (layer.bias) k.bias_backward(dy.data<float>(), rows, out_features, grad_of(layer.bias).data<float>());
     Tensor dy_compute = bf16 ? to_bf16(dy, MemoryCategory::temporaries) : dy;
-    if (x->requires_grad)
-      gemm(k, dy_compute, false, w_compute, false, grad_of(x).data<float>(), rows, in, out_features, true);
+    if (x->requires_grad) {
+      const GradTarget dx = grad_target(x);
+      gemm(k, dy_compute, false, w_compute, false, dx.data, rows, in, out_features, dx.accumulate);
+    }
     gemm(k, dy_compute, true, saved_x, false, grad_of(layer.weight).data<float>(), out_features, in, rows, true);
   });
   return y;
@@ -155,12 +157,17 @@ std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64
   FAB_CHECK(offset == total, "split_columns: widths sum to {} but the input has {} columns", offset, total);
   tape.push([x, parts, total, rows] {
     ProfileScope profile("split_columns backward");
+    // The parts tile x's columns exactly: when each has a gradient, a fresh gradient of x is
+    // overwritten everywhere, so it needs no zero-fill.
     const KernelTable& k = kernels_for(x->value);
+    bool all = true;
+    for (const Var& part : parts) all = all && part->grad.defined();
+    const GradTarget dx = all ? grad_target(x) : GradTarget{grad_of(x).data<float>(), true};
     int64_t offset = 0;
     for (const Var& part : parts) {
       const int64_t w = part->value.dim(-1);
       if (part->grad.defined())
-        k.copy_2d(part->grad.data<float>(), w, grad_of(x).data<float>() + offset, total, rows, w, true);
+        k.copy_2d(part->grad.data<float>(), w, dx.data + offset, total, rows, w, dx.accumulate);
       offset += w;
     }
   });
@@ -207,8 +214,9 @@ Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate) {
   kernels_for(h->value).swiglu_forward(gate_up->value.data<float>(), rows, intermediate, h->value.data<float>());
   tape.push([gate_up, h, rows, intermediate] {
     ProfileScope profile("swiglu backward");
+    const GradTarget dgu = grad_target(gate_up);
     kernels_for(h->value).swiglu_backward(gate_up->value.data<float>(), grad_of(h).data<float>(), rows, intermediate,
-                                          grad_of(gate_up).data<float>());
+                                          dgu.data, dgu.accumulate);
   });
   return h;
 }

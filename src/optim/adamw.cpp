@@ -22,8 +22,9 @@ void AdamW::step(float lr) {
   const float* g = params_.grads().data<float>();
   for (const ParamInfo& info : params_.params()) {
     AdamWArgs args{lr, config_.beta1, config_.beta2, config_.eps, info.decays() ? config_.weight_decay : 0.0f, step_};
+    bf16* compute_copy = params_.has_bf16() ? params_.bf16_values().data<bf16>() + info.offset : nullptr;
     k.adamw_step(p + info.offset, g + info.offset, m_.data<float>() + info.offset, v_.data<float>() + info.offset,
-                 info.numel(), args);
+                 info.numel(), args, compute_copy);
   }
 }
 

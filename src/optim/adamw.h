@@ -15,7 +15,8 @@ struct AdamWConfig {
 class AdamW {
  public:
   AdamW(ParamBuffer& params, const AdamWConfig& config);
-  // One update with learning rate `lr` from the gradients in params.grads().
+  // One update with learning rate `lr` from the gradients in params.grads(). Also refreshes the
+  // bf16 compute copy of the weights when the buffer has one.
   void step(float lr);
   int64_t steps_taken() const { return step_; }
   Tensor& exp_avg() { return m_; }

@@ -162,9 +162,11 @@ TEST_P(Ops, SwiGlu) {
   };
   Floats gu = pack(gate, up);
   expect_close(forward(gu), ref("swiglu.h"), 1e-5, "h");
-  Floats dgu(gu.size(), 0.0f);
-  k_->swiglu_backward(gu.data(), dh.data(), rows, i, dgu.data());
+  Floats dgu(gu.size(), 0.0f), fresh(gu.size(), std::nanf(""));
+  k_->swiglu_backward(gu.data(), dh.data(), rows, i, dgu.data(), true);
+  k_->swiglu_backward(gu.data(), dh.data(), rows, i, fresh.data(), false);  // overwrites, even NaN garbage
   expect_close(dgu, pack(get("swiglu.dgate"), get("swiglu.dup")), 1e-5, "dgate_up");
+  expect_close(fresh, dgu, 0.0, "dgate_up written into a fresh buffer");
   check_finite_differences(gu, dgu, [&](const Floats& in) { return dot(forward(in), dh); }, "swiglu");
 }
 
@@ -242,7 +244,7 @@ TEST_P(Ops, AdamWMatchesTorchFormula) {
   for (int64_t step = 1; step <= 3; ++step) {
     AdamWArgs args = base;
     args.step = step;
-    k_->adamw_step(p.data(), g.data(), m.data(), v.data(), n, args);
+    k_->adamw_step(p.data(), g.data(), m.data(), v.data(), n, args, nullptr);
     for (int64_t i = 0; i < n; ++i) {  // torch.optim.AdamW in double
       const double gi = g[size_t(i)];
       double param = double(p_ref[size_t(i)]) * (1.0 - 1e-2 * 0.1);
@@ -254,6 +256,11 @@ TEST_P(Ops, AdamWMatchesTorchFormula) {
     }
   }
   expect_close(p, p_ref, 1e-6, "params after 3 AdamW steps");
+  std::vector<bf16> copy(static_cast<size_t>(n));
+  AdamWArgs args = base;
+  args.step = 4;
+  k_->adamw_step(p.data(), g.data(), m.data(), v.data(), n, args, copy.data());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(copy[size_t(i)].bits, to_bf16(p[size_t(i)]).bits) << "bf16 copy at " << i;
 }
 
 TEST_P(Ops, SumSquaresAndScale) {

@@ -47,7 +47,9 @@ void swiglu_forward(const float* gate_up, int64_t rows, int64_t i, float* h) {
 
 // h = silu(g) u, silu(g) = g s(g), s = sigmoid:
 //   dh/du = silu(g);  dh/dg = u s(g) (1 + g (1 - s(g)))
-void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up) {
+void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up,
+                     bool accumulate) {
+  const float keep = accumulate ? 1.0f : 0.0f;  // 0 * (uninitialised) could be NaN: select instead
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = gate_up + r * 2 * i;
@@ -57,9 +59,10 @@ void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_
     float* du = dg + i;
 #pragma omp simd
     for (int64_t j = 0; j < i; ++j) {
-      float s = sigmoid(g[j]);
-      du[j] += d[j] * g[j] * s;
-      dg[j] += d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
+      const float s = sigmoid(g[j]);
+      const float old_u = keep != 0.0f ? du[j] : 0.0f, old_g = keep != 0.0f ? dg[j] : 0.0f;
+      du[j] = old_u + d[j] * g[j] * s;
+      dg[j] = old_g + d[j] * u[j] * s * (1.0f + g[j] * (1.0f - s));
     }
   }
 }
@@ -170,20 +173,22 @@ void to_bf16(const float* x, bf16* out, int64_t n) {
 // torch.optim.AdamW, one tensor:
 //   p *= 1 - lr wd;  m = lerp(m, g, 1 - b1);  v = b2 v + (1 - b2) g^2
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& a) {
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& a,
+                bf16* param_bf16) {
   const float decay = float(1.0 - double(a.lr) * double(a.weight_decay));
   const float step_size = float(double(a.lr) / (1.0 - std::pow(double(a.beta1), double(a.step))));
   const float bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(a.beta2), double(a.step))));
   const float one_minus_b1 = 1.0f - a.beta1, one_minus_b2 = 1.0f - a.beta2;
 #pragma omp parallel for simd schedule(static)
   for (int64_t j = 0; j < n; ++j) {
-    float g = grad[j];
-    float p = param[j] * decay;
+    const float g = grad[j];
+    const float p = param[j] * decay;
     m[j] = m[j] + one_minus_b1 * (g - m[j]);
     v[j] = v[j] * a.beta2 + one_minus_b2 * g * g;
-    float denom = std::sqrt(v[j]) / bc2_sqrt + a.eps;
+    const float denom = std::sqrt(v[j]) / bc2_sqrt + a.eps;
     param[j] = p - step_size * (m[j] / denom);
   }
+  if (param_bf16) to_bf16(param, param_bf16, n);
 }
 
 }  // namespace fab::cpu::FAB_ISA

@@ -24,7 +24,8 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, const AttentionShape& s, float* dq, float* dk, float* dv);
 void swiglu_forward(const float* gate_up, int64_t rows, int64_t i, float* h);
-void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up);
+void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up,
+                     bool accumulate);
 double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale);
 void copy_2d(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols,
              bool accumulate);
@@ -35,6 +36,7 @@ void bias_backward(const float* dy, int64_t rows, int64_t n, float* db);
 void scale(float* x, int64_t n, float s);
 double sum_squares(const float* x, int64_t n);
 void to_bf16(const float* x, bf16* out, int64_t n);
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args);
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWArgs& args,
+                bf16* param_bf16);
 
 }  // namespace fab::cpu::FAB_ISA
