@@ -1,6 +1,7 @@
 #include "models/model_config.h"
 
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -94,7 +95,12 @@ ModelConfig load_model_config(const std::string& path) {
 }
 
 std::string model_config_to_json(const ModelConfig& c) {
-  json j = {{"model_type", c.model_type},
+  static const std::map<std::string, std::string> kArchitecture = {{"llama", "LlamaForCausalLM"},
+                                                                    {"mistral", "MistralForCausalLM"},
+                                                                    {"qwen2", "Qwen2ForCausalLM"},
+                                                                    {"qwen3", "Qwen3ForCausalLM"}};
+  json j = {{"architectures", {kArchitecture.at(c.model_type)}},
+            {"model_type", c.model_type},
             {"vocab_size", c.vocab_size},
             {"hidden_size", c.hidden_size},
             {"intermediate_size", c.intermediate_size},
@@ -108,7 +114,8 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"initializer_range", c.initializer_range},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"attention_bias", c.attention_bias},
-            {"hidden_act", "silu"}};
+            {"hidden_act", "silu"},
+            {"torch_dtype", "float32"}};
   if (c.sliding_window) j["sliding_window"] = c.sliding_window;
   return j.dump(2);
 }

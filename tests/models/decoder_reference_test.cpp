@@ -10,7 +10,7 @@
 
 #include "io/safetensors.h"
 #include "models/decoder.h"
-#include "models/load_weights.h"
+#include "models/hf_model.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "test_util.h"
@@ -20,10 +20,11 @@ namespace {
 
 struct Reference {
   ModelConfig config;
-  SafetensorsFile weights, ref;
+  HfWeights weights;
+  SafetensorsFile ref;
   explicit Reference(const std::string& name)
       : config(load_model_config(test::reference_dir() + "/" + name + "/config.json")),
-        weights(SafetensorsFile::open(test::reference_dir() + "/" + name + "/model.safetensors")),
+        weights(HfWeights::open(test::reference_dir() + "/" + name)),
         ref(SafetensorsFile::open(test::reference_dir() + "/" + name + "/reference.safetensors")) {}
   double meta(const std::string& key) const { return std::stod(ref.metadata().at(key)); }
 };

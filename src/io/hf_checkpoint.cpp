@@ -1,0 +1,103 @@
+#include "io/hf_checkpoint.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace fab {
+namespace fs = std::filesystem;
+
+bool HfWeights::present(const std::string& folder) {
+  return fs::exists(fs::path(folder) / "model.safetensors") ||
+         fs::exists(fs::path(folder) / "model.safetensors.index.json");
+}
+
+HfWeights HfWeights::open(const std::string& folder) {
+  HfWeights w;
+  const fs::path single = fs::path(folder) / "model.safetensors";
+  const fs::path index = fs::path(folder) / "model.safetensors.index.json";
+  std::vector<std::string> files;
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw UserError(format("{}: not valid JSON ({})", index.string(), e.what()));
+    }
+    FAB_USER_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "{}: missing object \"weight_map\"",
+                   index.string());
+    std::map<std::string, size_t> file_index;
+    for (auto& [name, file] : j["weight_map"].items()) {
+      FAB_USER_CHECK(file.is_string(), "{}: weight_map[\"{}\"] must be a file name", index.string(), name);
+      const std::string f = file.get<std::string>();
+      FAB_USER_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(),
+                     "{}: weight_map[\"{}\"] = \"{}\" must name a file in the same folder", index.string(), name, f);
+      if (!file_index.count(f)) {
+        file_index[f] = w.files_.size();
+        w.files_.push_back(std::make_shared<SafetensorsFile>(SafetensorsFile::open((fs::path(folder) / f).string())));
+      }
+      const SafetensorsFile& shard = *w.files_[file_index[f]];
+      FAB_USER_CHECK(shard.contains(name), "{}: lists \"{}\" in {}, which does not contain it", index.string(), name, f);
+      w.where_[name] = file_index[f];
+    }
+  } else {
+    FAB_USER_CHECK(fs::exists(single), "{}: no model.safetensors or model.safetensors.index.json", folder);
+    w.files_.push_back(std::make_shared<SafetensorsFile>(SafetensorsFile::open(single.string())));
+    for (const std::string& name : w.files_[0]->names()) w.where_[name] = 0;
+  }
+  return w;
+}
+
+std::vector<std::string> HfWeights::names() const {
+  std::vector<std::string> out;
+  for (auto& [name, i] : where_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsFile& HfWeights::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  FAB_USER_CHECK(it != where_.end(), "no tensor named \"{}\" in the weights", name);
+  return *files_[it->second];
+}
+
+void save_hf_weights(const std::string& folder, const std::vector<NamedTensor>& tensors, size_t max_shard_bytes) {
+  fs::create_directories(folder);
+  std::vector<std::vector<NamedTensor>> shards(1);
+  size_t shard_bytes = 0, total = 0;
+  for (const NamedTensor& t : tensors) {
+    if (shard_bytes > 0 && shard_bytes + t.tensor.bytes() > max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(t);
+    shard_bytes += t.tensor.bytes();
+    total += t.tensor.bytes();
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    save_safetensors((fs::path(folder) / "model.safetensors").string(), tensors, metadata);
+    return;
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", nlohmann::json::object()}};
+  for (size_t i = 0; i < shards.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+    save_safetensors((fs::path(folder) / name).string(), shards[i], metadata);
+    for (const NamedTensor& t : shards[i]) index["weight_map"][t.name] = name;
+  }
+  const fs::path path = fs::path(folder) / "model.safetensors.index.json";
+  const std::string tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << index.dump(2) << "\n";
+    FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace fab

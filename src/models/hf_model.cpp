@@ -1,0 +1,59 @@
+#include "models/hf_model.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace fab {
+namespace fs = std::filesystem;
+
+void load_weights(DecoderModel& model, const HfWeights& weights) {
+  ParamBuffer& params = model.params();
+  for (const ParamInfo& p : params.params()) {
+    FAB_USER_CHECK(weights.contains(p.name), "missing tensor \"{}\" {} in the model weights", p.name,
+                   shape_str(p.shape));
+    const SafetensorsFile& file = weights.file_of(p.name);
+    const SafetensorsEntry& e = file.entries().at(p.name);
+    FAB_USER_CHECK(e.shape == p.shape, "{}: tensor \"{}\" has shape {} but config.json implies {}", file.path(),
+                   p.name, shape_str(e.shape), shape_str(p.shape));
+    Tensor t = file.as_f32(p.name);
+    std::memcpy(params.values().data<float>() + p.offset, t.data<float>(), t.bytes());
+  }
+  for (const std::string& name : weights.names()) {
+    const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;
+    FAB_USER_CHECK(params.contains(name) || tied_head, "{}: unexpected tensor \"{}\" for a {} model",
+                   weights.file_of(name).path(), name, model.config().model_type);
+  }
+  model.weights_changed();
+}
+
+std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const DecoderOptions& options,
+                                                uint64_t seed) {
+  const ModelConfig config = load_model_config((fs::path(folder) / "config.json").string());
+  auto model = std::make_unique<DecoderModel>(config, options);
+  if (HfWeights::present(folder))
+    load_weights(*model, HfWeights::open(folder));
+  else
+    model->init_random(seed);
+  return model;
+}
+
+void save_model_folder(const DecoderModel& model, const std::string& folder, size_t max_shard_bytes) {
+  fs::create_directories(folder);
+  std::vector<NamedTensor> tensors;
+  const ParamBuffer& params = model.params();
+  for (const ParamInfo& p : params.params()) tensors.push_back({p.name, params.values().view(p.offset, p.shape)});
+  save_hf_weights(folder, tensors, max_shard_bytes);
+  const fs::path config = fs::path(folder) / "config.json";
+  const std::string tmp = config.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << model_config_to_json(model.config()) << "\n";
+    FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
+  }
+  fs::rename(tmp, config);
+}
+
+}  // namespace fab

@@ -1,0 +1,26 @@
+#pragma once
+// A decoder model to and from a Hugging Face model folder (config.json + safetensors weights,
+// single file or sharded), with no conversion step.
+#include <memory>
+#include <string>
+
+#include "io/hf_checkpoint.h"
+#include "models/decoder.h"
+
+namespace fab {
+
+// Copies every parameter from `weights` by its HF name, converting F32/BF16/F16 to f32. A missing
+// tensor, a shape mismatch or an unexpected extra tensor is a UserError naming it (a tied model may
+// also carry lm_head.weight, as some exports do; it is ignored).
+void load_weights(DecoderModel& model, const HfWeights& weights);
+
+// config.json, then the weights when the folder has them; a folder with only config.json means
+// "train from scratch": seeded initialisation with `seed`.
+std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const DecoderOptions& options,
+                                                uint64_t seed = 0);
+
+// Writes config.json and the weights (sharded above max_shard_bytes) as transformers expects.
+void save_model_folder(const DecoderModel& model, const std::string& folder,
+                       size_t max_shard_bytes = size_t(5) << 30);
+
+}  // namespace fab
