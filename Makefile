@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build deps test bench demo clean
+.PHONY: all build deps test bench demo clean fuzz
 
 all: build
 
@@ -22,6 +22,9 @@ $(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/refe
 
 test: deps build $(BUILD)/reference/ops.safetensors
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
+	  && echo "fuzz: safetensors header parser, 10 s, no failure" \
+	  || (tail -30 $(BUILD)/fuzz.log; exit 1)
 
 bench: deps build
 	@bash bench/setup_peer.sh
@@ -32,3 +35,15 @@ demo: deps build
 
 clean:
 	rm -rf $(BUILD)
+
+# Fuzz targets for the parsers of untrusted files (clang + libFuzzer, ASan, UBSan).
+FUZZ_SECONDS ?= 60
+FUZZ_FLAGS = -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc
+$(BUILD)/fuzz_safetensors_header: fuzz/safetensors_header_fuzz.cpp src/io/safetensors_header.cpp src/io/safetensors.h
+	@mkdir -p $(BUILD)
+	clang++ $(FUZZ_FLAGS) fuzz/safetensors_header_fuzz.cpp src/io/safetensors_header.cpp -o $@
+
+fuzz: deps $(BUILD)/fuzz_safetensors_header
+	@mkdir -p $(BUILD)/fuzz-corpus/safetensors_header
+	$(BUILD)/fuzz_safetensors_header -seed=1 -max_total_time=$(FUZZ_SECONDS) \
+	  $(BUILD)/fuzz-corpus/safetensors_header fuzz/corpus/safetensors_header

@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  clang libclang-rt-14-dev  # fuzz targets (libFuzzer, sanitizers)
   libdnnl-dev            # oneDNN: CPU matmul (f32, bf16 on AMX)
   nlohmann-json3-dev     # config.json and safetensors headers
   libgtest-dev           # unit tests

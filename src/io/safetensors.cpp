@@ -17,14 +17,6 @@ namespace {
 
 using nlohmann::json;
 
-size_t stored_size(const std::string& dtype) {
-  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
-  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
-  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
-  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL") return 1;
-  return 0;
-}
-
 const char* stored_name(DType t) {
   switch (t) {
     case DType::f32: return "F32";
@@ -53,57 +45,6 @@ float half_to_float(uint16_t h) {
 }
 
 }  // namespace
-
-void parse_safetensors_header(const std::string& text, size_t data_bytes, const std::string& source,
-                              std::map<std::string, SafetensorsEntry>& entries,
-                              std::map<std::string, std::string>& metadata) {
-  json header;
-  try {
-    header = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw UserError(format("{}: safetensors header is not valid JSON ({})", source, e.what()));
-  }
-  FAB_USER_CHECK(header.is_object(), "{}: safetensors header must be a JSON object", source);
-  for (auto& [name, value] : header.items()) {
-    if (name == "__metadata__") {
-      FAB_USER_CHECK(value.is_object(), "{}: __metadata__ must be an object of strings", source);
-      for (auto& [k, v] : value.items()) {
-        FAB_USER_CHECK(v.is_string(), "{}: __metadata__.{} must be a string", source, k);
-        metadata[k] = v.get<std::string>();
-      }
-      continue;
-    }
-    FAB_USER_CHECK(value.is_object() && value.contains("dtype") && value.contains("shape") &&
-                       value.contains("data_offsets"),
-                   "{}: tensor \"{}\" needs dtype, shape and data_offsets", source, name);
-    SafetensorsEntry e;
-    FAB_USER_CHECK(value["dtype"].is_string(), "{}: tensor \"{}\": dtype must be a string", source, name);
-    e.dtype = value["dtype"].get<std::string>();
-    const size_t elem = stored_size(e.dtype);
-    FAB_USER_CHECK(elem != 0, "{}: tensor \"{}\": unknown dtype \"{}\"", source, name, e.dtype);
-    FAB_USER_CHECK(value["shape"].is_array(), "{}: tensor \"{}\": shape must be an array", source, name);
-    size_t count = 1;
-    for (const json& d : value["shape"]) {
-      FAB_USER_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (uint64_t(1) << 40),
-                     "{}: tensor \"{}\": bad dimension {}", source, name, d.dump());
-      e.shape.push_back(int64_t(d.get<uint64_t>()));
-      FAB_USER_CHECK(count <= (size_t(1) << 50) / (e.shape.back() + 1), "{}: tensor \"{}\" is too large", source,
-                     name);
-      count *= size_t(e.shape.back());
-    }
-    const json& off = value["data_offsets"];
-    FAB_USER_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-                   "{}: tensor \"{}\": data_offsets must be [begin, end]", source, name);
-    e.begin = off[0].get<size_t>();
-    e.end = off[1].get<size_t>();
-    FAB_USER_CHECK(e.begin <= e.end && e.end <= data_bytes,
-                   "{}: tensor \"{}\": data_offsets [{}, {}] outside the {} data bytes", source, name, e.begin, e.end,
-                   data_bytes);
-    FAB_USER_CHECK(e.end - e.begin == count * elem, "{}: tensor \"{}\": {} bytes stored but shape {} of {} needs {}",
-                   source, name, e.end - e.begin, shape_str(e.shape), e.dtype, count * elem);
-    entries[name] = std::move(e);
-  }
-}
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY);
