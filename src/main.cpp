@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cli/demo.h"
+#include "config/train_config.h"
 #include "core/backend.h"
 #include "core/error.h"
 
@@ -19,6 +20,7 @@ void print_usage() {
                "commands:\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
                "  demo       train a small byte-level Llama on built-in text [--steps N]\n"
+               "  config-reference  print the configuration reference (docs/CONFIG.md)\n"
                "  --version  print the version\n\n"
                "example:\n"
                "  fabrica env\n";
@@ -55,6 +57,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (command == "env") return run_env();
+    if (command == "config-reference") {
+      std::cout << fab::config_reference_markdown();
+      return 0;
+    }
     if (command == "demo") {
       int steps = 300;
       if (argc == 4 && !std::strcmp(argv[2], "--steps")) steps = std::atoi(argv[3]);

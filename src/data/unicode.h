@@ -31,6 +31,8 @@ std::string utf8_lossy(std::string_view bytes);
 
 // Rust char::is_whitespace / regex \s: the Unicode White_Space property.
 bool is_white_space(char32_t cp);
+// Rust char::is_numeric: general category Nd, Nl or No.
+bool is_numeric(char32_t cp);
 // Rust regex \w: Alphabetic, Mark, Decimal_Number, Connector_Punctuation or Join_Control.
 bool is_word_char(char32_t cp);
 

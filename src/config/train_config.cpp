@@ -1,0 +1,231 @@
+#include "config/train_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace fab {
+namespace {
+
+enum class Status { Supported, Accepted, Later, Own };
+
+struct KeyInfo {
+  const char* type;
+  const char* default_text;
+  Status status;
+  const char* doc;
+};
+
+template <typename T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  if constexpr (std::is_same_v<T, int64_t>) return "int";
+  if constexpr (std::is_same_v<T, double>) return "float";
+  return "string";
+}
+
+const std::map<std::string, KeyInfo>& schema() {
+  static const std::map<std::string, KeyInfo> keys = {
+#define FAB_CONFIG_INFO(key, field, type, def, status, doc) {#key, {type_name<type>(), #def, Status::status, doc}},
+      FAB_CONFIG_KEYS(FAB_CONFIG_INFO)
+#undef FAB_CONFIG_INFO
+  };
+  return keys;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string closest_key(const std::string& key) {
+  std::string best;
+  size_t best_distance = 4;  // suggest only near misses
+  for (const auto& [name, info] : schema()) {
+    const size_t d = edit_distance(key, name);
+    if (d < best_distance) best = name, best_distance = d;
+  }
+  return best;
+}
+
+// Reads one YAML value into a typed field; returns an error text or "".
+std::string read_value(const YAML::Node& node, bool& out) {
+  try {
+    out = node.as<bool>();
+    return "";
+  } catch (const YAML::Exception&) {
+    return "expected true or false";
+  }
+}
+std::string read_value(const YAML::Node& node, int64_t& out) {
+  try {
+    const double d = node.as<double>();
+    if (d != double(int64_t(d))) return "expected an integer";
+    out = int64_t(d);
+    return "";
+  } catch (const YAML::Exception&) {
+    return "expected an integer";
+  }
+}
+std::string read_value(const YAML::Node& node, double& out) {
+  try {
+    out = node.as<double>();
+    return "";
+  } catch (const YAML::Exception&) {
+    return "expected a number";
+  }
+}
+std::string read_value(const YAML::Node& node, std::string& out) {
+  if (node.IsSequence()) {  // report_to: [tensorboard] and the like: a comma-separated string
+    out.clear();
+    for (const YAML::Node& item : node) {
+      if (!item.IsScalar()) return "expected a string or a list of strings";
+      out += (out.empty() ? "" : ",") + item.as<std::string>();
+    }
+    return "";
+  }
+  if (!node.IsScalar()) return "expected a string";
+  out = node.as<std::string>();
+  return "";
+}
+
+struct Problems {
+  std::vector<std::string> lines;
+  void add(const std::string& line) { lines.push_back(line); }
+};
+
+void apply_key(TrainConfig& c, const std::string& key, const YAML::Node& value, const std::string& where,
+               Problems& problems) {
+  auto it = schema().find(key);
+  if (it == schema().end()) {
+    const std::string guess = closest_key(key);
+    problems.add(format("{}: unknown key \"{}\"{}", where, key, guess.empty() ? "" : " (did you mean \"" + guess + "\"?)"));
+    return;
+  }
+  if (value.IsNull()) return;  // `key: null` keeps the default, as in LLaMA-Factory
+  if (it->second.status == Status::Later) {
+    problems.add(format("{}: \"{}\" is not implemented in Fabrica yet", where, key));
+    return;
+  }
+  if (it->second.status == Status::Accepted) c.accepted_keys.push_back(key);
+  std::string error;
+#define FAB_CONFIG_APPLY(k, field, type, def, status, doc) \
+  if (key == #k) error = read_value(value, c.field);
+  FAB_CONFIG_KEYS(FAB_CONFIG_APPLY)
+#undef FAB_CONFIG_APPLY
+  if (!error.empty()) problems.add(format("{}: key \"{}\": {}, got \"{}\"", where, key, error, YAML::Dump(value)));
+}
+
+void check_values(const TrainConfig& c, const std::string& source, Problems& problems) {
+  auto require = [&](bool ok, const std::string& text) {
+    if (!ok) problems.add(source + ": " + text);
+  };
+  require(c.stage == "pt" || c.stage == "sft",
+          format("stage \"{}\" is not implemented in Fabrica yet (pt and sft are)", c.stage));
+  require(c.finetuning_type == "full",
+          format("finetuning_type \"{}\" is not implemented in Fabrica yet (full is)", c.finetuning_type));
+  require(c.report_to == "none" || c.report_to == "tensorboard",
+          format("report_to \"{}\" is not supported (none or tensorboard)", c.report_to));
+  require(c.eval_strategy == "no" || c.eval_strategy == "steps" || c.eval_strategy == "epoch",
+          format("eval_strategy \"{}\" must be no, steps or epoch", c.eval_strategy));
+  require(c.cutoff_len > 1, "cutoff_len must be at least 2");
+  require(c.per_device_train_batch_size > 0 && c.gradient_accumulation_steps > 0,
+          "per_device_train_batch_size and gradient_accumulation_steps must be positive");
+  require(c.learning_rate >= 0 && c.warmup_ratio >= 0 && c.warmup_ratio <= 1, "learning_rate >= 0, 0 <= warmup_ratio <= 1");
+}
+
+}  // namespace
+
+TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw UserError(format("{}:{}:{}: not valid YAML ({})", source, e.mark.line + 1, e.mark.column + 1, e.msg));
+  }
+  FAB_USER_CHECK(root.IsMap() || root.IsNull(), "{}: expected a mapping of keys to values", source);
+  TrainConfig c;
+  Problems problems;
+  for (const auto& item : root) {
+    const std::string key = item.first.as<std::string>();
+    apply_key(c, key, item.second, format("{}:{}", source, item.first.Mark().line + 1), problems);
+  }
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      problems.add(format("override \"{}\": expected key=value", o));
+      continue;
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::Exception&) {
+      value = YAML::Node(o.substr(eq + 1));
+    }
+    apply_key(c, o.substr(0, eq), value, "override", problems);
+  }
+  if (problems.lines.empty()) check_values(c, source, problems);
+  if (!problems.lines.empty()) {
+    std::string message = problems.lines[0];
+    for (size_t i = 1; i < problems.lines.size(); ++i) message += "\n" + problems.lines[i];
+    throw UserError(message);
+  }
+  return c;
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  FAB_USER_CHECK(in, "{}: cannot open", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_train_config(text.str(), path, overrides);
+}
+
+std::string train_config_to_yaml(const TrainConfig& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  // Keys of features not implemented yet are left out: they have no value in effect.
+#define FAB_CONFIG_EMIT(key, field, type, def, status, doc) \
+  if (Status::status != Status::Later) out << YAML::Key << #key << YAML::Value << c.field;
+  FAB_CONFIG_KEYS(FAB_CONFIG_EMIT)
+#undef FAB_CONFIG_EMIT
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string config_reference_markdown() {
+  std::ostringstream md;
+  md << "# Configuration reference\n\n"
+        "Generated from `src/config/config_keys.h` by `fabrica config-reference` (a test keeps this file in\n"
+        "sync). `fabrica train CONFIG.yaml key=value ...` reads these keys; LLaMA-Factory's names and meanings\n"
+        "are used wherever LLaMA-Factory has the key.\n\n"
+        "Status: **yes** implemented; **accepted** harmless here, noted and without effect; **later** not\n"
+        "implemented yet (using it is an error that says so); **fabrica** our own key.\n\n"
+        "| key | type | default | status | meaning |\n|---|---|---|---|---|\n";
+  static const char* status_text[] = {"yes", "accepted", "later", "fabrica"};
+  // Schema order, not alphabetical: related keys stay together.
+#define FAB_CONFIG_ROW(key, field, type, def, status, doc)                                                  \
+  md << "| `" << #key << "` | " << type_name<type>() << " | `" << std::string(#def) << "` | "              \
+     << status_text[int(Status::status)] << " | " << doc << " |\n";
+  FAB_CONFIG_KEYS(FAB_CONFIG_ROW)
+#undef FAB_CONFIG_ROW
+  return md.str();
+}
+
+}  // namespace fab

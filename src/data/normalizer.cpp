@@ -1,0 +1,156 @@
+#include "data/normalizer.h"
+
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/uchar.h>
+
+#include "core/error.h"
+#include "data/unicode.h"
+
+namespace fab::tok {
+namespace {
+
+bool is_ascii(std::string_view text) {
+  for (char c : text)
+    if (static_cast<unsigned char>(c) >= 0x80) return false;
+  return true;
+}
+
+class UnicodeNormalizer : public NormalizerStep {
+ public:
+  explicit UnicodeNormalizer(UnicodeForm form) {
+    UErrorCode status = U_ZERO_ERROR;
+    switch (form) {
+      case UnicodeForm::nfc: impl_ = icu::Normalizer2::getNFCInstance(status); break;
+      case UnicodeForm::nfd: impl_ = icu::Normalizer2::getNFDInstance(status); break;
+      case UnicodeForm::nfkc: impl_ = icu::Normalizer2::getNFKCInstance(status); break;
+      case UnicodeForm::nfkd: impl_ = icu::Normalizer2::getNFKDInstance(status); break;
+    }
+    FAB_CHECK(U_SUCCESS(status) && impl_, "ICU normalizer unavailable: {}", u_errorName(status));
+  }
+
+  bool apply(std::string_view in, std::string& out) const override {
+    if (is_ascii(in)) return false;  // ASCII is invariant under all four forms
+    UErrorCode status = U_ZERO_ERROR;
+    icu::StringPiece piece(in.data(), int32_t(in.size()));
+    if (impl_->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) return false;
+    status = U_ZERO_ERROR;
+    out.clear();
+    icu::StringByteSink<std::string> sink(&out, int32_t(in.size()));
+    impl_->normalizeUTF8(0, piece, sink, nullptr, status);
+    FAB_CHECK(U_SUCCESS(status), "ICU normalization failed: {}", u_errorName(status));
+    return true;
+  }
+
+ private:
+  const icu::Normalizer2* impl_ = nullptr;
+};
+
+class Lowercase : public NormalizerStep {
+ public:
+  bool apply(std::string_view in, std::string& out) const override {
+    out.clear();
+    bool changed = false;
+    size_t pos = 0;
+    while (pos < in.size()) {
+      char32_t cp = next_code_point(in, pos);
+      if (cp == 0x130) {  // the one unconditional multi-character lowercase: İ -> i + U+0307
+        out += "i\xCC\x87";
+        changed = true;
+        continue;
+      }
+      auto lower = static_cast<char32_t>(u_tolower(static_cast<UChar32>(cp)));
+      changed |= lower != cp;
+      append_utf8(out, lower);
+    }
+    return changed;
+  }
+};
+
+class Strip : public NormalizerStep {
+ public:
+  Strip(bool left, bool right) : left_(left), right_(right) {}
+  bool apply(std::string_view in, std::string& out) const override {
+    size_t begin = 0, end = in.size();
+    if (left_) {
+      for (size_t pos = 0; pos < end && is_white_space(next_code_point(in, pos));) begin = pos;
+    }
+    if (right_) {
+      for (size_t pos = end; pos > begin;) {
+        if (!is_white_space(previous_code_point(in, pos))) break;
+        end = pos;
+      }
+    }
+    if (begin == 0 && end == in.size()) return false;
+    out.assign(in.substr(begin, end - begin));
+    return true;
+  }
+
+ private:
+  bool left_, right_;
+};
+
+class Prepend : public NormalizerStep {
+ public:
+  explicit Prepend(std::string prefix) : prefix_(std::move(prefix)) {}
+  bool apply(std::string_view in, std::string& out) const override {
+    if (in.empty() || prefix_.empty()) return false;
+    out.assign(prefix_);
+    out.append(in);
+    return true;
+  }
+
+ private:
+  std::string prefix_;
+};
+
+class Replace : public NormalizerStep {
+ public:
+  Replace(Regex pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  bool apply(std::string_view in, std::string& out) const override {
+    std::vector<Span> matches;
+    pattern_.find_all(in, matches);
+    if (matches.empty()) return false;
+    out.clear();
+    size_t last = 0;
+    for (const Span& m : matches) {
+      out.append(in.substr(last, m.begin - last));
+      out.append(content_);
+      last = m.end;
+    }
+    out.append(in.substr(last));
+    return true;
+  }
+
+ private:
+  Regex pattern_;
+  std::string content_;
+};
+
+}  // namespace
+
+std::unique_ptr<NormalizerStep> make_unicode_normalizer(UnicodeForm form) {
+  return std::make_unique<UnicodeNormalizer>(form);
+}
+std::unique_ptr<NormalizerStep> make_lowercase() { return std::make_unique<Lowercase>(); }
+std::unique_ptr<NormalizerStep> make_strip(bool left, bool right) { return std::make_unique<Strip>(left, right); }
+std::unique_ptr<NormalizerStep> make_prepend(std::string prefix) {
+  return std::make_unique<Prepend>(std::move(prefix));
+}
+std::unique_ptr<NormalizerStep> make_replace(Regex pattern, std::string content) {
+  return std::make_unique<Replace>(std::move(pattern), std::move(content));
+}
+
+std::string_view Normalizer::run(std::string_view in, std::string& buffer) const {
+  std::string_view current = in;
+  std::string scratch;
+  for (const auto& step : steps_) {
+    if (step->apply(current, scratch)) {
+      buffer.swap(scratch);
+      current = buffer;
+    }
+  }
+  return current;
+}
+
+}  // namespace fab::tok
