@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <queue>
 
 #include "core/error.h"
 #include "data/byte_level.h"
@@ -95,6 +94,7 @@ BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::st
     merges_.insert_or_assign(*a_id, *b_id, int32_t(rank), *merged_id);
   }
 
+  plain_ = options_.continuing_subword_prefix.empty() && options_.end_of_word_suffix.empty();
   if (options_.unk_token) unk_id_ = token_to_id(*options_.unk_token);
   for (int b = 0; b < 256; ++b) {
     byte_ids_[b] = token_to_id(byte_level_char(uint8_t(b))).value_or(-1);
@@ -141,28 +141,27 @@ void BpeModel::tokenize_word(std::string_view word, bool byte_level, std::vector
   thread_local std::string mapped;
   thread_local std::vector<int32_t> symbols;
   symbols.clear();
-  if (byte_level && options_.continuing_subword_prefix.empty() && options_.end_of_word_suffix.empty() &&
-      !options_.ignore_merges && initial_symbols_from_bytes(word, symbols)) {
-    merge(symbols);
-    out.insert(out.end(), symbols.begin(), symbols.end());
-    return;
-  }
-  if (byte_level) {
+  std::string_view text = word;  // the word in the vocabulary's alphabet
+  if (byte_level && (options_.ignore_merges || !plain_)) {
     mapped.clear();
     byte_level_encode(word, mapped);
-    word = mapped;
+    text = mapped;
   }
   if (options_.ignore_merges) {
-    if (auto id = token_to_id(word)) {
+    if (auto id = token_to_id(text)) {
       out.push_back(*id);
       return;
     }
   }
-  symbols.clear();
-  if (byte_level && options_.continuing_subword_prefix.empty() && options_.end_of_word_suffix.empty() &&
-      initial_symbols_from_bytes(byte_level_source(word), symbols)) {
+  if (!(byte_level && plain_ && initial_symbols_from_bytes(word, symbols))) {
+    if (byte_level && text.data() == word.data()) {
+      mapped.clear();
+      byte_level_encode(word, mapped);
+      text = mapped;
+    }
+    symbols.clear();
+    initial_symbols_from_chars(text, symbols);
   }
-  initial_symbols_from_chars(word, symbols);
   merge(symbols);
   out.insert(out.end(), symbols.begin(), symbols.end());
 }
@@ -218,22 +217,25 @@ void BpeModel::merge(std::vector<int32_t>& ids) const {
     int32_t rank, pos, new_id;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
-  thread_local std::vector<Candidate> heap_storage;
+  thread_local std::vector<Candidate> heap;  // std::push_heap with greater<>: a min-heap
   thread_local std::vector<int32_t> prev, next;
-  heap_storage.clear();
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap(std::greater<>(),
-                                                                              std::move(heap_storage));
+  auto push = [&](const MergeMap::Entry* m, int32_t pos) {
+    if (!m) return;
+    heap.push_back({m->rank, pos, m->new_id});
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  };
+  heap.clear();
   prev.resize(n);
   next.resize(n);
   for (int32_t i = 0; i < n; ++i) {
     prev[i] = i - 1;
     next[i] = i + 1 < n ? i + 1 : -1;
-    if (i + 1 < n)
-      if (const auto* m = merges_.find(ids[i], ids[i + 1])) heap.push({m->rank, i, m->new_id});
+    if (i + 1 < n) push(merges_.find(ids[i], ids[i + 1]), i);
   }
   while (!heap.empty()) {
-    Candidate top = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    Candidate top = heap.back();
+    heap.pop_back();
     int32_t right = next[top.pos];
     if (ids[top.pos] < 0 || right < 0) continue;
     const auto* m = merges_.find(ids[top.pos], ids[right]);
@@ -242,10 +244,8 @@ void BpeModel::merge(std::vector<int32_t>& ids) const {
     ids[right] = -1;
     next[top.pos] = next[right];
     if (next[right] >= 0) prev[next[right]] = top.pos;
-    if (int32_t p = prev[top.pos]; p >= 0)
-      if (const auto* pm = merges_.find(ids[p], ids[top.pos])) heap.push({pm->rank, p, pm->new_id});
-    if (int32_t q = next[top.pos]; q >= 0)
-      if (const auto* qm = merges_.find(ids[top.pos], ids[q])) heap.push({qm->rank, top.pos, qm->new_id});
+    if (prev[top.pos] >= 0) push(merges_.find(ids[prev[top.pos]], ids[top.pos]), prev[top.pos]);
+    if (next[top.pos] >= 0) push(merges_.find(ids[top.pos], ids[next[top.pos]]), top.pos);
   }
   ids.erase(std::remove(ids.begin(), ids.end(), -1), ids.end());
 }

@@ -75,6 +75,7 @@ class BpeModel {
   MergeMap merges_;
   BpeOptions options_;
   std::optional<int32_t> unk_id_;
+  bool plain_ = true;               // no continuing prefix or end suffix: bytes map to symbols 1:1
   int32_t byte_ids_[256];           // id of each byte's byte-level character, or -1
   int32_t byte_fallback_ids_[256];  // id of "<0xNN>", or -1
   uint64_t instance_ = 0;           // key of this model's per-thread cache

@@ -78,6 +78,7 @@ struct DatasetOptions {
 
 struct LoadedDataset {
   std::vector<Example> examples;
+  std::vector<DatasetAttr> datasets;  // as loaded (a path's guessed columns filled in)
   int64_t records = 0;                // records read from the files (before any selection)
   int64_t broken = 0;                 // examples kept empty because LLaMA-Factory skips them
   std::vector<std::string> warnings;  // the first few reasons, for the log

@@ -19,8 +19,11 @@ class AdamW {
   // bf16 compute copy of the weights when the buffer has one.
   void step(float lr);
   int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }  // when restoring a checkpoint
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
+  const Tensor& exp_avg() const { return m_; }
+  const Tensor& exp_avg_sq() const { return v_; }
 
  private:
   ParamBuffer& params_;

@@ -1,0 +1,350 @@
+// tokenizer.json -> TokenizerParts. Field names and defaults follow HF's serde definitions; every
+// problem becomes one fab::UserError "<file>: <field>: <what>".
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "data/tokenizer_parts.h"
+#include "data/unicode.h"
+
+namespace fab::tok {
+namespace {
+
+using nlohmann::json;
+
+// A JSON value with its path in the file, for error messages.
+class Field {
+ public:
+  Field(const json& value, std::string path, const std::string& file) : value_(value), path_(std::move(path)), file_(file) {}
+
+  [[noreturn]] void fail(const std::string& message) const {
+    throw UserError(format("{}: {}: {}", file_, path_.empty() ? "(top level)" : path_, message));
+  }
+  const json& value() const { return value_; }
+  bool is_null() const { return value_.is_null(); }
+  bool has(const char* key) const { return value_.is_object() && value_.contains(key) && !value_[key].is_null(); }
+
+  Field operator[](const char* key) const {
+    if (!value_.is_object()) fail("expected an object");
+    if (!value_.contains(key)) Field(value_, child_path(key), file_).fail("missing");
+    return Field(value_[key], child_path(key), file_);
+  }
+  Field at(size_t i) const { return Field(value_[i], path_ + "[" + std::to_string(i) + "]", file_); }
+  size_t size() const {
+    if (!value_.is_array()) fail("expected an array");
+    return value_.size();
+  }
+
+  std::string str() const {
+    if (!value_.is_string()) fail("expected a string");
+    return value_.get<std::string>();
+  }
+  bool boolean() const {
+    if (!value_.is_boolean()) fail("expected true or false");
+    return value_.get<bool>();
+  }
+  int64_t integer() const {
+    if (!value_.is_number_integer()) fail("expected an integer");
+    return value_.get<int64_t>();
+  }
+  // Optional members: absent or null gives the default.
+  bool boolean_or(const char* key, bool fallback) const { return has(key) ? (*this)[key].boolean() : fallback; }
+  std::string str_or(const char* key, const std::string& fallback) const {
+    return has(key) ? (*this)[key].str() : fallback;
+  }
+  std::string type() const { return (*this)["type"].str(); }
+
+ private:
+  std::string child_path(const char* key) const { return path_.empty() ? key : path_ + "." + key; }
+
+  const json& value_;
+  std::string path_;
+  const std::string& file_;
+};
+
+template <typename Fn>
+auto with_field(const Field& field, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const UserError& e) {  // components report without the file: add where it came from
+    field.fail(e.what());
+  }
+}
+
+// HF's SplitPattern: {"String": "..."} or {"Regex": "..."}.
+Regex parse_pattern(const Field& pattern) {
+  if (pattern.has("String")) return with_field(pattern, [&] { return Regex(pattern["String"].str(), true); });
+  if (pattern.has("Regex")) return with_field(pattern, [&] { return Regex(pattern["Regex"].str(), false); });
+  pattern.fail("expected {\"String\": ...} or {\"Regex\": ...}");
+}
+
+// ---- normalizer -------------------------------------------------------------------------------
+
+void parse_normalizer(const Field& f, Normalizer& out) {
+  std::string type = f.type();
+  if (type == "Sequence") {
+    Field list = f["normalizers"];
+    for (size_t i = 0; i < list.size(); ++i) parse_normalizer(list.at(i), out);
+  } else if (type == "NFC") {
+    out.add(make_unicode_normalizer(UnicodeForm::nfc));
+  } else if (type == "NFD") {
+    out.add(make_unicode_normalizer(UnicodeForm::nfd));
+  } else if (type == "NFKC") {
+    out.add(make_unicode_normalizer(UnicodeForm::nfkc));
+  } else if (type == "NFKD") {
+    out.add(make_unicode_normalizer(UnicodeForm::nfkd));
+  } else if (type == "Lowercase") {
+    out.add(make_lowercase());
+  } else if (type == "Strip") {
+    out.add(make_strip(f.boolean_or("strip_left", true), f.boolean_or("strip_right", true)));
+  } else if (type == "Prepend") {
+    out.add(make_prepend(f["prepend"].str()));
+  } else if (type == "Replace") {
+    out.add(make_replace(parse_pattern(f["pattern"]), f["content"].str()));
+  } else {
+    f["type"].fail("unsupported normalizer \"" + type +
+                   "\" (supported: NFC, NFD, NFKC, NFKD, Lowercase, Strip, Prepend, Replace, Sequence)");
+  }
+}
+
+// ---- pre-tokenizer ----------------------------------------------------------------------------
+
+SplitBehavior parse_behavior(const Field& f) {
+  std::string name = f.str();
+  if (name == "Removed") return SplitBehavior::removed;
+  if (name == "Isolated") return SplitBehavior::isolated;
+  if (name == "MergedWithPrevious") return SplitBehavior::merged_with_previous;
+  if (name == "MergedWithNext") return SplitBehavior::merged_with_next;
+  if (name == "Contiguous") return SplitBehavior::contiguous;
+  f.fail("unknown split behavior \"" + name + "\"");
+}
+
+void parse_pre_tokenizer(const Field& f, PreTokenizer& out) {
+  std::string type = f.type();
+  if (type == "Sequence") {
+    Field list = f["pretokenizers"];
+    for (size_t i = 0; i < list.size(); ++i) parse_pre_tokenizer(list.at(i), out);
+  } else if (type == "Split") {
+    out.add(make_split(parse_pattern(f["pattern"]), parse_behavior(f["behavior"]), f["invert"].boolean()));
+  } else if (type == "ByteLevel") {
+    out.add(make_byte_level(f.boolean_or("add_prefix_space", true), f.boolean_or("use_regex", true)));
+  } else if (type == "Digits") {
+    out.add(make_digits(f.boolean_or("individual_digits", false)));
+  } else {
+    f["type"].fail("unsupported pre_tokenizer \"" + type + "\" (supported: Split, ByteLevel, Digits, Sequence)");
+  }
+}
+
+// ---- model ------------------------------------------------------------------------------------
+
+std::vector<std::pair<std::string, std::string>> parse_merges(const Field& f) {
+  std::vector<std::pair<std::string, std::string>> merges;
+  merges.reserve(f.size());
+  for (size_t i = 0; i < f.size(); ++i) {
+    Field item = f.at(i);
+    if (item.value().is_array()) {  // ["a", "b"]
+      if (item.size() != 2) item.fail("a merge must be a pair of tokens");
+      merges.emplace_back(item.at(0).str(), item.at(1).str());
+      continue;
+    }
+    std::string line = item.str();  // legacy "a b"
+    if (line.rfind("#version", 0) == 0) continue;
+    size_t space = line.find(' ');
+    if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
+      item.fail("a merge must be \"a b\" (two tokens and one space)");
+    merges.emplace_back(line.substr(0, space), line.substr(space + 1));
+  }
+  return merges;
+}
+
+std::unique_ptr<BpeModel> parse_model(const Field& f) {
+  if (!f.has("type") && !f.has("merges")) f.fail("missing \"type\" (supported: BPE)");
+  if (f.has("type") && f.type() != "BPE") f["type"].fail("unsupported model type \"" + f.type() + "\" (supported: BPE)");
+  if (f.has("dropout")) {
+    Field dropout = f["dropout"];
+    if (!dropout.value().is_number()) dropout.fail("expected a number or null");
+    if (dropout.value().get<double>() != 0.0) dropout.fail("BPE dropout is not supported (it makes encoding random)");
+  }
+  BpeOptions options;
+  if (f.has("unk_token")) options.unk_token = f["unk_token"].str();
+  options.continuing_subword_prefix = f.str_or("continuing_subword_prefix", "");
+  options.end_of_word_suffix = f.str_or("end_of_word_suffix", "");
+  options.fuse_unk = f.boolean_or("fuse_unk", false);
+  options.byte_fallback = f.boolean_or("byte_fallback", false);
+  options.ignore_merges = f.boolean_or("ignore_merges", false);
+
+  Field vocab_field = f["vocab"];
+  if (!vocab_field.value().is_object()) vocab_field.fail("expected an object of token: id");
+  Vocab vocab;
+  vocab.reserve(vocab_field.value().size());
+  for (const auto& [token, id] : vocab_field.value().items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      vocab_field.fail("token \"" + token + "\" needs a non-negative integer id");
+    vocab[token] = id.get<int32_t>();
+  }
+  auto merges = parse_merges(f["merges"]);
+  return with_field(f, [&] { return std::make_unique<BpeModel>(std::move(vocab), merges, std::move(options)); });
+}
+
+// ---- added tokens -----------------------------------------------------------------------------
+
+std::vector<AddedToken> parse_added_tokens(const Field& f) {
+  std::vector<AddedToken> tokens;
+  for (size_t i = 0; i < f.size(); ++i) {
+    Field item = f.at(i);
+    AddedToken t;
+    t.content = item["content"].str();
+    t.special = item.boolean_or("special", false);
+    t.single_word = item.boolean_or("single_word", false);
+    t.lstrip = item.boolean_or("lstrip", false);
+    t.rstrip = item.boolean_or("rstrip", false);
+    t.normalized = item.boolean_or("normalized", !t.special);
+    tokens.push_back(std::move(t));
+  }
+  return tokens;
+}
+
+// ---- decoder ----------------------------------------------------------------------------------
+
+void parse_decoder(const Field& f, Decoder& out) {
+  std::string type = f.type();
+  if (type == "Sequence") {
+    Field list = f["decoders"];
+    for (size_t i = 0; i < list.size(); ++i) parse_decoder(list.at(i), out);
+  } else if (type == "ByteLevel") {
+    out.add(make_byte_level_decoder());
+  } else if (type == "ByteFallback") {
+    out.add(make_byte_fallback_decoder());
+  } else if (type == "Fuse") {
+    out.add(make_fuse_decoder());
+  } else if (type == "Strip") {
+    std::string content = f["content"].str();
+    size_t pos = 0;
+    if (content.empty()) f["content"].fail("expected one character");
+    char32_t c = next_code_point(content, pos);
+    out.add(make_strip_decoder(c, size_t(f["start"].integer()), size_t(f["stop"].integer())));
+  } else if (type == "Replace") {
+    out.add(make_replace_decoder(parse_pattern(f["pattern"]), f["content"].str()));
+  } else {
+    f["type"].fail("unsupported decoder \"" + type +
+                   "\" (supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, Sequence)");
+  }
+}
+
+// ---- post-processor ---------------------------------------------------------------------------
+
+int32_t special_id(const Field& f, const TokenizerParts& parts) {
+  if (f.value().is_array() && f.value().size() == 2) return int32_t(f.at(1).integer());  // ["<s>", 0]
+  std::string token = f.str();
+  auto id = parts.token_to_id(token);
+  if (!id) f.fail("token \"" + token + "\" is not in the vocabulary");
+  return *id;
+}
+
+std::vector<PostProcessor::Item> parse_template(const Field& f) {
+  Field single = f["single"];
+  std::vector<PostProcessor::Item> items;
+  for (size_t i = 0; i < single.size(); ++i) {
+    Field piece = single.at(i);
+    if (piece.has("Sequence")) {
+      if (piece["Sequence"]["id"].str() != "A") piece.fail("a single-sequence template can only use sequence A");
+      items.push_back({true, {}});
+    } else if (piece.has("SpecialToken")) {
+      std::string name = piece["SpecialToken"]["id"].str();
+      Field special = f["special_tokens"];
+      if (!special.has(name.c_str())) piece.fail("special token \"" + name + "\" is not in special_tokens");
+      Field ids = special[name.c_str()]["ids"];
+      PostProcessor::Item item;
+      for (size_t k = 0; k < ids.size(); ++k) item.ids.push_back(int32_t(ids.at(k).integer()));
+      items.push_back(std::move(item));
+    } else {
+      piece.fail("expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+    }
+  }
+  return items;
+}
+
+void parse_post_processor(const Field& f, const TokenizerParts& parts, PostProcessor& out) {
+  std::string type = f.type();
+  if (type == "Sequence") {
+    Field list = f["processors"];
+    for (size_t i = 0; i < list.size(); ++i) parse_post_processor(list.at(i), parts, out);
+  } else if (type == "TemplateProcessing") {
+    out.add_template(parse_template(f));
+  } else if (type == "RobertaProcessing" || type == "BertProcessing") {  // <cls> $A <sep>
+    out.add_template({{false, {special_id(f["cls"], parts)}}, {true, {}}, {false, {special_id(f["sep"], parts)}}});
+  } else if (type != "ByteLevel") {  // ByteLevel only trims offsets
+    f["type"].fail("unsupported post_processor \"" + type +
+                   "\" (supported: TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence)");
+  }
+}
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(format("cannot read {} {}", what, path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+json parse_json(std::string_view text, const std::string& source) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw UserError(format("{}: not valid JSON ({})", source, e.what()));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<TokenizerParts> parse_tokenizer_json(std::string_view json_text, const std::string& source) {
+  json doc = parse_json(json_text, source);
+  Field root(doc, "", source);
+  if (!doc.is_object()) root.fail("expected a JSON object");
+  if (root.has("version") && root["version"].str() != "1.0")
+    root["version"].fail("unknown tokenizer version \"" + root["version"].str() + "\" (expected \"1.0\")");
+  auto parts = std::make_shared<TokenizerParts>();
+  parts->source = source;
+  if (root.has("normalizer")) parse_normalizer(root["normalizer"], parts->normalizer);
+  if (root.has("pre_tokenizer")) parse_pre_tokenizer(root["pre_tokenizer"], parts->pre_tokenizer);
+  parts->model = parse_model(root["model"]);
+  if (root.has("added_tokens")) {
+    auto tokens = parse_added_tokens(root["added_tokens"]);
+    parts->added.add(tokens, *parts->model, parts->normalizer.empty() ? nullptr : &parts->normalizer);
+  }
+  if (root.has("decoder")) parse_decoder(root["decoder"], parts->decoder);
+  if (root.has("post_processor")) parse_post_processor(root["post_processor"], *parts, parts->post_processor);
+  return parts;
+}
+
+void read_tokenizer_config(const std::string& path, TokenizerParts& parts) {
+  if (!std::filesystem::exists(path)) return;
+  json doc = parse_json(read_file(path, "tokenizer config"), path);
+  Field root(doc, "", path);
+  if (!doc.is_object()) root.fail("expected a JSON object");
+  auto resolve = [&](const char* key) -> std::optional<int32_t> {
+    if (!root.has(key)) return std::nullopt;
+    Field f = root[key];
+    Field content = f.value().is_object() ? f["content"] : f;  // "<s>" or {"content": "<s>", ...}
+    std::string token = content.str();
+    auto id = parts.token_to_id(token);
+    if (!id) content.fail("token \"" + token + "\" is not in the vocabulary of " + parts.source);
+    return id;
+  };
+  parts.bos_id = resolve("bos_token");
+  parts.eos_id = resolve("eos_token");
+  parts.pad_id = resolve("pad_token");
+}
+
+std::shared_ptr<TokenizerParts> load_tokenizer_parts(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path file = fs::is_directory(path) ? fs::path(path) / "tokenizer.json" : fs::path(path);
+  auto parts = parse_tokenizer_json(read_file(file.string(), "tokenizer file"), file.string());
+  read_tokenizer_config((file.parent_path() / "tokenizer_config.json").string(), *parts);
+  return parts;
+}
+
+}  // namespace fab::tok

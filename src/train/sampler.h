@@ -1,0 +1,35 @@
+#pragma once
+// Which samples make up each micro-batch: a seeded shuffle per epoch (or dataset order), cut into
+// micro-batches. Its whole state is (epoch, next position), saved in checkpoints so a resumed run
+// sees exactly the batches the uninterrupted run would have seen.
+#include <cstdint>
+#include <vector>
+
+namespace fab {
+
+class Sampler {
+ public:
+  Sampler(int64_t num_samples, int64_t batch_size, uint64_t seed, bool shuffle);
+
+  // Sample indices of the next micro-batch; starts the next epoch when this one runs out (a short
+  // last batch is kept, as HF's dataloader does without drop_last).
+  std::vector<int64_t> next_batch();
+  int64_t batches_per_epoch() const { return (num_samples_ + batch_size_ - 1) / batch_size_; }
+
+  struct State {
+    int64_t epoch = 0;
+    int64_t position = 0;  // index into this epoch's order
+  };
+  State state() const { return state_; }
+  void restore(const State& s);
+
+ private:
+  void make_order();
+  int64_t num_samples_, batch_size_;
+  uint64_t seed_;
+  bool shuffle_;
+  State state_;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace fab

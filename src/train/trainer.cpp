@@ -1,0 +1,209 @@
+#include "train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "models/hf_model.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "train/metrics_log.h"
+
+namespace fab {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void request_stop(int signal) { g_stop_signal = signal; }
+
+// SIGINT/SIGTERM finish the current step, then the trainer saves and returns.
+struct StopOnSignal {
+  void (*old_int)(int), (*old_term)(int);
+  StopOnSignal() : old_int(std::signal(SIGINT, request_stop)), old_term(std::signal(SIGTERM, request_stop)) {
+    g_stop_signal = 0;
+  }
+  ~StopOnSignal() {
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+  }
+};
+
+LrSchedule make_schedule(const TrainConfig& c, int64_t total, int64_t warmup) {
+  LrSchedule s;
+  s.type = c.lr_scheduler_type;
+  s.base_lr = c.learning_rate;
+  s.total_steps = total;
+  s.warmup_steps = warmup;
+  check_lr_schedule(s);
+  return s;
+}
+
+// Keeps the metrics of steps <= `step` (a resumed run rewrites what came after its checkpoint).
+void truncate_metrics(const std::string& output_dir, int64_t step) {
+  const fs::path path = fs::path(output_dir) / "metrics.jsonl";
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= step) kept += line + "\n";
+  }
+  std::ofstream(path) << kept;
+}
+
+}  // namespace
+
+int64_t count_total_steps(const TrainConfig& c, int64_t batches_per_epoch) {
+  if (c.max_steps > 0) return c.max_steps;
+  const int64_t per_epoch = std::max<int64_t>(1, batches_per_epoch / c.gradient_accumulation_steps);
+  return int64_t(std::ceil(c.num_train_epochs * double(per_epoch)));
+}
+
+Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data)
+    : config_(std::move(config)), model_(std::move(model)), data_(std::move(data)) {
+  FAB_USER_CHECK(!config_.output_dir.empty(), "output_dir is required");
+  optimizer_ = std::make_unique<AdamW>(
+      model_->params(), AdamWConfig{float(config_.adam_beta1), float(config_.adam_beta2), float(config_.adam_epsilon),
+                                    float(config_.weight_decay)});
+  sampler_ = std::make_unique<Sampler>(data_.train.size(), config_.per_device_train_batch_size, uint64_t(config_.seed),
+                                       config_.shuffle);
+  total_steps_ = count_total_steps(config_, sampler_->batches_per_epoch());
+  warmup_steps_ = config_.warmup_steps > 0 ? config_.warmup_steps
+                                           : int64_t(std::ceil(config_.warmup_ratio * double(total_steps_)));
+  config_yaml_ = train_config_to_yaml(config_);
+}
+
+Trainer::~Trainer() = default;
+
+// One optimizer step: the loss of every micro-batch is normalised by the target count of the
+// whole step, as HF does (num_items_in_batch), so accumulation equals one big batch.
+double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens) {
+  std::vector<Batch> micro;
+  int64_t targets = 0;
+  for (int64_t m = 0; m < config_.gradient_accumulation_steps; ++m) {
+    micro.push_back(collate(data_.train, sampler_->next_batch(), data_.pad_id));
+    targets += DecoderModel::count_targets(micro.back().labels);
+    *tokens += micro.back().tokens;
+  }
+  model_->params().grads().zero_();
+  double loss_sum = 0;
+  const float scale = targets > 0 ? 1.0f / float(targets) : 0.0f;
+  for (const Batch& b : micro) loss_sum += model_->forward_backward(b.ids, b.labels, scale);
+  const double loss = targets > 0 ? loss_sum / double(targets) : 0.0;
+  FAB_USER_CHECK(std::isfinite(loss), "loss is {} at step {}: stopping (lower learning_rate, check the data)", loss,
+                 step + 1);
+  *grad_norm = clip_grad_norm(model_->params(), config_.max_grad_norm);
+  FAB_USER_CHECK(std::isfinite(*grad_norm), "gradient norm is {} at step {}: stopping", *grad_norm, step + 1);
+  optimizer_->step(float(lr));
+  return loss;
+}
+
+double Trainer::evaluate() {
+  if (data_.eval.size() == 0) return NAN;
+  double loss = 0;
+  int64_t targets = 0;
+  for (int64_t start = 0; start < data_.eval.size(); start += config_.per_device_eval_batch_size) {
+    std::vector<int64_t> idx;
+    for (int64_t i = start; i < std::min(data_.eval.size(), start + config_.per_device_eval_batch_size); ++i)
+      idx.push_back(i);
+    Batch b = collate(data_.eval, idx, data_.pad_id);
+    loss += model_->loss_sum(b.ids, b.labels);
+    targets += DecoderModel::count_targets(b.labels);
+  }
+  return targets ? loss / double(targets) : NAN;
+}
+
+void Trainer::log_step(const StepRecord& r, double eval_loss) {
+  nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
+                      {"lr", r.lr},              {"grad_norm", r.grad_norm},
+                      {"tokens_per_s", r.tokens_per_s}, {"epoch", double(state_.sampler.epoch) +
+                                                              double(state_.sampler.position) /
+                                                                  double(std::max<int64_t>(1, data_.train.size()))}};
+  std::string eval_text;
+  if (std::isfinite(eval_loss)) {
+    j["eval_loss"] = eval_loss;
+    j["eval_perplexity"] = std::exp(eval_loss);
+    eval_text = format("  eval_loss {}  eval_ppl {}", eval_loss, std::exp(eval_loss));
+  }
+  metrics_->write(j.dump());
+  std::printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  tokens/s %.0f%s\n", (long long)r.step,
+              (long long)total_steps_, r.loss, r.lr, r.grad_norm, r.tokens_per_s, eval_text.c_str());
+  std::fflush(stdout);
+}
+
+void Trainer::save(int64_t step) {
+  state_.sampler = sampler_->state();
+  const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
+  save_checkpoint(dir, *model_, *optimizer_, state_, config_yaml_);
+  prune_checkpoints(config_.output_dir, config_.save_total_limit);
+}
+
+bool Trainer::run() {
+  StopOnSignal signals;
+  fs::create_directories(config_.output_dir);
+  std::ofstream(fs::path(config_.output_dir) / "train_config.yaml") << config_yaml_;
+  const LrSchedule schedule = make_schedule(config_, total_steps_, warmup_steps_);
+  std::string resume = config_.resume_from_checkpoint;
+  if (resume == "true" || resume == "True") resume = latest_checkpoint(config_.output_dir);
+  const bool resuming = !resume.empty() && resume != "false" && resume != "False";
+  if (resuming) {
+    state_ = load_checkpoint(resume, *model_, *optimizer_);
+    sampler_->restore(state_.sampler);
+    truncate_metrics(config_.output_dir, state_.global_step);
+    std::printf("resumed from %s at step %lld\n", resume.c_str(), (long long)state_.global_step);
+  }
+  metrics_ = std::make_unique<MetricsLog>(config_.output_dir, resuming);
+  auto window_start = std::chrono::steady_clock::now();
+  int64_t window_tokens = 0;
+  for (int64_t step = state_.global_step; step < total_steps_; ++step) {
+    double grad_norm = 0;
+    const double lr = schedule.lr(step);
+    const double loss = train_step(step, lr, &grad_norm, &window_tokens);
+    state_.losses.push_back(loss);
+    state_.global_step = step + 1;
+    const bool last = step + 1 == total_steps_;
+    const bool eval_now = config_.eval_strategy == "steps" && config_.eval_steps > 0 &&
+                          (step + 1) % config_.eval_steps == 0;
+    if ((step + 1) % config_.logging_steps == 0 || last || eval_now) {
+      // The logged loss is the mean over the steps since the previous log, taken from the saved
+      // per-step losses, so a resumed run logs exactly what the uninterrupted one did.
+      const int64_t first = (step / config_.logging_steps) * config_.logging_steps;
+      double sum = 0;
+      for (int64_t s = first; s <= step; ++s) sum += state_.losses[size_t(s)];
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+      StepRecord r{step + 1, sum / double(step + 1 - first), lr, grad_norm, double(window_tokens) / seconds};
+      history_.push_back(r);
+      log_step(r, eval_now || (last && config_.eval_strategy != "no") ? evaluate() : NAN);
+      window_start = std::chrono::steady_clock::now();
+      window_tokens = 0;
+    }
+    if (config_.save_steps > 0 && (step + 1) % config_.save_steps == 0 && !last) save(step + 1);
+    if (g_stop_signal) {
+      save(step + 1);
+      std::printf("stopped by signal %d after step %lld; checkpoint saved\n", int(g_stop_signal), (long long)(step + 1));
+      return false;
+    }
+  }
+  finish();
+  return true;
+}
+
+// The trained model as an HF folder in output_dir, with the tokenizer files copied beside it.
+void Trainer::finish() {
+  save_model_folder(*model_, config_.output_dir);
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                           "vocab.json", "merges.txt", "generation_config.json"}) {
+    const fs::path src = fs::path(config_.model_name_or_path) / name;
+    if (fs::exists(src)) fs::copy_file(src, fs::path(config_.output_dir) / name, fs::copy_options::overwrite_existing);
+  }
+}
+
+}  // namespace fab

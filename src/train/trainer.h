@@ -1,0 +1,62 @@
+#pragma once
+// The step loop of `fabrica train` for the pt and sft stages: micro-batches and gradient
+// accumulation with HF's loss normalisation, clipping, AdamW with transformers' schedules,
+// evaluation, metrics.jsonl, atomic checkpoints, exact resume, and the final HF folder.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/train_config.h"
+#include "models/decoder.h"
+#include "train/batch.h"
+#include "train/checkpoint.h"
+
+namespace fab {
+
+struct TrainData {
+  TokenSequences train, eval;
+  int32_t pad_id = 0;
+};
+
+struct StepRecord {
+  int64_t step;  // 1-based optimizer step
+  double loss, lr, grad_norm, tokens_per_s;
+};
+
+class Trainer {
+ public:
+  Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data);
+  ~Trainer();
+
+  // Trains to the end (or until SIGINT/SIGTERM, after which it saves a checkpoint and returns
+  // false). Throws a UserError naming the step if the loss becomes NaN or infinite.
+  bool run();
+
+  int64_t total_steps() const { return total_steps_; }
+  const std::vector<StepRecord>& history() const { return history_; }
+  // Mean loss over the evaluation set (no gradients).
+  double evaluate();
+
+ private:
+  double train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
+  void log_step(const StepRecord& record, double eval_loss);
+  void save(int64_t step);
+  void finish();
+
+  TrainConfig config_;
+  std::unique_ptr<DecoderModel> model_;
+  TrainData data_;
+  std::unique_ptr<class AdamW> optimizer_;
+  std::unique_ptr<Sampler> sampler_;
+  TrainerState state_;
+  int64_t total_steps_ = 0, warmup_steps_ = 0;
+  std::vector<StepRecord> history_;
+  std::string config_yaml_;
+  std::unique_ptr<class MetricsLog> metrics_;
+};
+
+// Steps of a run as HF's Trainer counts them: max_steps when > 0, else
+// ceil(num_train_epochs * max(1, floor(batches_per_epoch / gradient_accumulation_steps))).
+int64_t count_total_steps(const TrainConfig& config, int64_t batches_per_epoch);
+
+}  // namespace fab
