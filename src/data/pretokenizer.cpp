@@ -101,8 +101,9 @@ class ByteLevel : public PreTokenizerStep {
     thread_local std::vector<Match> matches;
     for (std::string_view piece : in) {
       if (add_prefix_space_ && piece.front() != ' ') {
-        out.storage.push_back(" " + std::string(piece));
-        piece = out.storage.back();
+        std::string& prefixed = out.storage.emplace_back(1, ' ');
+        prefixed.append(piece);
+        piece = prefixed;
       }
       if (!use_regex_) {
         out.pieces.push_back(piece);

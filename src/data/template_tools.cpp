@@ -135,7 +135,10 @@ std::string default_tool_list(const OJson& tools) {
 
 std::string qwen_tool_list(const OJson& tools) {
   std::string tool_text;
-  for (const OJson& tool : tools) tool_text += "\n" + python_json_dumps(wrap_tool(tool));
+  for (const OJson& tool : tools) {
+    tool_text += '\n';
+    tool_text += python_json_dumps(wrap_tool(tool));
+  }
   return "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
          "You are provided with function signatures within <tools></tools> XML tags:\n<tools>" + tool_text +
          "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "

@@ -59,6 +59,11 @@ struct KernelTable {
   void (*attention_backward)(const float* q, const float* k, const float* v, const float* out, const float* lse,
                              const float* dout, const AttentionShape& s, float* dq, float* dk, float* dv);
 
+  // Inference with a KV cache: q (B, n, H, D) are the queries at positions past .. past+n-1;
+  // k_cache / v_cache (B, capacity, KVH, D) already hold keys and values 0 .. past+n-1.
+  void (*attention_decode)(const float* q, const float* k_cache, const float* v_cache, const AttentionShape& s,
+                           int64_t past, int64_t capacity, float* out);
+
   // gate_up rows are [gate (i), up (i)]; h = silu(gate) * up
   void (*swiglu_forward)(const float* gate_up, int64_t rows, int64_t i, float* h);
   // dgate_up (+)= d h / d gate_up; overwrites when accumulate is false (a fresh gradient buffer)

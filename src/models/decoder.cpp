@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
 
@@ -140,18 +141,23 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
   return add(tape, x2, linear(tape, swiglu(tape, gate_up, c.intermediate_size), l.down));
 }
 
-Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids) {
+void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {
   FAB_CHECK(ids.ndim() == 2 && ids.dtype() == DType::i64, "ids must be (B, T) i64, got {}", shape_str(ids.shape()));
-  const int64_t batch = ids.dim(0), seq = ids.dim(1);
-  FAB_USER_CHECK(seq <= rope_.cos.dim(0), "sequence length {} exceeds the model's {} positions", seq,
+  const int64_t end = first_position + ids.dim(1);
+  FAB_USER_CHECK(end <= rope_.cos.dim(0), "sequence length {} exceeds the model's {} positions", end,
                  rope_.cos.dim(0));
-  FAB_USER_CHECK(config_.sliding_window == 0 || seq <= config_.sliding_window,
-                 "sequence length {} exceeds mistral's sliding_window {}, which is not implemented yet", seq,
+  FAB_USER_CHECK(config_.sliding_window == 0 || end <= config_.sliding_window,
+                 "sequence length {} exceeds mistral's sliding_window {}, which is not implemented yet", end,
                  config_.sliding_window);
   const int64_t* id = ids.data<int64_t>();
   for (int64_t i = 0; i < ids.numel(); ++i)
     FAB_USER_CHECK(id[i] >= 0 && id[i] < config_.vocab_size, "token id {} outside the vocabulary of {}", id[i],
                    config_.vocab_size);
+}
+
+Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids) {
+  check_ids(ids, 0);
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
   Tensor positions = Tensor::empty({batch * seq}, DType::i64, MemoryCategory::activations);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t t = 0; t < seq; ++t) positions.data<int64_t>()[b * seq + t] = t;
@@ -185,6 +191,69 @@ Tensor DecoderModel::logits(const Tensor& ids) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids);
   return lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
+}
+
+KvCache DecoderModel::make_cache(int64_t batch, int64_t capacity) const {
+  KvCache cache;
+  cache.batch = batch;
+  cache.capacity = capacity;
+  const Shape shape{batch, capacity, config_.num_key_value_heads, config_.head_dim};
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    cache.k.push_back(Tensor::zeros(shape, DType::f32, MemoryCategory::activations));
+    cache.v.push_back(Tensor::zeros(shape, DType::f32, MemoryCategory::activations));
+  }
+  return cache;
+}
+
+// The layer of layer_forward for new tokens only: k and v join the cache, and attention reads
+// every cached position instead of recomputing the prefix.
+Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& x, const Tensor& positions,
+                                       KvCache& cache, int64_t n) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
+  const float eps = float(c.rms_norm_eps);
+  Tape none(false);
+  Var h = rmsnorm(none, x, l.input_norm, eps);
+  std::vector<Var> qkv = split_columns(none, linear(none, h, l.qkv), {H * D, KV * D, KV * D});
+  Var q = qkv[0], k = qkv[1], v = qkv[2];
+  if (c.qk_norm) {
+    q = rmsnorm(none, q, l.q_norm, eps);
+    k = rmsnorm(none, k, l.k_norm, eps);
+  }
+  q = rope(none, q, positions, rope_, H);
+  k = rope(none, k, positions, rope_, KV);
+  const KernelTable& kt = backend(DeviceKind::cpu).kernels();
+  const int64_t row = KV * D;
+  for (int64_t b = 0; b < cache.batch; ++b) {  // append this step's keys and values
+    float* kc = cache.k[index].data<float>() + (b * cache.capacity + cache.length) * row;
+    float* vc = cache.v[index].data<float>() + (b * cache.capacity + cache.length) * row;
+    kt.copy_2d(k->value.data<float>() + b * n * row, row, kc, row, n, row, false);
+    kt.copy_2d(v->value.data<float>() + b * n * row, row, vc, row, n, row, false);
+  }
+  const AttentionShape shape{cache.batch, n, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+  Var attn = make_var(Tensor::empty({cache.batch * n, H * D}, DType::f32, MemoryCategory::activations));
+  kt.attention_decode(q->value.data<float>(), cache.k[index].data<float>(), cache.v[index].data<float>(), shape,
+                      cache.length, cache.capacity, attn->value.data<float>());
+  Var x2 = add(none, x, linear(none, attn, l.o_proj));
+  Var gate_up = linear(none, rmsnorm(none, x2, l.post_norm, eps), l.gate_up);
+  return add(none, x2, linear(none, swiglu(none, gate_up, c.intermediate_size), l.down));
+}
+
+Tensor DecoderModel::logits_cached(const Tensor& ids, KvCache& cache) {
+  check_ids(ids, cache.length);
+  const int64_t batch = ids.dim(0), n = ids.dim(1);
+  FAB_CHECK(batch == cache.batch, "cache for {} sequences, ids for {}", cache.batch, batch);
+  FAB_USER_CHECK(cache.length + n <= cache.capacity, "generation needs {} positions but the cache holds {}",
+                 cache.length + n, cache.capacity);
+  Tensor positions = Tensor::empty({batch * n}, DType::i64, MemoryCategory::activations);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < n; ++t) positions.data<int64_t>()[b * n + t] = cache.length + t;
+  Tape none(false);
+  Var x = embedding(none, ids.reshape({batch * n}), embed_);
+  for (size_t i = 0; i < layers_.size(); ++i) x = layer_forward_cached(layers_[i], i, x, positions, cache, n);
+  cache.length += n;
+  Var hidden = rmsnorm(none, x, final_norm_, float(config_.rms_norm_eps));
+  return lm_head_logits(hidden, lm_head_).reshape({batch, n, config_.vocab_size});
 }
 
 int64_t DecoderModel::count_targets(const Tensor& labels) {

@@ -15,6 +15,12 @@ struct DecoderOptions {
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
 };
 
+// Keys and values of every layer for generation: (B, capacity, KVH, D) each, filled up to length.
+struct KvCache {
+  std::vector<Tensor> k, v;
+  int64_t batch = 0, capacity = 0, length = 0;
+};
+
 class DecoderModel {
  public:
   DecoderModel(const ModelConfig& config, const DecoderOptions& options = {});
@@ -39,6 +45,11 @@ class DecoderModel {
   // (B, T, vocab) logits.
   Tensor logits(const Tensor& ids);
 
+  // Generation: a cache for `batch` sequences of up to `capacity` tokens, and the logits of the
+  // next positions given `ids` (B, n) that follow the cache's contents (which they extend).
+  KvCache make_cache(int64_t batch, int64_t capacity) const;
+  Tensor logits_cached(const Tensor& ids, KvCache& cache);
+
   // Targets that count in the loss: labels[b, t + 1] != -100.
   static int64_t count_targets(const Tensor& labels);
 
@@ -52,6 +63,9 @@ class DecoderModel {
   Var forward_hidden(Tape& tape, const Tensor& ids);
   Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, int64_t batch,
                     int64_t seq);
+  Var layer_forward_cached(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
+                           KvCache& cache, int64_t n);
+  void check_ids(const Tensor& ids, int64_t first_position) const;
   Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
 
   ModelConfig config_;

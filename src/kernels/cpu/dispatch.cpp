@@ -21,7 +21,7 @@ namespace {
   KernelTable {                                                                                               \
     #ns, cpu::matmul, cpu::ns::embedding_forward, cpu::ns::embedding_backward, cpu::ns::rmsnorm_forward,     \
         cpu::ns::rmsnorm_backward, cpu::ns::rope_forward, cpu::ns::rope_backward, cpu::ns::attention_forward, \
-        cpu::ns::attention_backward, cpu::ns::swiglu_forward, cpu::ns::swiglu_backward,                       \
+        cpu::ns::attention_backward, cpu::ns::attention_decode, cpu::ns::swiglu_forward, cpu::ns::swiglu_backward,                       \
         cpu::ns::cross_entropy_chunk, cpu::ns::copy_2d, cpu::ns::add, cpu::ns::accumulate, cpu::ns::add_bias,                   \
         cpu::ns::bias_backward, cpu::ns::scale, cpu::ns::sum_squares, cpu::ns::to_bf16, cpu::ns::adamw_step   \
   }

@@ -23,6 +23,8 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
                        float* lse);
 void attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                         const float* dout, const AttentionShape& s, float* dq, float* dk, float* dv);
+void attention_decode(const float* q, const float* k_cache, const float* v_cache, const AttentionShape& s,
+                      int64_t past, int64_t capacity, float* out);
 void swiglu_forward(const float* gate_up, int64_t rows, int64_t i, float* h);
 void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up,
                      bool accumulate);
