@@ -6,13 +6,6 @@
 
 namespace fab {
 
-void TokenSequences::add(const std::vector<int32_t>& ids, const std::vector<int32_t>& sample_labels) {
-  FAB_CHECK(ids.size() == sample_labels.size(), "sample with {} ids but {} labels", ids.size(), sample_labels.size());
-  tokens.insert(tokens.end(), ids.begin(), ids.end());
-  labels.insert(labels.end(), sample_labels.begin(), sample_labels.end());
-  offsets.push_back(int64_t(tokens.size()));
-}
-
 Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id) {
   int64_t longest = 0;
   for (int64_t i : indices) longest = std::max(longest, data.length(i));

@@ -1,23 +1,12 @@
 #pragma once
-// Token sequences after preprocessing, and micro-batches cut from them.
+// Micro-batches cut from preprocessed token sequences.
 #include <cstdint>
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/token_sequences.h"
 
 namespace fab {
-
-// Samples stored back to back (the layout of the memory-mapped shards): sample i is
-// [offsets[i], offsets[i + 1]) of tokens and labels (-100 = no loss on that position).
-struct TokenSequences {
-  std::vector<int32_t> tokens;
-  std::vector<int32_t> labels;
-  std::vector<int64_t> offsets{0};
-
-  int64_t size() const { return int64_t(offsets.size()) - 1; }
-  int64_t length(int64_t i) const { return offsets[size_t(i) + 1] - offsets[size_t(i)]; }
-  void add(const std::vector<int32_t>& ids, const std::vector<int32_t>& sample_labels);
-};
 
 struct Batch {
   Tensor ids;     // (B, T) i64, T = longest sample of the batch, right-padded with pad_id

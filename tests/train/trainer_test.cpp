@@ -32,7 +32,7 @@ std::string tiny_model_folder() {
 
 TokenSequences synthetic(int64_t samples, uint64_t seed) {
   Rng rng(seed);
-  TokenSequences data;
+  TokenSequencesBuilder data;
   for (int64_t i = 0; i < samples; ++i) {
     const int64_t n = 6 + int64_t(rng.next_u64() % 20), prompt = int64_t(rng.next_u64() % 4);
     std::vector<int32_t> ids, labels;
@@ -42,7 +42,7 @@ TokenSequences synthetic(int64_t samples, uint64_t seed) {
     }
     data.add(ids, labels);
   }
-  return data;
+  return data.finish();
 }
 
 TrainConfig config_for(const std::string& output, const std::string& extra = "") {
