@@ -9,6 +9,7 @@ packages=(
   libdnnl-dev            # oneDNN: CPU matmul (f32, bf16 on AMX)
   nlohmann-json3-dev     # config.json and safetensors headers
   libyaml-cpp-dev        # run.yaml configs
+  libpcre2-dev libicu-dev  # tokenizers: pre-tokenisation regexes, Unicode normalisation
   libgtest-dev           # unit tests
   python3 python3-torch  # numerical reference (Debian's system python3)
   python3-venv           # the benchmark's PyTorch peer lives in a venv

@@ -14,6 +14,8 @@
 #include "models/hf_model.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "monitor/loss_plot.h"
+#include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
 
 namespace fab {
@@ -134,6 +136,12 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
     eval_text = format("  eval_loss {}  eval_ppl {}", eval_loss, std::exp(eval_loss));
   }
   metrics_->write(j.dump());
+  if (tensorboard_) {
+    tensorboard_->add_scalar("train/loss", r.loss, r.step);
+    tensorboard_->add_scalar("train/learning_rate", r.lr, r.step);
+    tensorboard_->add_scalar("train/grad_norm", r.grad_norm, r.step);
+    if (std::isfinite(eval_loss)) tensorboard_->add_scalar("eval/loss", eval_loss, r.step);
+  }
   std::printf("step %lld/%lld  loss %.4f  lr %.3e  grad_norm %.3f  tokens/s %.0f%s\n", (long long)r.step,
               (long long)total_steps_, r.loss, r.lr, r.grad_norm, r.tokens_per_s, eval_text.c_str());
   std::fflush(stdout);
@@ -161,6 +169,8 @@ bool Trainer::run() {
     std::printf("resumed from %s at step %lld\n", resume.c_str(), (long long)state_.global_step);
   }
   metrics_ = std::make_unique<MetricsLog>(config_.output_dir, resuming);
+  if (config_.report_to == "tensorboard")
+    tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(config_.output_dir) / "runs").string());
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_tokens = 0;
   for (int64_t step = state_.global_step; step < total_steps_; ++step) {
@@ -199,6 +209,12 @@ bool Trainer::run() {
 // The trained model as an HF folder in output_dir, with the tokenizer files copied beside it.
 void Trainer::finish() {
   save_model_folder(*model_, config_.output_dir);
+  if (config_.plot_loss) {
+    std::vector<double> steps, losses;
+    for (const StepRecord& r : history_) steps.push_back(double(r.step)), losses.push_back(r.loss);
+    write_loss_plot((fs::path(config_.output_dir) / "training_loss.svg").string(), steps, losses,
+                    "training loss of " + config_.output_dir);
+  }
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                            "vocab.json", "merges.txt", "generation_config.json"}) {
     const fs::path src = fs::path(config_.model_name_or_path) / name;

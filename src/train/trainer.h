@@ -9,7 +9,10 @@
 #include "config/train_config.h"
 #include "models/decoder.h"
 #include "train/batch.h"
+#include "optim/adamw.h"
 #include "train/checkpoint.h"
+#include "monitor/tensorboard.h"
+#include "train/metrics_log.h"
 
 namespace fab {
 
@@ -46,13 +49,14 @@ class Trainer {
   TrainConfig config_;
   std::unique_ptr<DecoderModel> model_;
   TrainData data_;
-  std::unique_ptr<class AdamW> optimizer_;
+  std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Sampler> sampler_;
   TrainerState state_;
   int64_t total_steps_ = 0, warmup_steps_ = 0;
   std::vector<StepRecord> history_;
   std::string config_yaml_;
-  std::unique_ptr<class MetricsLog> metrics_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 // Steps of a run as HF's Trainer counts them: max_steps when > 0, else
