@@ -1,11 +1,12 @@
-// fabrica: the command-line front. Today: `env`, `demo` and `--version`; training commands arrive
-// with the trainer.
+// fabrica: the command-line front. Maps errors to exit codes: 2 for bad input (UserError), 1 for
+// internal errors.
 #include <omp.h>
 
 #include <cstring>
 #include <iostream>
 #include <string>
 
+#include "cli/commands.h"
 #include "cli/demo.h"
 #include "config/train_config.h"
 #include "core/backend.h"
@@ -18,12 +19,21 @@ constexpr const char* kVersion = "0.1.0";
 void print_usage() {
   std::cout << "usage: fabrica <command>\n\n"
                "commands:\n"
+               "  train CONFIG.yaml [key=value ...]   train (stages pt, sft) with LLaMA-Factory keys\n"
+               "  data prepare CONFIG.yaml            tokenize the datasets into the cache, print counts\n"
+               "  generate --model DIR --prompt TEXT  generate text [--template NAME --max-new-tokens N\n"
+               "           --temperature T --top-p P --top-k K --seed S]\n"
+               "  export --checkpoint DIR --output DIR  write a checkpoint as a Hugging Face folder\n"
+               "  tokenize --tokenizer PATH           one JSON array of ids per input line [--input FILE]\n"
+               "           [--add-special-tokens]\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
                "  demo       train a small byte-level Llama on built-in text [--steps N]\n"
                "  config-reference  print the configuration reference (docs/CONFIG.md)\n"
                "  --version  print the version\n\n"
-               "example:\n"
-               "  fabrica env\n";
+               "examples:\n"
+               "  fabrica train examples/tiny_sft.yaml max_steps=20\n"
+               "  fabrica generate --model out/tiny --prompt 'Hello' --max-new-tokens 20\n"
+               "  echo 'Hello world' | fabrica tokenize --tokenizer ../shared/data/tokenizers/qwen3\n";
 }
 
 int run_env() {
@@ -57,6 +67,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (command == "env") return run_env();
+    if (command == "train") return fab::run_train(argc, argv);
+    if (command == "data" && argc >= 3 && !std::strcmp(argv[2], "prepare")) return fab::run_data_prepare(argc, argv);
+    if (command == "tokenize") return fab::run_tokenize(argc, argv);
+    if (command == "generate") return fab::run_generate(argc, argv);
+    if (command == "export") return fab::run_export(argc, argv);
     if (command == "config-reference") {
       std::cout << fab::config_reference_markdown();
       return 0;

@@ -1,7 +1,10 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 namespace fab {
 
@@ -54,13 +57,64 @@ void Allocator::reset_peaks() {
   total_peak_ = total_live_.load();
 }
 
+// Blocks keyed by their rounded size; `sizes` remembers each live block's size for release.
+struct HostAllocator::Cache {
+  std::mutex mutex;
+  std::unordered_map<size_t, std::vector<void*>> free_blocks;
+  std::unordered_map<void*, size_t> sizes;
+  size_t cached = 0;
+};
+
+HostAllocator::Cache& HostAllocator::cache() const {
+  if (!cache_) cache_ = new Cache;
+  return *cache_;
+}
+
+HostAllocator::~HostAllocator() {
+  release_cached();
+  delete cache_;
+}
+
+size_t HostAllocator::cached_bytes() const {
+  std::lock_guard lock(cache().mutex);
+  return cache().cached;
+}
+
+void HostAllocator::release_cached() {
+  Cache& c = cache();
+  std::lock_guard lock(c.mutex);
+  for (auto& [size, blocks] : c.free_blocks)
+    for (void* p : blocks) std::free(p);
+  c.free_blocks.clear();
+  c.cached = 0;
+}
+
 void* HostAllocator::raw_allocate(size_t bytes) {
-  size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw std::bad_alloc();
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  Cache& c = cache();
+  std::lock_guard lock(c.mutex);
+  auto it = c.free_blocks.find(rounded);
+  void* p = nullptr;
+  if (it != c.free_blocks.end() && !it->second.empty()) {
+    p = it->second.back();
+    it->second.pop_back();
+    c.cached -= rounded;
+  } else {
+    p = std::aligned_alloc(64, rounded);
+    if (!p) throw std::bad_alloc();
+  }
+  c.sizes[p] = rounded;
   return p;
 }
 
-void HostAllocator::raw_release(void* ptr) { std::free(ptr); }
+void HostAllocator::raw_release(void* ptr) {
+  Cache& c = cache();
+  std::lock_guard lock(c.mutex);
+  auto it = c.sizes.find(ptr);
+  const size_t size = it->second;
+  c.sizes.erase(it);
+  c.free_blocks[size].push_back(ptr);
+  c.cached += size;
+}
 
 }  // namespace fab

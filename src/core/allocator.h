@@ -39,11 +39,24 @@ class Allocator {
   std::atomic<size_t> total_live_{0}, total_peak_{0};
 };
 
-// 64-byte aligned host memory (one cache line, one AVX-512 register).
+// 64-byte aligned host memory (one cache line, one AVX-512 register) that keeps released blocks
+// for reuse by size: a training step allocates the same activation sizes every step, and handing
+// large blocks back to the OS (glibc munmaps them) made every step page-fault them in again.
+// Accounting (live/peak per category) counts what is in use, not what is cached.
 class HostAllocator final : public Allocator {
+ public:
+  ~HostAllocator() override;
+  size_t cached_bytes() const;
+  void release_cached();  // returns every cached block to the OS
+
  protected:
   void* raw_allocate(size_t bytes) override;
   void raw_release(void* ptr) override;
+
+ private:
+  struct Cache;
+  Cache& cache() const;
+  mutable Cache* cache_ = nullptr;
 };
 
 }  // namespace fab

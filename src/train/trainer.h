@@ -18,7 +18,7 @@ namespace fab {
 
 struct TrainData {
   TokenSequences train, eval;
-  int32_t pad_id = 0;
+  int32_t pad_id = 0;  // fills the end of shorter samples in a batch (their labels are -100)
 };
 
 struct StepRecord {

@@ -1,0 +1,10 @@
+#pragma once
+// The fabrica subcommands; each returns the process exit code and throws UserError on bad input.
+
+namespace fab {
+int run_train(int argc, char** argv);         // fabrica train CONFIG.yaml [key=value ...]
+int run_data_prepare(int argc, char** argv);  // fabrica data prepare CONFIG.yaml [key=value ...]
+int run_tokenize(int argc, char** argv);      // fabrica tokenize --tokenizer PATH [--input FILE]
+int run_generate(int argc, char** argv);      // fabrica generate --model DIR --prompt TEXT ...
+int run_export(int argc, char** argv);        // fabrica export --checkpoint DIR --output DIR
+}  // namespace fab

@@ -1,0 +1,153 @@
+#include "data/prepare.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/template.h"
+
+namespace fab {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kCacheVersion = "fabrica-tokens-1";
+
+// The template layer's view of the tokenizer.
+class TokenizerEncoder final : public TextEncoder {
+ public:
+  explicit TokenizerEncoder(const Tokenizer& t) : t_(t) {}
+  std::vector<int32_t> encode(std::string_view text) const override { return t_.encode(text, false); }
+  int32_t token_to_id(std::string_view token) const override { return t_.token_to_id(token); }
+  std::string id_to_token(int32_t id) const override { return t_.id_to_token(id); }
+  std::optional<int32_t> bos_id() const override { return t_.bos_id(); }
+  std::optional<int32_t> eos_id() const override { return t_.eos_id(); }
+  bool add_bos_token() const override { return t_.add_bos_token(); }
+
+ private:
+  const Tokenizer& t_;
+};
+
+// 64-bit FNV-1a, enough to name cache files.
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string file_identity(const std::string& path) {
+  if (!fs::exists(path)) return path + ":missing";
+  std::ostringstream s;
+  const auto size = fs::is_regular_file(path) ? fs::file_size(path) : 0;
+  s << fs::canonical(path).string() << ":" << size << ":"
+    << fs::last_write_time(path).time_since_epoch().count();
+  return s.str();
+}
+
+std::string cache_key(const TrainConfig& c, const Tokenizer& tokenizer, const std::vector<DatasetAttr>& datasets) {
+  std::ostringstream key;
+  key << kCacheVersion << "|stage=" << c.stage << "|template=" << c.chat_template << "|cutoff=" << c.cutoff_len
+      << "|max_samples=" << c.max_samples << "|val_size=" << c.val_size << "|seed=" << c.seed
+      << "|train_on_prompt=" << c.train_on_prompt << "|mask_history=" << c.mask_history
+      << "|thinking=" << c.enable_thinking << "|packing=" << c.packing << "|eval=" << c.eval_dataset
+      << "|tokenizer=" << file_identity(tokenizer.source());
+  for (const DatasetAttr& d : datasets) key << "|" << d.name << "=" << file_identity(d.file_name);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.str()));
+  return hex;
+}
+
+std::string default_cache_dir() {
+  if (const char* dir = std::getenv("FABRICA_CACHE")) return dir;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/tmp") + "/.cache/fabrica";
+}
+
+TokenizedDataset tokenize(const TrainConfig& c, const std::vector<Example>& examples, const ChatTemplate& chat) {
+  if (c.stage == "pt") return preprocess_pretrain(examples, chat, PretrainOptions{c.cutoff_len, true, 1000});
+  return preprocess_supervised(examples, chat, SupervisedOptions{c.cutoff_len, c.train_on_prompt, c.mask_history});
+}
+
+TokenSequences to_sequences(const std::vector<TokenizedSample>& samples, const std::vector<size_t>& pick) {
+  TokenSequencesBuilder b;
+  for (size_t i : pick) b.add(samples[i].input_ids, samples[i].labels);
+  return b.finish();
+}
+
+// val_size: a fraction (< 1) or a count of samples held out, chosen by a seeded shuffle.
+std::pair<std::vector<size_t>, std::vector<size_t>> split_validation(size_t n, double val_size, uint64_t seed) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  size_t held = val_size <= 0 ? 0 : val_size < 1 ? size_t(double(n) * val_size + 0.5) : size_t(val_size);
+  FAB_USER_CHECK(held < n, "val_size {} leaves no training samples out of {}", val_size, n);
+  if (held == 0) return {order, {}};
+  Rng rng(seed);
+  for (size_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.next_u64() % (i + 1)]);
+  std::vector<size_t> eval(order.end() - long(held), order.end()), train(order.begin(), order.end() - long(held));
+  std::sort(train.begin(), train.end());
+  std::sort(eval.begin(), eval.end());
+  return {train, eval};
+}
+
+}  // namespace
+
+PreparedData prepare_data(const TrainConfig& c, const Tokenizer& tokenizer, const std::string& cache_dir_in) {
+  FAB_USER_CHECK(!c.dataset.empty(), "dataset is required (names from dataset_info.json or file paths)");
+  FAB_USER_CHECK(c.stage == "pt" || !c.chat_template.empty(), "template is required for stage sft (e.g. qwen3, llama3)");
+  DatasetOptions options;
+  options.dataset_dir = c.dataset_dir;
+  if (c.max_samples > 0) options.max_samples = c.max_samples;
+  options.seed = uint64_t(c.seed);
+  options.stage = c.stage == "pt" ? DataStage::pt : DataStage::sft;
+  std::vector<DatasetAttr> attrs = get_dataset_list(split_dataset_names(c.dataset), c.dataset_dir);
+  if (!c.eval_dataset.empty()) {
+    auto more = get_dataset_list(split_dataset_names(c.eval_dataset), c.dataset_dir);
+    attrs.insert(attrs.end(), more.begin(), more.end());
+  }
+  PreparedData out;
+  out.cache_key = cache_key(c, tokenizer, attrs);
+  const fs::path dir = !cache_dir_in.empty() ? cache_dir_in : !c.cache_dir.empty() ? c.cache_dir : default_cache_dir();
+  const fs::path train_file = dir / (out.cache_key + ".train.bin"), eval_file = dir / (out.cache_key + ".eval.bin");
+  const fs::path stats_file = dir / (out.cache_key + ".json");
+  if (!c.overwrite_cache && fs::exists(train_file) && fs::exists(eval_file) && fs::exists(stats_file)) {
+    out.train = load_token_sequences(train_file.string());
+    out.eval = load_token_sequences(eval_file.string());
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(stats_file));
+    out.stats = {j["samples"], j["tokens"], j["truncated"], j["skipped"], j["dropped_tokens"]};
+    out.from_cache = true;
+    return out;
+  }
+  TokenizerEncoder encoder(tokenizer);
+  TemplateOptions template_options;
+  template_options.enable_thinking = c.enable_thinking;
+  template_options.train_on_prompt = c.train_on_prompt;
+  ChatTemplate chat(get_template(c.chat_template.empty() ? "empty" : c.chat_template), encoder, template_options);
+  TokenizedDataset train = tokenize(c, load_datasets(c.dataset, options).examples, chat);
+  out.stats = train.stats;
+  auto [train_pick, eval_pick] = split_validation(train.samples.size(), c.val_size, uint64_t(c.seed));
+  out.train = to_sequences(train.samples, train_pick);
+  if (!c.eval_dataset.empty()) {
+    TokenizedDataset eval = tokenize(c, load_datasets(c.eval_dataset, options).examples, chat);
+    std::vector<size_t> all(eval.samples.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    out.eval = to_sequences(eval.samples, all);
+  } else {
+    out.eval = to_sequences(train.samples, eval_pick);
+  }
+  fs::create_directories(dir);
+  save_token_sequences(train_file.string(), out.train);
+  save_token_sequences(eval_file.string(), out.eval);
+  const nlohmann::json j = {{"samples", out.stats.samples},     {"tokens", out.stats.tokens},
+                            {"truncated", out.stats.truncated}, {"skipped", out.stats.skipped},
+                            {"dropped_tokens", out.stats.dropped_tokens}};
+  std::ofstream(stats_file) << j.dump() << "\n";
+  return out;
+}
+
+}  // namespace fab
