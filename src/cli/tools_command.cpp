@@ -29,7 +29,7 @@ int run_tokenize(int argc, char** argv) {
   std::string line, out;
   while (std::getline(in, line)) {
     const std::vector<int32_t> ids = tokenizer.encode(line, args.flag("add-special-tokens"));
-    out = "[";
+    out.assign(1, '[');
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i) out += ", ";
       out += std::to_string(ids[i]);

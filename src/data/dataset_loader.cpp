@@ -103,16 +103,25 @@ LoadedDataset load_single_dataset(const DatasetAttr& attr_in, const DatasetOptio
   return out;
 }
 
+namespace {
+
+// LLaMA-Factory refuses a preference dataset outside the "rm" stage and any other inside it.
+void check_stage(const DatasetAttr& attr, DataStage stage) {
+  FAB_USER_CHECK(attr.ranking == (stage == DataStage::rm),
+                 "dataset {} is {} preference dataset, which the {} stage cannot use", attr.name,
+                 attr.ranking ? "a" : "not a", stage_name(stage));
+}
+
+}  // namespace
+
 LoadedDataset load_datasets(std::string_view names, const DatasetOptions& options) {
   std::vector<DatasetAttr> attrs = get_dataset_list(split_dataset_names(names), options.dataset_dir);
+  for (const DatasetAttr& attr : attrs)
+    if (attr.formatting != "auto") check_stage(attr, options.stage);  // before reading anything
   LoadedDataset merged;
   for (const DatasetAttr& attr : attrs) {
-    bool needs_ranking = options.stage == DataStage::rm;
     LoadedDataset one = load_single_dataset(attr, options);
-    // A dataset given by path learns whether it ranks only once read, so check after loading.
-    bool ranking = one.datasets.at(0).ranking;
-    FAB_USER_CHECK(ranking == needs_ranking, "dataset {} is {} preference dataset, which the {} stage cannot use",
-                   attr.name, ranking ? "a" : "not a", stage_name(options.stage));
+    check_stage(one.datasets.at(0), options.stage);  // a dataset given by path is known only now
     merged.datasets.push_back(std::move(one.datasets[0]));
     merged.records += one.records;
     merged.broken += one.broken;

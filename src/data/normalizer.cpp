@@ -59,7 +59,7 @@ class Lowercase : public NormalizerStep {
         changed = true;
         continue;
       }
-      auto lower = static_cast<char32_t>(u_tolower(static_cast<UChar32>(cp)));
+      char32_t lower = to_lower(cp);
       changed |= lower != cp;
       append_utf8(out, lower);
     }

@@ -43,7 +43,7 @@ int32_t required_token(const TextEncoder& encoder, const std::string& token, con
 }  // namespace
 
 // get_template_and_fix_tokenizer + Template.fix_special_tokens, without changing the tokenizer:
-// the template keeps the eos it writes and checks that every stop word is a known token.
+// the template keeps the eos it writes, which must be a known token.
 ChatTemplate::ChatTemplate(Template spec, const TextEncoder& encoder, const TemplateOptions& options)
     : spec_(std::move(spec)), encoder_(encoder) {
   FAB_USER_CHECK(!(options.train_on_prompt && spec_.efficient_eos),
@@ -69,7 +69,11 @@ ChatTemplate::ChatTemplate(Template spec, const TextEncoder& encoder, const Temp
     eos_token_ = "<|endoftext|>";  // LLaMA-Factory's fallback eos
     eos_id_ = required_token(encoder_, eos_token_, spec_.name);
   }
-  for (size_t i = first_stop; i < spec_.stop_words.size(); ++i) required_token(encoder_, spec_.stop_words[i], spec_.name);
+  // LLaMA-Factory adds the other stop words as special tokens, growing the vocabulary when one is
+  // new (Llama-3.0 lacks <|eom_id|>). They only stop generation, so a missing one is noted, not
+  // added: text that spells it out is then tokenised as plain text.
+  for (size_t i = first_stop; i < spec_.stop_words.size(); ++i)
+    if (encoder_.token_to_id(spec_.stop_words[i]) < 0) missing_stop_words_.push_back(spec_.stop_words[i]);
 }
 
 // Template._convert_elements_to_ids: each text element is tokenised on its own.

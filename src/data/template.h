@@ -102,6 +102,8 @@ class ChatTemplate {
   const TextEncoder& encoder() const { return encoder_; }
   int32_t eos_id() const { return eos_id_; }
   const std::string& eos_token() const { return eos_token_; }
+  // Stop words (after the eos) the tokenizer lacks; LLaMA-Factory would add them to the vocabulary.
+  const std::vector<std::string>& missing_stop_words() const { return missing_stop_words_; }
   // tokenizer.encode("<think>\n\n</think>\n\n"): the empty thought block.
   std::vector<int32_t> thought_ids() const;
   // LLaMA-Factory's remove_thought: drops every <think>...</think> block, then leading newlines.
@@ -119,6 +121,7 @@ class ChatTemplate {
   int32_t eos_id_ = -1;
   std::string eos_token_;
   std::string tool_date_;
+  std::vector<std::string> missing_stop_words_;
 };
 
 }  // namespace fab

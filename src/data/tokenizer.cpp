@@ -80,6 +80,13 @@ int64_t Tokenizer::vocab_size() const {
 std::optional<int32_t> Tokenizer::bos_id() const { return parts_->bos_id; }
 std::optional<int32_t> Tokenizer::eos_id() const { return parts_->eos_id; }
 std::optional<int32_t> Tokenizer::pad_id() const { return parts_->pad_id; }
+bool Tokenizer::add_bos_token() const {
+  if (parts_->add_bos_token) return *parts_->add_bos_token;
+  if (!parts_->bos_id) return false;
+  std::vector<int32_t> templated = parts_->post_processor.apply({});
+  return !templated.empty() && templated.front() == *parts_->bos_id;
+}
+
 const std::string& Tokenizer::source() const { return parts_->source; }
 
 }  // namespace fab

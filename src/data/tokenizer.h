@@ -45,6 +45,9 @@ class Tokenizer {
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;
   std::optional<int32_t> pad_id() const;
+  // tokenizer_config.json's add_bos_token; without it, whether the post-processor template starts
+  // with the bos token (what encode(text, true) does).
+  bool add_bos_token() const;
   const std::string& source() const;  // the tokenizer.json path
 
  private:

@@ -337,6 +337,7 @@ void read_tokenizer_config(const std::string& path, TokenizerParts& parts) {
   parts.bos_id = resolve("bos_token");
   parts.eos_id = resolve("eos_token");
   parts.pad_id = resolve("pad_token");
+  if (root.has("add_bos_token")) parts.add_bos_token = root["add_bos_token"].boolean();
 }
 
 std::shared_ptr<TokenizerParts> load_tokenizer_parts(const std::string& path) {

@@ -23,6 +23,7 @@ struct TokenizerParts {
   Decoder decoder;
   PostProcessor post_processor;
   std::optional<int32_t> bos_id, eos_id, pad_id;
+  std::optional<bool> add_bos_token;  // from tokenizer_config.json
 
   // Added tokens first, then the model's vocabulary (HF's token_to_id / id_to_token).
   std::optional<int32_t> token_to_id(std::string_view token) const {

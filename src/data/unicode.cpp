@@ -2,7 +2,10 @@
 
 #include <unicode/uchar.h>
 
+#include <algorithm>
 #include <cstring>
+
+#include "data/unicode_tables.h"
 
 namespace fab::tok {
 namespace {
@@ -136,16 +139,34 @@ bool is_white_space(char32_t cp) {
          cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
+// ICU 72 knows Unicode 15; for code points it has as unassigned, the tables of newer characters
+// (unicode_tables.h) say what Hugging Face's libraries make of them.
+static bool unassigned_in_icu(char32_t cp) { return u_charType(static_cast<UChar32>(cp)) == U_UNASSIGNED; }
+
 bool is_numeric(char32_t cp) {
   if (cp < 0x80) return cp >= '0' && cp <= '9';
-  return (U_GET_GC_MASK(static_cast<UChar32>(cp)) & U_GC_N_MASK) != 0;
+  if ((U_GET_GC_MASK(static_cast<UChar32>(cp)) & U_GC_N_MASK) != 0) return true;
+  return unassigned_in_icu(cp) && in_ranges(newer_numbers(), cp);
 }
 
 bool is_word_char(char32_t cp) {
   if (cp < 0x80) return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || cp == '_';
   auto c = static_cast<UChar32>(cp);
   if (u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL)) return true;
-  return (U_GET_GC_MASK(c) & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0;
+  if ((U_GET_GC_MASK(c) & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0) return true;
+  return unassigned_in_icu(cp) && (in_ranges(newer_letters(), cp) || in_ranges(newer_numbers(), cp));
+}
+
+char32_t to_lower(char32_t cp) {
+  auto pairs = newer_lowercase();
+  auto it = std::lower_bound(pairs.begin(), pairs.end(), cp, [](const CasePair& p, char32_t c) { return p.upper < c; });
+  if (it != pairs.end() && it->upper == cp) return it->lower;
+  return static_cast<char32_t>(u_tolower(static_cast<UChar32>(cp)));
+}
+
+bool in_ranges(std::span<const CodeRange> ranges, char32_t cp) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp, [](char32_t c, const CodeRange& r) { return c < r.first; });
+  return it != ranges.begin() && cp <= std::prev(it)->last;
 }
 
 }  // namespace fab::tok

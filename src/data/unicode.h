@@ -33,6 +33,8 @@ std::string utf8_lossy(std::string_view bytes);
 bool is_white_space(char32_t cp);
 // Rust char::is_numeric: general category Nd, Nl or No.
 bool is_numeric(char32_t cp);
+// Rust char::to_lowercase for code points whose lowercase is one code point (all but U+0130).
+char32_t to_lower(char32_t cp);
 // Rust regex \w: Alphabetic, Mark, Decimal_Number, Connector_Punctuation or Join_Control.
 bool is_word_char(char32_t cp);
 
