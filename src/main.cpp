@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -88,6 +89,9 @@ int main(int argc, char** argv) {
     std::cerr << "fabrica: unknown command \"" << command << "\" (try fabrica --help)\n";
     return 2;
   } catch (const fab::UserError& e) {
+    std::cerr << "fabrica: " << e.what() << "\n";
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave
     std::cerr << "fabrica: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {

@@ -1,9 +1,11 @@
 // fabrica train / fabrica data prepare.
 #include <omp.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "cli/args.h"
@@ -52,10 +54,30 @@ int run_data_prepare(int argc, char** argv) {
   return 0;
 }
 
+// Checks that output_dir can be created (and written) before any work starts, leaving nothing
+// behind: the folders this check creates are removed again.
+void check_writable(const std::string& path) {
+  fs::path first_new = fs::absolute(path);
+  while (first_new.has_parent_path() && first_new != first_new.parent_path() && !fs::exists(first_new.parent_path()))
+    first_new = first_new.parent_path();
+  const bool existed = fs::exists(path);
+  std::error_code error;
+  fs::create_directories(path, error);
+  const fs::path probe = fs::path(path) / ".fabrica-write-test";
+  const bool writable = !error && std::ofstream(probe).good();
+  fs::remove(probe, error);
+  if (!existed) fs::remove_all(first_new, error);
+  FAB_USER_CHECK(writable, "output_dir {} cannot be created or written", path);
+}
+
 int run_train(int argc, char** argv) {
   const TrainConfig c = config_from_args(argc, argv, 2, "fabrica train CONFIG.yaml [key=value ...]");
   FAB_USER_CHECK(!c.model_name_or_path.empty(), "model_name_or_path is required");
+  FAB_USER_CHECK(fs::exists(fs::path(c.model_name_or_path) / "config.json"),
+                 "model_name_or_path {}: no config.json there (expected a Hugging Face model folder)",
+                 c.model_name_or_path);
   FAB_USER_CHECK(!c.output_dir.empty(), "output_dir is required");
+  check_writable(c.output_dir);
   const bool resuming = !c.resume_from_checkpoint.empty() && c.resume_from_checkpoint != "false";
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
                  "output_dir {} already holds a run: set overwrite_output_dir: true or resume_from_checkpoint: true",

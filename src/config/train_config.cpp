@@ -146,7 +146,10 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   require(c.cutoff_len > 1, "cutoff_len must be at least 2");
   require(c.per_device_train_batch_size > 0 && c.gradient_accumulation_steps > 0,
           "per_device_train_batch_size and gradient_accumulation_steps must be positive");
-  require(c.learning_rate >= 0 && c.warmup_ratio >= 0 && c.warmup_ratio <= 1, "learning_rate >= 0, 0 <= warmup_ratio <= 1");
+  require(c.learning_rate >= 0, format("learning_rate must be >= 0, got {}", c.learning_rate));
+  require(c.warmup_ratio >= 0 && c.warmup_ratio <= 1, format("warmup_ratio must be in [0, 1], got {}", c.warmup_ratio));
+  require(c.logging_steps > 0, "logging_steps must be positive");
+  require(c.num_train_epochs > 0 || c.max_steps > 0, "set num_train_epochs > 0 or max_steps > 0");
 }
 
 }  // namespace
