@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_encoder.h"
 #include "infer/generate.h"
 #include "models/hf_model.h"
 #include "train/checkpoint.h"
@@ -45,15 +46,7 @@ namespace {
 // A user turn rendered by the chat template, as the model saw prompts in training.
 std::vector<int32_t> templated_prompt(const Tokenizer& tokenizer, const std::string& template_name,
                                       const std::string& prompt, const std::string& system) {
-  struct Encoder final : TextEncoder {
-    const Tokenizer& t;
-    explicit Encoder(const Tokenizer& tok) : t(tok) {}
-    std::vector<int32_t> encode(std::string_view text) const override { return t.encode(text, false); }
-    int32_t token_to_id(std::string_view token) const override { return t.token_to_id(token); }
-    std::string id_to_token(int32_t id) const override { return t.id_to_token(id); }
-    std::optional<int32_t> bos_id() const override { return t.bos_id(); }
-    std::optional<int32_t> eos_id() const override { return t.eos_id(); }
-  } encoder(tokenizer);
+  TokenizerEncoder encoder(tokenizer);
   TemplateOptions options;
   options.enable_thinking = false;
   ChatTemplate chat(get_template(template_name), encoder, options);

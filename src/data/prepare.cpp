@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/template.h"
+#include "data/tokenizer_encoder.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -18,21 +19,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kCacheVersion = "fabrica-tokens-1";
-
-// The template layer's view of the tokenizer.
-class TokenizerEncoder final : public TextEncoder {
- public:
-  explicit TokenizerEncoder(const Tokenizer& t) : t_(t) {}
-  std::vector<int32_t> encode(std::string_view text) const override { return t_.encode(text, false); }
-  int32_t token_to_id(std::string_view token) const override { return t_.token_to_id(token); }
-  std::string id_to_token(int32_t id) const override { return t_.id_to_token(id); }
-  std::optional<int32_t> bos_id() const override { return t_.bos_id(); }
-  std::optional<int32_t> eos_id() const override { return t_.eos_id(); }
-  bool add_bos_token() const override { return t_.add_bos_token(); }
-
- private:
-  const Tokenizer& t_;
-};
 
 // 64-bit FNV-1a, enough to name cache files.
 uint64_t fnv1a(const std::string& text) {
