@@ -9,6 +9,7 @@
 
 #include "cli/commands.h"
 #include "cli/demo.h"
+#include "cli/tokenizer_train_command.h"
 #include "config/train_config.h"
 #include "core/backend.h"
 #include "core/error.h"
@@ -27,6 +28,8 @@ void print_usage() {
                "  export --checkpoint DIR --output DIR  write a checkpoint as a Hugging Face folder\n"
                "  tokenize --tokenizer PATH           one JSON array of ids per input line [--input FILE]\n"
                "           [--add-special-tokens]\n"
+               "  tokenizer train --input FILE[,FILE...] --vocab-size N --output DIR\n"
+               "           [--special-tokens A,B,...] [--min-frequency N]  train a byte-level BPE tokenizer\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
                "  demo       train a small byte-level Llama on built-in text [--steps N]\n"
                "  config-reference  print the configuration reference (docs/CONFIG.md)\n"
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
     if (command == "train") return fab::run_train(argc, argv);
     if (command == "data" && argc >= 3 && !std::strcmp(argv[2], "prepare")) return fab::run_data_prepare(argc, argv);
     if (command == "tokenize") return fab::run_tokenize(argc, argv);
+    if (command == "tokenizer" && argc >= 3 && !std::strcmp(argv[2], "train")) return fab::run_tokenizer_train(argc, argv);
     if (command == "generate") return fab::run_generate(argc, argv);
     if (command == "export") return fab::run_export(argc, argv);
     if (command == "config-reference") {
