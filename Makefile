@@ -20,7 +20,11 @@ build: $(BUILD)/build.ninja
 $(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/reference/safetensors_io.py
 	/usr/bin/python3 tests/reference/make_reference.py $(BUILD)/reference
 
-test: deps build $(BUILD)/reference/ops.safetensors
+# Tokenizer parity fixture from Hugging Face `tokenizers` (PyPI, in build/pyref/.venv).
+$(BUILD)/reference/tokenizer_parity.json: tests/data/tokenizer_parity.py tests/data/tokenizer_parity_texts.py
+	python3 tests/data/tokenizer_parity.py $(BUILD)/reference
+
+test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer_parity.json
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
 	  && echo "fuzz: safetensors header parser, 10 s, no failure" \

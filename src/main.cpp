@@ -7,6 +7,7 @@
 #include <iostream>
 #include <string>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/demo.h"
 #include "cli/tokenizer_train_command.h"
@@ -31,7 +32,8 @@ void print_usage() {
                "  tokenizer train --input FILE[,FILE...] --vocab-size N --output DIR\n"
                "           [--special-tokens A,B,...] [--min-frequency N]  train a byte-level BPE tokenizer\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
-               "  demo       train a small byte-level Llama on built-in text [--steps N]\n"
+               "  demo       addition task -> BPE tokenizer -> tiny Qwen3 trained from scratch, accuracy\n"
+               "             before and after [--steps N] [--workdir DIR]\n"
                "  config-reference  print the configuration reference (docs/CONFIG.md)\n"
                "  --version  print the version\n\n"
                "examples:\n"
@@ -82,13 +84,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (command == "demo") {
-      int steps = 300;
-      if (argc == 4 && !std::strcmp(argv[2], "--steps")) steps = std::atoi(argv[3]);
-      if (steps <= 0 || (argc != 2 && argc != 4)) {
-        std::cerr << "usage: fabrica demo [--steps N]   (N > 0)\n";
-        return 2;
-      }
-      return fab::run_demo(steps);
+      fab::Args args(argc, argv, 2, {"steps", "workdir"}, {});
+      const int steps = int(args.get_number("steps", 1000));
+      FAB_USER_CHECK(steps > 0, "--steps must be positive");
+      return fab::run_demo(steps, args.get("workdir", "build/demo"));
     }
     std::cerr << "fabrica: unknown command \"" << command << "\" (try fabrica --help)\n";
     return 2;

@@ -1,7 +1,8 @@
 #pragma once
+#include <string>
 
 namespace fab {
-// `fabrica demo`: trains a small byte-level Llama from scratch on built-in text and prints the
-// loss as it falls, then a greedy continuation. Returns the process exit code.
-int run_demo(int steps);
+// `fabrica demo`: synthetic addition task, BPE tokenizer, tiny Qwen3 from scratch, accuracy before
+// and after training. Everything it makes goes under `work`. Returns the process exit code.
+int run_demo(int steps, const std::string& work);
 }  // namespace fab

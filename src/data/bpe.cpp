@@ -140,27 +140,23 @@ void BpeModel::tokenize(const Words& words, std::vector<int32_t>& out) const {
 void BpeModel::tokenize_word(std::string_view word, bool byte_level, std::vector<int32_t>& out) const {
   thread_local std::string mapped;
   thread_local std::vector<int32_t> symbols;
-  symbols.clear();
-  std::string_view text = word;  // the word in the vocabulary's alphabet
-  if (byte_level && (options_.ignore_merges || !plain_)) {
+  // The word spelled in the vocabulary's alphabet (byte-level words are mapped only when needed).
+  auto spelled = [&]() -> std::string_view {
+    if (!byte_level) return word;
     mapped.clear();
     byte_level_encode(word, mapped);
-    text = mapped;
-  }
+    return mapped;
+  };
   if (options_.ignore_merges) {
-    if (auto id = token_to_id(text)) {
+    if (auto id = token_to_id(spelled())) {
       out.push_back(*id);
       return;
     }
   }
+  symbols.clear();
   if (!(byte_level && plain_ && initial_symbols_from_bytes(word, symbols))) {
-    if (byte_level && text.data() == word.data()) {
-      mapped.clear();
-      byte_level_encode(word, mapped);
-      text = mapped;
-    }
     symbols.clear();
-    initial_symbols_from_chars(text, symbols);
+    initial_symbols_from_chars(spelled(), symbols);
   }
   merge(symbols);
   out.insert(out.end(), symbols.begin(), symbols.end());

@@ -107,7 +107,8 @@ std::optional<Role> role_of(const DatasetAttr& attr, const std::string& role) {
   return std::nullopt;
 }
 
-// Odd positions (0, 2, ...) take user|observation, even ones assistant|function.
+// Messages 1, 3, 5, ... (counting from 1, after any system message) must be user or observation,
+// messages 2, 4, ... assistant or function call.
 bool role_allowed(const DatasetAttr& attr, const std::string& role, size_t turn) {
   if (turn % 2 == 0) return tag_is(attr.user_tag, role) || tag_is(attr.observation_tag, role);
   return tag_is(attr.assistant_tag, role) || tag_is(attr.function_tag, role);
@@ -129,10 +130,10 @@ const Json& message_at(const RawRecord& record, const Json& messages, size_t ind
   return messages[index];
 }
 
-// The chosen/rejected message of a sharegpt ranking record.
-Message ranking_answer(const RawRecord& record, const DatasetAttr& attr, const Json& answer, std::string* broken) {
+// The chosen/rejected message of a sharegpt ranking record. LLaMA-Factory only warns when its role
+// is not an assistant/function one, and keeps it.
+Message ranking_answer(const RawRecord& record, const DatasetAttr& attr, const Json& answer) {
   std::string role = message_field(record, answer, attr.role_tag, "role", 0);
-  if (!role_allowed(attr, role, 1)) *broken = "invalid role tag in chosen/rejected";
   std::optional<Role> mapped = role_of(attr, role);
   FAB_USER_CHECK(mapped.has_value(), "{}: chosen/rejected role '{}' matches none of the dataset's tags",
                  record.source.where(), role);
@@ -183,10 +184,8 @@ ConvertResult convert_sharegpt(const RawRecord& record, const DatasetAttr& attr)
     ex.prompt = std::move(aligned);
     ex.response = kto_response(std::move(last), *ex.kto_tag);
   } else if (attr.ranking && chosen && chosen->is_object() && rejected && rejected->is_object()) {
-    // LLaMA-Factory only warns about a bad chosen/rejected role and keeps the example.
-    std::string ignored;
     ex.prompt = std::move(aligned);
-    ex.response = {ranking_answer(record, attr, *chosen, &ignored), ranking_answer(record, attr, *rejected, &ignored)};
+    ex.response = {ranking_answer(record, attr, *chosen), ranking_answer(record, attr, *rejected)};
   } else {
     ex.response.push_back(aligned.back());
     aligned.pop_back();
@@ -229,8 +228,24 @@ Example convert_pretokenized(const RawRecord& record) {
   return ex;
 }
 
+namespace {
+
+// Images, videos and audios need a multimodal plugin, which Fabrica does not have yet; LLaMA-Factory
+// also refuses them for a text-only model.
+void reject_media(const RawRecord& record, const DatasetAttr& attr) {
+  for (const auto* column_name : {&attr.images, &attr.videos, &attr.audios}) {
+    const Json* media = column(record.value, *column_name);
+    FAB_USER_CHECK(!media || media->empty() || (media->is_string() && media->get<std::string>().empty()),
+                   "{}: field '{}': image, video and audio inputs are not supported yet", record.source.where(),
+                   **column_name);
+  }
+}
+
+}  // namespace
+
 ConvertResult convert_record(const RawRecord& record, const DatasetAttr& attr) {
   if (is_pretokenized_record(record.value)) return {convert_pretokenized(record), ""};
+  reject_media(record, attr);
   if (attr.formatting == "alpaca") return convert_alpaca(record, attr);
   if (attr.formatting == "sharegpt") return convert_sharegpt(record, attr);
   throw UserError(fab::format("dataset {}: unsupported formatting '{}' (expected alpaca or sharegpt)", attr.name,

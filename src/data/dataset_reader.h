@@ -25,8 +25,8 @@ struct RawRecord {
   RecordSource source;
 };
 
-// Every record of `path` (a file, or a folder whose files are read in name order; they must all
-// share one type). Throws UserError naming the file and line for unreadable or malformed input.
+// Every record of `path` (a file, or a folder whose files are read in name order, hidden files
+// skipped; they must all share one type). Throws UserError naming the file and line for unreadable or malformed input.
 std::vector<RawRecord> read_dataset_records(const std::string& path);
 
 // The file type LLaMA-Factory would pick from the extension: "json", "text", or "" if unsupported.

@@ -113,8 +113,31 @@ class ReplaceDecoder : public DecoderStep {
   std::string content_;
 };
 
+class MetaspaceDecoder : public DecoderStep {
+ public:
+  MetaspaceDecoder(char32_t replacement, bool prepends) : replacement_(replacement), prepends_(prepends) {}
+  void apply(std::vector<std::string>& tokens) const override {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      std::string out;
+      for (size_t pos = 0; pos < tokens[i].size();) {
+        size_t begin = pos;
+        if (next_code_point(tokens[i], pos) != replacement_) out.append(tokens[i], begin, pos - begin);
+        else if (i > 0 || !prepends_) out += ' ';
+      }
+      tokens[i] = std::move(out);
+    }
+  }
+
+ private:
+  char32_t replacement_;
+  bool prepends_;
+};
+
 }  // namespace
 
+std::unique_ptr<DecoderStep> make_metaspace_decoder(char32_t replacement, bool prepends) {
+  return std::make_unique<MetaspaceDecoder>(replacement, prepends);
+}
 std::unique_ptr<DecoderStep> make_byte_level_decoder() { return std::make_unique<ByteLevelDecoder>(); }
 std::unique_ptr<DecoderStep> make_byte_fallback_decoder() { return std::make_unique<ByteFallbackDecoder>(); }
 std::unique_ptr<DecoderStep> make_fuse_decoder() { return std::make_unique<FuseDecoder>(); }

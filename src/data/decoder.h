@@ -1,7 +1,7 @@
 #pragma once
 // tokenizer.json "decoder": turns the token strings of some ids back into text (HF decoders/*.rs).
 // Each step maps a list of strings to a list of strings (HF's decode_chain); the results are
-// joined. Supported: ByteLevel, ByteFallback, Fuse, Strip, Replace and a Sequence of them.
+// joined. Supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace and a Sequence.
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +25,8 @@ std::unique_ptr<DecoderStep> make_fuse_decoder();
 // Removes up to `start` leading and `stop` trailing `content` characters from every token.
 std::unique_ptr<DecoderStep> make_strip_decoder(char32_t content, size_t start, size_t stop);
 std::unique_ptr<DecoderStep> make_replace_decoder(Regex pattern, std::string content);
+// `replacement` back to spaces; dropped from the first token when the pre-tokenizer prepends it.
+std::unique_ptr<DecoderStep> make_metaspace_decoder(char32_t replacement, bool prepends);
 
 class Decoder {
  public:

@@ -3,6 +3,7 @@
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>
+#include <unicode/uniset.h>
 
 #include "core/error.h"
 #include "data/unicode.h"
@@ -16,17 +17,34 @@ bool is_ascii(std::string_view text) {
   return true;
 }
 
+// HF normalizes with the unicode-normalization-alignments crate, whose tables are Unicode 9.0:
+// characters assigned later are neither decomposed nor reordered there. ICU's filtered
+// normalizer does the same when restricted to [:age=9.0:] (checked code point by code point).
+const icu::UnicodeSet& hf_unicode_version() {
+  static const icu::UnicodeSet set = [] {
+    UErrorCode status = U_ZERO_ERROR;
+    icu::UnicodeSet s(icu::UnicodeString(u"[:age=9.0:]"), status);
+    FAB_CHECK(U_SUCCESS(status), "ICU UnicodeSet [:age=9.0:]: {}", u_errorName(status));
+    s.freeze();
+    return s;
+  }();
+  return set;
+}
+
 class UnicodeNormalizer : public NormalizerStep {
  public:
   explicit UnicodeNormalizer(UnicodeForm form) {
     UErrorCode status = U_ZERO_ERROR;
+    const icu::Normalizer2* full = nullptr;
     switch (form) {
-      case UnicodeForm::nfc: impl_ = icu::Normalizer2::getNFCInstance(status); break;
-      case UnicodeForm::nfd: impl_ = icu::Normalizer2::getNFDInstance(status); break;
-      case UnicodeForm::nfkc: impl_ = icu::Normalizer2::getNFKCInstance(status); break;
-      case UnicodeForm::nfkd: impl_ = icu::Normalizer2::getNFKDInstance(status); break;
+      case UnicodeForm::nfc: full = icu::Normalizer2::getNFCInstance(status); break;
+      case UnicodeForm::nfd: full = icu::Normalizer2::getNFDInstance(status); break;
+      case UnicodeForm::nfkc: full = icu::Normalizer2::getNFKCInstance(status); break;
+      case UnicodeForm::nfkd: full = icu::Normalizer2::getNFKDInstance(status); break;
     }
-    FAB_CHECK(U_SUCCESS(status) && impl_, "ICU normalizer unavailable: {}", u_errorName(status));
+    FAB_CHECK(U_SUCCESS(status) && full, "ICU normalizer unavailable: {}", u_errorName(status));
+    filtered_ = std::make_unique<icu::FilteredNormalizer2>(*full, hf_unicode_version());
+    impl_ = filtered_.get();
   }
 
   bool apply(std::string_view in, std::string& out) const override {
@@ -43,6 +61,7 @@ class UnicodeNormalizer : public NormalizerStep {
   }
 
  private:
+  std::unique_ptr<icu::FilteredNormalizer2> filtered_;
   const icu::Normalizer2* impl_ = nullptr;
 };
 

@@ -8,15 +8,21 @@ namespace fab {
 
 namespace {
 
-void append(std::vector<int32_t>* to, const std::vector<int32_t>& from) { to->insert(to->end(), from.begin(), from.end()); }
+void append(std::vector<int32_t>* to, const std::vector<int32_t>& from) {
+  to->insert(to->end(), from.begin(), from.end());
+}
 
-void prepend(std::vector<int32_t>* to, const std::vector<int32_t>& from) { to->insert(to->begin(), from.begin(), from.end()); }
+void prepend(std::vector<int32_t>* to, const std::vector<int32_t>& from) {
+  to->insert(to->begin(), from.begin(), from.end());
+}
 
 std::vector<int32_t> head(const std::vector<int32_t>& ids, int64_t n) {
   return {ids.begin(), ids.begin() + std::min<int64_t>(n, static_cast<int64_t>(ids.size()))};
 }
 
-void check_cutoff(int64_t cutoff_len) { FAB_USER_CHECK(cutoff_len > 0, "cutoff_len must be positive, got {}", cutoff_len); }
+void check_cutoff(int64_t cutoff_len) {
+  FAB_USER_CHECK(cutoff_len > 0, "cutoff_len must be positive, got {}", cutoff_len);
+}
 
 void count(PreprocessStats* stats, const TokenizedSample& sample) {
   ++stats->samples;
@@ -48,8 +54,9 @@ std::pair<int64_t, int64_t> infer_seqlen(int64_t source_len, int64_t target_len,
   } else if (source_len * 2 < cutoff_len) {
     max_target_len = cutoff_len - source_len;
   } else {  // int(cutoff_len * (target_len / (source_len + target_len))) in double precision
-    max_target_len = static_cast<int64_t>(static_cast<double>(cutoff_len) *
-                                          (static_cast<double>(target_len) / static_cast<double>(source_len + target_len)));
+    max_target_len =
+        static_cast<int64_t>(static_cast<double>(cutoff_len) *
+                             (static_cast<double>(target_len) / static_cast<double>(source_len + target_len)));
   }
   int64_t new_target_len = std::min(max_target_len, target_len);
   int64_t max_source_len = std::max<int64_t>(cutoff_len - new_target_len, 0);
@@ -60,7 +67,8 @@ std::pair<int64_t, int64_t> infer_seqlen(int64_t source_len, int64_t target_len,
 TokenizedSample encode_supervised_example(const ChatTemplate& chat, const Example& example,
                                           const SupervisedOptions& options, bool* truncated) {
   check_cutoff(options.cutoff_len);
-  FAB_USER_CHECK(!(options.mask_history && options.train_on_prompt), "mask_history is incompatible with train_on_prompt");
+  FAB_USER_CHECK(!(options.mask_history && options.train_on_prompt),
+                 "mask_history is incompatible with train_on_prompt");
   FAB_USER_CHECK(!(options.train_on_prompt && chat.spec().efficient_eos),
                  "template '{}' does not support train_on_prompt", chat.spec().name);
   bool discarding_history_cot = options.mask_history && !chat.spec().preserve_thinking;
@@ -78,9 +86,11 @@ TokenizedSample encode_supervised_example(const ChatTemplate& chat, const Exampl
       break;
     }
     const auto& [full_source, full_target] = turns[turn];
-    auto [source_len, target_len] = infer_seqlen(static_cast<int64_t>(full_source.size()),
-                                                 static_cast<int64_t>(full_target.size()), options.cutoff_len - total_length);
-    cut |= source_len < static_cast<int64_t>(full_source.size()) || target_len < static_cast<int64_t>(full_target.size());
+    auto [source_len, target_len] =
+        infer_seqlen(static_cast<int64_t>(full_source.size()), static_cast<int64_t>(full_target.size()),
+                     options.cutoff_len - total_length);
+    cut |=
+        source_len < static_cast<int64_t>(full_source.size()) || target_len < static_cast<int64_t>(full_target.size());
     std::vector<int32_t> source = head(full_source, source_len), target = head(full_target, target_len);
     total_length += source_len + target_len;
 
@@ -190,7 +200,8 @@ TokenizedDataset preprocess_pretrain(const std::vector<Example>& examples, const
   return out;
 }
 
-PairwiseDataset preprocess_pairwise(const std::vector<Example>& examples, const ChatTemplate& chat, int64_t cutoff_len) {
+PairwiseDataset preprocess_pairwise(const std::vector<Example>& examples, const ChatTemplate& chat,
+                                    int64_t cutoff_len) {
   check_cutoff(cutoff_len);
   PairwiseDataset out;
   for (const Example& example : examples) {

@@ -101,9 +101,9 @@ class ByteLevel : public PreTokenizerStep {
     thread_local std::vector<Match> matches;
     for (std::string_view piece : in) {
       if (add_prefix_space_ && piece.front() != ' ') {
-        std::string& prefixed = out.storage.emplace_back(1, ' ');
+        std::string prefixed(1, ' ');
         prefixed.append(piece);
-        piece = prefixed;
+        piece = out.replace(piece, std::move(prefixed));
       }
       if (!use_regex_) {
         out.pieces.push_back(piece);
@@ -147,11 +147,50 @@ class Digits : public PreTokenizerStep {
   bool individual_;
 };
 
+class Metaspace : public PreTokenizerStep {
+ public:
+  Metaspace(char32_t replacement, PrependScheme scheme, bool split) : scheme_(scheme), split_(split) {
+    append_utf8(replacement_, replacement);
+  }
+
+  void apply(const std::vector<std::string_view>& in, Words& out) const override {
+    thread_local std::vector<Match> matches;
+    for (std::string_view piece : in) {
+      std::string text;
+      for (char c : piece) {
+        if (c == ' ') text += replacement_;
+        else text += c;
+      }
+      bool prepend = scheme_ == PrependScheme::always || (scheme_ == PrependScheme::first && piece.data() == out.input_start);
+      if (prepend && text.compare(0, replacement_.size(), replacement_) != 0) text.insert(0, replacement_);
+      piece = out.replace(piece, std::move(text));
+      if (!split_) {
+        out.pieces.push_back(piece);
+        continue;
+      }
+      matches.clear();  // every replacement character is a match, merged with what follows
+      size_t last = 0;
+      for (size_t at = piece.find(replacement_); at != std::string_view::npos; at = piece.find(replacement_, last)) {
+        if (last < at) matches.push_back({{last, at}, false});
+        last = at + replacement_.size();
+        matches.push_back({{at, last}, true});
+      }
+      if (last < piece.size()) matches.push_back({{last, piece.size()}, false});
+      split_by_behavior(piece, matches, SplitBehavior::merged_with_next, out);
+    }
+  }
+
+ private:
+  std::string replacement_;
+  PrependScheme scheme_;
+  bool split_;
+};
+
 void map_to_byte_level(Words& words) {
   for (std::string_view& piece : words.pieces) {
-    words.storage.emplace_back();
-    byte_level_encode(piece, words.storage.back());
-    piece = words.storage.back();
+    std::string mapped;
+    byte_level_encode(piece, mapped);
+    piece = words.replace(piece, std::move(mapped));
   }
   words.byte_level = false;
 }
@@ -167,11 +206,15 @@ std::unique_ptr<PreTokenizerStep> make_byte_level(bool add_prefix_space, bool us
 std::unique_ptr<PreTokenizerStep> make_digits(bool individual_digits) {
   return std::make_unique<Digits>(individual_digits);
 }
+std::unique_ptr<PreTokenizerStep> make_metaspace(char32_t replacement, PrependScheme scheme, bool split) {
+  return std::make_unique<Metaspace>(replacement, scheme, split);
+}
 
-void PreTokenizer::run(std::string_view text, Words& words) const {
+void PreTokenizer::run(std::string_view text, bool begins_input, Words& words) const {
   words.clear();
   if (text.empty()) return;  // HF drops empty splits
   words.pieces.push_back(text);
+  if (begins_input) words.input_start = text.data();
   thread_local std::vector<std::string_view> input;
   for (const auto& step : steps_) {
     // A ByteLevel step followed by another step: the next one sees the mapped text, as in HF.

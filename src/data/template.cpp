@@ -22,12 +22,16 @@ Slots apply_slots(const Slots& slots, std::string_view content, std::string_view
 
 void append(Slots* to, const Slots& from) { to->insert(to->end(), from.begin(), from.end()); }
 
-void append(std::vector<int32_t>* to, const std::vector<int32_t>& from) { to->insert(to->end(), from.begin(), from.end()); }
+void append(std::vector<int32_t>* to, const std::vector<int32_t>& from) {
+  to->insert(to->end(), from.begin(), from.end());
+}
 
 std::string today_for_tools() {
   std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
   char buf[32];
-  std::strftime(buf, sizeof buf, "%d %b %Y", std::localtime(&now));  // datetime.now().strftime("%d %b %Y")
+  std::strftime(buf, sizeof buf, "%d %b %Y", &local);  // datetime.now().strftime("%d %b %Y")
   return buf;
 }
 
@@ -200,7 +204,8 @@ std::vector<TurnIds> ChatTemplate::encode_multiturn(const std::vector<Message>& 
     }
   }
   std::vector<TurnIds> turns;
-  for (size_t i = 0; i + 1 < encoded.size(); i += 2) turns.emplace_back(std::move(encoded[i]), std::move(encoded[i + 1]));
+  for (size_t i = 0; i + 1 < encoded.size(); i += 2)
+    turns.emplace_back(std::move(encoded[i]), std::move(encoded[i + 1]));
   return turns;
 }
 

@@ -48,7 +48,8 @@ std::string python_repr_string(const std::string& s) {
     else if (c == '\n') out += "\\n";
     else if (c == '\r') out += "\\r";
     else if (c == '\t') out += "\\t";
-    else if (c < 0x20 || c == 0x7f) out += fab::format("\\x{}{}", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
+    else if (c < 0x20 || c == 0x7f)
+      out += fab::format("\\x{}{}", "0123456789abcdef"[c >> 4], "0123456789abcdef"[c & 15]);
     else out += static_cast<char>(c);
   }
   return out + quote;
@@ -184,7 +185,8 @@ std::string format_calls(ToolFormat format, const std::vector<FunctionCall>& cal
   switch (format) {
     case ToolFormat::standard:
       for (size_t i = 0; i < calls.size(); ++i)
-        out += (i ? "\n" : "") + ("Action: " + calls[i].name + "\nAction Input: " + python_json_dumps(calls[i].arguments));
+        out +=
+            (i ? "\n" : "") + ("Action: " + calls[i].name + "\nAction Input: " + python_json_dumps(calls[i].arguments));
       return out;
     case ToolFormat::qwen:
       for (size_t i = 0; i < calls.size(); ++i)

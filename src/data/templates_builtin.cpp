@@ -20,7 +20,8 @@ Template with_defaults(Template t) {
   Slots content_only{S("{{content}}")};
   Slots default_assistant = t.efficient_eos ? content_only : Slots{S("{{content}}"), Slot::eos()};
   bool had_user = !t.format_user.empty();
-  if (t.format_function.empty()) t.format_function = t.format_assistant.empty() ? default_assistant : t.format_assistant;
+  if (t.format_function.empty())
+    t.format_function = t.format_assistant.empty() ? default_assistant : t.format_assistant;
   if (t.format_assistant.empty()) t.format_assistant = default_assistant;
   if (t.format_user.empty()) t.format_user = content_only;
   if (t.format_system.empty()) t.format_system = content_only;

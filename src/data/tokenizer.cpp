@@ -32,24 +32,25 @@ void Tokenizer::encode_into(std::string_view text, std::vector<int32_t>& ids) co
       ids.push_back(segment.id);
       continue;
     }
+    const bool begins_input = segment.text.data() == text.data();
     std::string_view normalized = p.normalizer.run(segment.text, buffer);
     if (!p.added.has_normalized_tokens()) {
-      encode_text(normalized, ids);
+      encode_text(normalized, begins_input, ids);
       continue;
     }
     normalized_segments.clear();
     p.added.split(normalized, /*normalized_tokens=*/true, normalized_segments);
     for (const tok::Segment& piece : normalized_segments) {
       if (piece.id >= 0) ids.push_back(piece.id);
-      else encode_text(piece.text, ids);
+      else encode_text(piece.text, begins_input && piece.text.data() == normalized.data(), ids);
     }
   }
 }
 
 // Pre-tokenizes normalized text that holds no added token and runs the model on every word.
-void Tokenizer::encode_text(std::string_view text, std::vector<int32_t>& ids) const {
+void Tokenizer::encode_text(std::string_view text, bool begins_input, std::vector<int32_t>& ids) const {
   thread_local tok::Words words;
-  parts_->pre_tokenizer.run(text, words);
+  parts_->pre_tokenizer.run(text, begins_input, words);
   parts_->model->tokenize(words, ids);
 }
 

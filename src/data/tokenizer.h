@@ -1,14 +1,17 @@
 #pragma once
-// Hugging Face tokenizer.json, BPE models (Llama-3, Qwen2/3, GPT-2, DeepSeek, Mistral-style byte
-// fallback), with the ids Hugging Face `tokenizers` gives: Tokenizer.from_file(path)
-// .encode(text, add_special_tokens=...).ids. The pipeline, as in HF's TokenizerImpl:
+// Hugging Face tokenizer.json, BPE models (Llama-3, Qwen2/3, GPT-2, DeepSeek; SentencePiece
+// conversions with Metaspace and byte fallback), with the ids Hugging Face `tokenizers` gives:
+// Tokenizer.from_file(path).encode(text, add_special_tokens=...).ids. The pipeline, as in HF's
+// TokenizerImpl:
 //
 //   text ─ added tokens split off (raw text) ─ normalizer ─ added tokens (normalized text)
 //        ─ pre-tokenizer (regex splits, byte-level) ─ BPE per word ─ post-processor template
 //
 // A Tokenizer is immutable and cheap to copy (shared state); encode/decode may run on many
-// threads at once. Unsupported components (WordPiece/Unigram models, Metaspace, ...) are
-// rejected at load with a fab::UserError naming the file and the field.
+// threads at once. Unsupported components (WordPiece/Unigram/WordLevel models, BPE dropout,
+// BertNormalizer, Whitespace pre-tokenizers, ...) are rejected at load with a fab::UserError
+// naming the file and the field. tokenizer.json truncation/padding are ignored, as transformers
+// overrides them on every call; offsets and sentence pairs are not computed.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -52,7 +55,7 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::shared_ptr<const tok::TokenizerParts> parts) : parts_(std::move(parts)) {}
-  void encode_text(std::string_view text, std::vector<int32_t>& ids) const;
+  void encode_text(std::string_view text, bool begins_input, std::vector<int32_t>& ids) const;
   std::shared_ptr<const tok::TokenizerParts> parts_;
 };
 

@@ -122,6 +122,28 @@ SplitBehavior parse_behavior(const Field& f) {
   f.fail("unknown split behavior \"" + name + "\"");
 }
 
+char32_t parse_char(const Field& f) {
+  std::string text = f.str();
+  size_t pos = 0;
+  if (text.empty() || (next_code_point(text, pos), pos != text.size())) f.fail("expected one character");
+  pos = 0;
+  return next_code_point(text, pos);
+}
+
+// Metaspace's prepend_scheme, or the older add_prefix_space (false means never).
+PrependScheme parse_prepend_scheme(const Field& f) {
+  std::string scheme = f.str_or("prepend_scheme", "always");
+  PrependScheme result = PrependScheme::always;
+  if (scheme == "never") result = PrependScheme::never;
+  else if (scheme == "first") result = PrependScheme::first;
+  else if (scheme != "always") f["prepend_scheme"].fail("expected \"always\", \"never\" or \"first\"");
+  if (!f.boolean_or("add_prefix_space", true)) {
+    if (result != PrependScheme::never) f.fail("add_prefix_space does not match declared prepend_scheme");
+    result = PrependScheme::never;
+  }
+  return result;
+}
+
 void parse_pre_tokenizer(const Field& f, PreTokenizer& out) {
   std::string type = f.type();
   if (type == "Sequence") {
@@ -133,8 +155,11 @@ void parse_pre_tokenizer(const Field& f, PreTokenizer& out) {
     out.add(make_byte_level(f.boolean_or("add_prefix_space", true), f.boolean_or("use_regex", true)));
   } else if (type == "Digits") {
     out.add(make_digits(f.boolean_or("individual_digits", false)));
+  } else if (type == "Metaspace") {
+    out.add(make_metaspace(parse_char(f["replacement"]), parse_prepend_scheme(f), f.boolean_or("split", true)));
   } else {
-    f["type"].fail("unsupported pre_tokenizer \"" + type + "\" (supported: Split, ByteLevel, Digits, Sequence)");
+    f["type"].fail("unsupported pre_tokenizer \"" + type +
+                   "\" (supported: Split, ByteLevel, Digits, Metaspace, Sequence)");
   }
 }
 
@@ -221,16 +246,14 @@ void parse_decoder(const Field& f, Decoder& out) {
   } else if (type == "Fuse") {
     out.add(make_fuse_decoder());
   } else if (type == "Strip") {
-    std::string content = f["content"].str();
-    size_t pos = 0;
-    if (content.empty()) f["content"].fail("expected one character");
-    char32_t c = next_code_point(content, pos);
-    out.add(make_strip_decoder(c, size_t(f["start"].integer()), size_t(f["stop"].integer())));
+    out.add(make_strip_decoder(parse_char(f["content"]), size_t(f["start"].integer()), size_t(f["stop"].integer())));
+  } else if (type == "Metaspace") {
+    out.add(make_metaspace_decoder(parse_char(f["replacement"]), parse_prepend_scheme(f) != PrependScheme::never));
   } else if (type == "Replace") {
     out.add(make_replace_decoder(parse_pattern(f["pattern"]), f["content"].str()));
   } else {
     f["type"].fail("unsupported decoder \"" + type +
-                   "\" (supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, Sequence)");
+                   "\" (supported: ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace, Sequence)");
   }
 }
 
