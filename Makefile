@@ -27,8 +27,8 @@ $(BUILD)/reference/tokenizer_parity.json: tests/data/tokenizer_parity.py tests/d
 test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer_parity.json
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
-	  && echo "fuzz: safetensors header parser, 10 s, no failure" \
-	  || (tail -30 $(BUILD)/fuzz.log; exit 1)
+	  && echo "fuzz: safetensors header, tokenizer.json + encode, dataset readers: 10 s each, no failure" \
+	  || (tail -40 $(BUILD)/fuzz.log; exit 1)
 
 bench: deps build
 	@bash bench/setup_peer.sh
@@ -40,14 +40,33 @@ demo: deps build
 clean:
 	rm -rf $(BUILD)
 
-# Fuzz targets for the parsers of untrusted files (clang + libFuzzer, ASan, UBSan).
+# Fuzz targets for the parsers of untrusted files (clang + libFuzzer, ASan, UBSan): the
+# safetensors header, tokenizer.json loading and encoding, and the dataset readers.
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS = -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc
+TOKENIZER_SOURCES = $(addprefix src/data/,tokenizer.cpp tokenizer_json.cpp bpe.cpp pretokenizer.cpp regex.cpp \
+  normalizer.cpp added_tokens.cpp decoder.cpp post_processor.cpp byte_level.cpp unicode.cpp unicode_tables.cpp)
+DATASET_SOURCES = $(wildcard src/data/dataset*.cpp)
+SHARED ?= ../shared
+
 $(BUILD)/fuzz_safetensors_header: fuzz/safetensors_header_fuzz.cpp src/io/safetensors_header.cpp src/io/safetensors.h
 	@mkdir -p $(BUILD)
-	clang++ $(FUZZ_FLAGS) fuzz/safetensors_header_fuzz.cpp src/io/safetensors_header.cpp -o $@
+	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) -o $@
 
-fuzz: deps $(BUILD)/fuzz_safetensors_header
-	@mkdir -p $(BUILD)/fuzz-corpus/safetensors_header
-	$(BUILD)/fuzz_safetensors_header -seed=1 -max_total_time=$(FUZZ_SECONDS) \
-	  $(BUILD)/fuzz-corpus/safetensors_header fuzz/corpus/safetensors_header
+$(BUILD)/fuzz_tokenizer: fuzz/tokenizer_fuzz.cpp $(TOKENIZER_SOURCES)
+	@mkdir -p $(BUILD)
+	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) $$(pkg-config --cflags --libs libpcre2-8 icu-uc) -o $@
+
+$(BUILD)/fuzz_dataset: fuzz/dataset_fuzz.cpp $(DATASET_SOURCES)
+	@mkdir -p $(BUILD)
+	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) -o $@
+
+FUZZ_TARGETS = safetensors_header tokenizer dataset
+fuzz: deps $(addprefix $(BUILD)/fuzz_,$(FUZZ_TARGETS))
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(BUILD)/fuzz-corpus/$$t; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  FAB_FUZZ_TOKENIZER=$$( [ -f $(SHARED)/data/tokenizers/qwen3/tokenizer.json ] && echo $(SHARED)/data/tokenizers/qwen3 ) \
+	  $(BUILD)/fuzz_$$t -seed=1 -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=4096 \
+	    $(BUILD)/fuzz-corpus/$$t fuzz/corpus/$$t 2>$(BUILD)/fuzz-$$t.log || { tail -40 $(BUILD)/fuzz-$$t.log; exit 1; }; \
+	done

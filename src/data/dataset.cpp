@@ -162,7 +162,7 @@ std::optional<Json> read_dataset_info(const std::string& dataset_dir, std::strin
     Json info = Json::parse(in);
     FAB_USER_CHECK(info.is_object(), "{}: expected a JSON object of datasets, got {}", path, json_type_name(info));
     return info;
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
     throw UserError(fab::format("{}: invalid JSON ({})", path, e.what()));
   }
 }
@@ -173,7 +173,7 @@ DatasetAttr parse_dataset_attr(const std::string& name, std::string_view entry_j
   Json entry;
   try {
     entry = Json::parse(entry_json);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
     throw UserError(fab::format("{}: dataset '{}': invalid JSON ({})", kDataConfig, name, e.what()));
   }
   FAB_USER_CHECK(entry.is_object(), "{}: dataset '{}': expected an object, got {}", kDataConfig, name,

@@ -58,6 +58,8 @@ std::vector<RawRecord> records_from_array(const std::string& path, const std::st
     doc = Json::parse(text);
   } catch (const Json::parse_error& e) {
     throw UserError(fab::format("{}: line {}: invalid JSON ({})", path, line_of(text, e.byte), e.what()));
+  } catch (const Json::exception& e) {  // e.g. a number too large for any type
+    throw UserError(fab::format("{}: invalid JSON ({})", path, e.what()));
   }
   std::vector<RawRecord> records;
   records.reserve(doc.size());
@@ -85,7 +87,7 @@ std::vector<RawRecord> records_from_lines(const std::string& path, const std::st
     Json value;
     try {
       value = Json::parse(line);
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {
       throw UserError(fab::format("{}: line {}: invalid JSON ({}); expected a JSON array of objects or one "
                                   "JSON object per line", path, line_no, e.what()));
     }

@@ -62,7 +62,7 @@ std::string python_repr(const OJson& value) {
 OJson parse_json(std::string_view text, const char* what) {
   try {
     return OJson::parse(text);
-  } catch (const OJson::parse_error& e) {
+  } catch (const OJson::exception& e) {
     throw UserError(fab::format("invalid JSON in {}: {} ({})", what, std::string(text.substr(0, 200)), e.what()));
   }
 }

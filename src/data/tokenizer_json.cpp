@@ -316,7 +316,7 @@ std::string read_file(const std::string& path, const char* what) {
 json parse_json(std::string_view text, const std::string& source) {
   try {
     return json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw UserError(format("{}: not valid JSON ({})", source, e.what()));
   }
 }

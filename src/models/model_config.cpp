@@ -45,7 +45,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw UserError(format("{}: not valid JSON ({})", source, e.what()));
   }
   FAB_USER_CHECK(j.is_object(), "{}: expected a JSON object", source);
