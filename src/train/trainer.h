@@ -43,6 +43,8 @@ class Trainer {
  private:
   double train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
   void log_step(const StepRecord& record, double eval_loss);
+  void show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed);
+  double mfu(double tokens_per_s) const;
   void save(int64_t step);
   void finish();
 
@@ -52,7 +54,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Sampler> sampler_;
   TrainerState state_;
-  int64_t total_steps_ = 0, warmup_steps_ = 0;
+  int64_t total_steps_ = 0, warmup_steps_ = 0, first_step_ = 0;
   std::vector<StepRecord> history_;
   std::string config_yaml_;
   std::unique_ptr<MetricsLog> metrics_;
