@@ -26,6 +26,7 @@ void print_usage() {
                "  data prepare CONFIG.yaml            tokenize the datasets into the cache, print counts\n"
                "  generate --model DIR --prompt TEXT  generate text [--template NAME --max-new-tokens N\n"
                "           --temperature T --top-p P --top-k K --seed S]\n"
+               "  chat --model DIR --template NAME    interactive multi-turn chat with the chat template\n"
                "  export --checkpoint DIR --output DIR  write a checkpoint as a Hugging Face folder\n"
                "  tokenize --tokenizer PATH           one JSON array of ids per input line [--input FILE]\n"
                "           [--add-special-tokens]\n"
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
     if (command == "tokenize") return fab::run_tokenize(argc, argv);
     if (command == "tokenizer" && argc >= 3 && !std::strcmp(argv[2], "train")) return fab::run_tokenizer_train(argc, argv);
     if (command == "generate") return fab::run_generate(argc, argv);
+    if (command == "chat") return fab::run_chat(argc, argv);
     if (command == "export") return fab::run_export(argc, argv);
     if (command == "config-reference") {
       std::cout << fab::config_reference_markdown();

@@ -7,4 +7,5 @@ int run_data_prepare(int argc, char** argv);  // fabrica data prepare CONFIG.yam
 int run_tokenize(int argc, char** argv);      // fabrica tokenize --tokenizer PATH [--input FILE]
 int run_generate(int argc, char** argv);      // fabrica generate --model DIR --prompt TEXT ...
 int run_export(int argc, char** argv);        // fabrica export --checkpoint DIR --output DIR
+int run_chat(int argc, char** argv);          // fabrica chat --model DIR --template NAME
 }  // namespace fab

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -43,27 +44,18 @@ int run_tokenize(int argc, char** argv) {
 
 namespace {
 
-// A user turn rendered by the chat template, as the model saw prompts in training.
+// The conversation so far, rendered by the chat template up to the assistant's next turn.
 std::vector<int32_t> templated_prompt(const Tokenizer& tokenizer, const std::string& template_name,
-                                      const std::string& prompt, const std::string& system) {
+                                      std::vector<Message> messages, const std::string& system) {
   TokenizerEncoder encoder(tokenizer);
   TemplateOptions options;
   options.enable_thinking = false;
   ChatTemplate chat(get_template(template_name), encoder, options);
-  auto turns = chat.encode_oneturn({{Role::user, prompt}, {Role::assistant, ""}}, system, "");
-  return turns.first;
+  messages.push_back({Role::assistant, ""});
+  return chat.encode_oneturn(messages, system, "").first;
 }
 
-}  // namespace
-
-int run_generate(int argc, char** argv) {
-  Args args(argc, argv, 2,
-            {"model", "prompt", "template", "system", "max-new-tokens", "temperature", "top-p", "top-k", "seed"}, {});
-  FAB_USER_CHECK(args.has("model") && args.has("prompt"),
-                 "usage: fabrica generate --model DIR --prompt TEXT [--template NAME] [--max-new-tokens N] "
-                 "[--temperature T --top-p P --top-k K --seed S]");
-  const std::string dir = args.get("model");
-  const Tokenizer tokenizer = Tokenizer::load(dir);
+SamplingOptions sampling_from(const Args& args, const Tokenizer& tokenizer) {
   SamplingOptions o;
   o.max_new_tokens = int64_t(args.get_number("max-new-tokens", 128));
   o.temperature = args.get_number("temperature", 0.0);
@@ -71,19 +63,23 @@ int run_generate(int argc, char** argv) {
   o.top_k = int64_t(args.get_number("top-k", 0));
   o.seed = uint64_t(args.get_number("seed", 0));
   if (tokenizer.eos_id()) o.stop_ids.push_back(*tokenizer.eos_id());
-  const std::vector<int32_t> prompt =
-      args.has("template") ? templated_prompt(tokenizer, args.get("template"), args.get("prompt"), args.get("system"))
-                           : tokenizer.encode(args.get("prompt"), true);
-  const ModelConfig config = load_model_config((fs::path(dir) / "config.json").string());
-  auto model = load_model_folder(dir, {Precision::fp32, false, std::min<int64_t>(
-                                                                    config.max_position_embeddings,
-                                                                    int64_t(prompt.size()) + o.max_new_tokens)});
+  return o;
+}
+
+std::unique_ptr<DecoderModel> model_for_generation(const std::string& dir) {
   FAB_USER_CHECK(HfWeights::present(dir), "{}: no weights to generate with (config.json only)", dir);
+  const ModelConfig config = load_model_config((fs::path(dir) / "config.json").string());
+  return load_model_folder(dir, {Precision::fp32, false, config.max_position_embeddings});
+}
+
+// Generates and prints the new text as it becomes complete UTF-8; returns it.
+std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
+                         const SamplingOptions& o) {
   std::vector<int32_t> generated;
   std::string printed;
-  generate(*model, prompt, o, [&](int32_t token) {
+  generate(model, prompt, o, [&](int32_t token) {
     generated.push_back(token);
-    const std::string text = tokenizer.decode(generated, true);  // print only the new, complete text
+    const std::string text = tokenizer.decode(generated, true);
     if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
       std::fputs(text.c_str() + printed.size(), stdout);
       std::fflush(stdout);
@@ -91,6 +87,62 @@ int run_generate(int argc, char** argv) {
     }
   });
   std::puts("");
+  return tokenizer.decode(generated, true);
+}
+
+const std::set<std::string> kSamplingFlags = {"model", "template", "system", "max-new-tokens", "temperature",
+                                              "top-p", "top-k", "seed"};
+
+}  // namespace
+
+int run_generate(int argc, char** argv) {
+  std::set<std::string> flags = kSamplingFlags;
+  flags.insert("prompt");
+  Args args(argc, argv, 2, flags, {});
+  FAB_USER_CHECK(args.has("model") && args.has("prompt"),
+                 "usage: fabrica generate --model DIR --prompt TEXT [--template NAME] [--system TEXT] "
+                 "[--max-new-tokens N] [--temperature T --top-p P --top-k K --seed S]\n"
+                 "example: fabrica generate --model saves/qwen3-sft --template qwen3_nothink --prompt 'Hi'");
+  const std::string dir = args.get("model");
+  const Tokenizer tokenizer = Tokenizer::load(dir);
+  const SamplingOptions o = sampling_from(args, tokenizer);
+  const std::vector<int32_t> prompt =
+      args.has("template")
+          ? templated_prompt(tokenizer, args.get("template"), {{Role::user, args.get("prompt")}}, args.get("system"))
+          : tokenizer.encode(args.get("prompt"), true);
+  auto model = model_for_generation(dir);
+  stream_reply(*model, tokenizer, prompt, o);
+  return 0;
+}
+
+// Interactive, multi-turn: each turn re-renders the whole conversation with the template.
+int run_chat(int argc, char** argv) {
+  Args args(argc, argv, 2, kSamplingFlags, {});
+  FAB_USER_CHECK(args.has("model") && args.has("template"),
+                 "usage: fabrica chat --model DIR --template NAME [--system TEXT] [--max-new-tokens N] "
+                 "[--temperature T --top-p P --top-k K --seed S]\n"
+                 "example: fabrica chat --model saves/qwen3-sft --template qwen3_nothink   (/clear resets, "
+                 "an empty line or end of input quits)");
+  const std::string dir = args.get("model");
+  const Tokenizer tokenizer = Tokenizer::load(dir);
+  const SamplingOptions o = sampling_from(args, tokenizer);
+  auto model = model_for_generation(dir);
+  get_template(args.get("template"));  // an unknown name fails before the first prompt
+  std::vector<Message> history;
+  for (std::string line;;) {
+    std::fputs("user> ", stdout);
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line) || line.empty()) break;
+    if (line == "/clear") {
+      history.clear();
+      continue;
+    }
+    history.push_back({Role::user, line});
+    std::fputs("assistant> ", stdout);
+    const std::string reply =
+        stream_reply(*model, tokenizer, templated_prompt(tokenizer, args.get("template"), history, args.get("system")), o);
+    history.push_back({Role::assistant, reply});
+  }
   return 0;
 }
 
