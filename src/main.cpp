@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "cli/args.h"
@@ -43,6 +44,51 @@ void print_usage() {
                "  echo 'Hello world' | fabrica tokenize --tokenizer ../shared/data/tokenizers/qwen3\n";
 }
 
+// `fabrica COMMAND --help`: what the command does, its options and an example.
+int print_command_help(const std::string& command) {
+  static const std::map<std::string, const char*> help = {
+      {"train",
+       "fabrica train CONFIG.yaml [key=value ...]\n  Trains with a LLaMA-Factory-style YAML (stages pt, sft; keys in "
+       "docs/CONFIG.md).\n  key=value pairs override the file.\nexample:\n  fabrica train run.yaml max_steps=100 "
+       "resume_from_checkpoint=true\n"},
+      {"data",
+       "fabrica data prepare CONFIG.yaml [key=value ...]\n  Tokenizes the config's datasets into the cache and prints "
+       "samples, tokens, truncated, skipped.\nexample:\n  fabrica data prepare run.yaml cutoff_len=1024\n"},
+      {"generate",
+       "fabrica generate --model DIR --prompt TEXT [--template NAME] [--system TEXT] [--max-new-tokens N]\n"
+       "                 [--temperature T] [--top-p P] [--top-k K] [--seed S]\n  Greedy unless --temperature > 0; "
+       "stops at the tokenizer's eos.\nexample:\n  fabrica generate --model saves/qwen3-sft --template qwen3_nothink "
+       "--prompt 'Who are you?'\n"},
+      {"chat",
+       "fabrica chat --model DIR --template NAME [--system TEXT] [sampling options as generate]\n  Interactive; "
+       "/clear resets the conversation, an empty line quits.\nexample:\n  fabrica chat --model saves/qwen3-sft "
+       "--template qwen3_nothink\n"},
+      {"export",
+       "fabrica export --checkpoint DIR --output DIR [--tokenizer-from MODEL_DIR]\n  Writes a checkpoint as a Hugging "
+       "Face folder (config.json, model.safetensors, tokenizer files).\nexample:\n  fabrica export --checkpoint "
+       "saves/run/checkpoint-500 --output saves/run-500 --tokenizer-from models/Qwen3-0.6B\n"},
+      {"tokenize",
+       "fabrica tokenize --tokenizer PATH [--input FILE] [--add-special-tokens]\n  One JSON array of ids per input "
+       "line (stdin without --input).\nexample:\n  echo 'Hello world' | fabrica tokenize --tokenizer "
+       "../shared/data/tokenizers/qwen3\n"},
+      {"tokenizer",
+       "fabrica tokenizer train --input FILE[,FILE...] --vocab-size N --output DIR [--special-tokens A,B,...] "
+       "[--min-frequency N]\n  Trains a byte-level BPE tokenizer and writes tokenizer.json.\nexample:\n  fabrica "
+       "tokenizer train --input corpus.txt --vocab-size 8000 --output my-tokenizer\n"},
+      {"env", "fabrica env\n  Version, CPU features, the kernel ISA in use, CUDA availability.\nexample:\n  fabrica env\n"},
+      {"demo",
+       "fabrica demo [--steps N] [--workdir DIR]\n  Synthetic addition task, BPE tokenizer, tiny Qwen3 trained from "
+       "scratch; accuracy before and after.\nexample:\n  fabrica demo --steps 500\n"},
+  };
+  auto it = help.find(command);
+  if (it == help.end()) {
+    print_usage();
+    return 2;
+  }
+  std::cout << "usage: " << it->second;
+  return 0;
+}
+
 int run_env() {
   __builtin_cpu_init();
   std::cout << "fabrica " << kVersion << "\n";
@@ -69,6 +115,8 @@ int main(int argc, char** argv) {
       return argc < 2 ? 2 : 0;
     }
     const std::string command = argv[1];
+    for (int i = 2; i < argc; ++i)
+      if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) return print_command_help(command);
     if (command == "--version") {
       std::cout << "fabrica " << kVersion << "\n";
       return 0;
