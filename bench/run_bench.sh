@@ -156,3 +156,17 @@ if imp:
     print(f"  The PyTorch process is already at {max(imp):.0f} MB right after `import torch`")
     print(f"      (the default PyPI wheel is the CUDA build and maps its CUDA libraries).")
 PY
+
+# Tokenizer encode throughput, one thread each side, on the LLaMA-Factory sample documents with
+# the real Qwen3 and Llama-3 tokenizer.json files (skipped without ../shared).
+tests_bin="$(dirname "$fabrica")/fabrica_tests"
+if [ -x "$tests_bin" ] && [ -f ../shared/data/tokenizers/qwen3/tokenizer.json ]; then
+  echo "=============================================================================="
+  echo "Tokenizer encode throughput (one thread): Hugging Face tokenizers vs Fabrica"
+  tok_out="$(mktemp)"
+  TOKENIZERS_PARALLELISM=false python3 tests/data/tokenizer_bench.py | grep "encode (one call" | tee -a "$tok_out"
+  "$tests_bin" --gtest_also_run_disabled_tests --gtest_filter='*Throughput*' | grep "^fabrica" | tee -a "$tok_out"
+  awk '/^HF tokenizers/ {hf[$3] = $(NF-4)} /^fabrica/ {fab[$2] = $(NF-8)}
+       END {for (t in fab) if (t in hf) printf "  %s: Fabrica/HF ids/s x%.1f\n", t, fab[t] / hf[t]}' "$tok_out"
+  rm -f "$tok_out"
+fi
