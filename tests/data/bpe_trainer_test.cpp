@@ -12,6 +12,7 @@
 #include "cli/tokenizer_train_command.h"
 #include "core/error.h"
 #include "data/bpe_trainer.h"
+#include "data/tokenizer_encoder.h"
 #include "data/byte_level.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
@@ -208,15 +209,7 @@ TEST(BpeTrainer, QwenChatTemplatesWork) {
   TempDir dir("template");
   save_bpe_tokenizer(train_on(corpus(), options(600)), dir.path.string());
   const Tokenizer tokenizer = Tokenizer::load(dir.path.string());
-  struct Encoder final : TextEncoder {
-    const Tokenizer& t;
-    explicit Encoder(const Tokenizer& tok) : t(tok) {}
-    std::vector<int32_t> encode(std::string_view text) const override { return t.encode(text, false); }
-    int32_t token_to_id(std::string_view token) const override { return t.token_to_id(token); }
-    std::string id_to_token(int32_t id) const override { return t.id_to_token(id); }
-    std::optional<int32_t> bos_id() const override { return t.bos_id(); }
-    std::optional<int32_t> eos_id() const override { return t.eos_id(); }
-  } encoder(tokenizer);
+  const TokenizerEncoder encoder(tokenizer);
   for (const char* name : {"qwen", "qwen3_nothink", "chatml"}) {
     const ChatTemplate chat(get_template(name), encoder);
     EXPECT_EQ(chat.eos_id(), tokenizer.token_to_id("<|im_end|>")) << name;

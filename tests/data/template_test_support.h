@@ -14,6 +14,7 @@
 
 #include "data/template.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_encoder.h"
 
 namespace fab::test {
 
@@ -56,27 +57,19 @@ inline nlohmann::json read_json_file(const fs::path& path) {
   return nlohmann::json::parse(in);
 }
 
-// fab::Tokenizer as a TextEncoder (as src/data/prepare.cpp adapts it).
-class TokenizerEncoder : public TextEncoder {
- public:
-  explicit TokenizerEncoder(const std::string& folder) : tokenizer_(Tokenizer::load(folder)) {}
-  std::vector<int32_t> encode(std::string_view text) const override { return tokenizer_.encode(text, false); }
-  int32_t token_to_id(std::string_view token) const override { return tokenizer_.token_to_id(token); }
-  std::string id_to_token(int32_t id) const override { return tokenizer_.id_to_token(id); }
-  std::optional<int32_t> bos_id() const override { return tokenizer_.bos_id(); }
-  std::optional<int32_t> eos_id() const override { return tokenizer_.eos_id(); }
-  bool add_bos_token() const override { return tokenizer_.add_bos_token(); }
-
- private:
-  Tokenizer tokenizer_;
+// A loaded tokenizer and its TextEncoder view (src/data/tokenizer_encoder.h).
+struct LoadedTokenizer {
+  explicit LoadedTokenizer(const std::string& folder) : tokenizer(Tokenizer::load(folder)) {}
+  Tokenizer tokenizer;
+  ::fab::TokenizerEncoder encoder{tokenizer};
 };
 
 // One loaded tokenizer per name ("qwen3", "llama3") for the whole test binary.
-inline const TokenizerEncoder& shared_tokenizer(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<TokenizerEncoder>> cache;
+inline const ::fab::TokenizerEncoder& shared_tokenizer(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<LoadedTokenizer>> cache;
   auto& slot = cache[name];
-  if (!slot) slot = std::make_unique<TokenizerEncoder>(shared_dir() + "/data/tokenizers/" + name);
-  return *slot;
+  if (!slot) slot = std::make_unique<LoadedTokenizer>(shared_dir() + "/data/tokenizers/" + name);
+  return slot->encoder;
 }
 
 // A fake tokenizer for unit tests: each byte is its own id (0..255), and the special tokens
