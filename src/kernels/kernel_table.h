@@ -70,9 +70,12 @@ struct KernelTable {
   void (*swiglu_backward)(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up,
                           bool accumulate);
 
-  // Cross-entropy of one chunk of rows, in place: logits become scale * (softmax - onehot)
-  // (zero rows where label == -100). Returns the sum of the rows' losses.
-  double (*cross_entropy_chunk)(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale);
+  // Cross-entropy of one chunk of rows. The gradient scale * (softmax - onehot) (zero rows where
+  // label == -100) replaces the logits in place, or, when grad_bf16 is not null, goes there in
+  // bf16 (what bf16 mode's GEMMs read) and the logits are left as they were. Returns the sum of
+  // the rows' losses.
+  double (*cross_entropy_chunk)(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale,
+                                bf16* grad_bf16);
 
   // dst[r, 0:cols] (+)= src[r, 0:cols] with leading dimensions src_ld / dst_ld
   void (*copy_2d)(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols,

@@ -237,14 +237,19 @@ double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, 
   Tensor dh = need_grads ? Tensor::empty({rows, c}, DType::f32, MemoryCategory::activations, w.device()) : Tensor();
   chunk_rows = std::min(chunk_rows, rows);
   Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
+  // bf16 mode: the cross-entropy kernel writes the gradient straight in bf16 for the two GEMMs.
+  Tensor dz_bf16 = bf16 && need_grads ? Tensor::empty({chunk_rows, vocab}, DType::bf16, MemoryCategory::temporaries,
+                                                      w.device())
+                                      : Tensor();
   double loss_sum = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - r0);
     const Tensor h_chunk = h_compute.view(r0 * c, {n, c});
     gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
-    loss_sum += k.cross_entropy_chunk(logits.data<float>(), labels.data<int64_t>() + r0, n, vocab, loss_scale);
+    loss_sum += k.cross_entropy_chunk(logits.data<float>(), labels.data<int64_t>() + r0, n, vocab, loss_scale,
+                                      dz_bf16.defined() ? dz_bf16.data<fab::bf16>() : nullptr);
     if (!need_grads) continue;
-    const Tensor dz = bf16 ? to_bf16(logits.view(0, {n, vocab}), MemoryCategory::temporaries) : logits.view(0, {n, vocab});
+    const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
     gemm(k, dz, false, w_compute, false, dh.data<float>() + r0 * c, n, c, vocab, false);
     gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
   }

@@ -179,13 +179,19 @@ TEST_P(Ops, CrossEntropy) {
   for (int64_t r = 0; r < rows; ++r) counted += labels.data<int64_t>()[r] != -100;
   auto loss = [&](const Floats& z) {
     Floats work = z;
-    return k_->cross_entropy_chunk(work.data(), labels.data<int64_t>(), rows, vocab, 1.0f / float(counted)) /
+    return k_->cross_entropy_chunk(work.data(), labels.data<int64_t>(), rows, vocab, 1.0f / float(counted), nullptr) /
            double(counted);
   };
   EXPECT_NEAR(loss(logits), ref("ce.loss").data<float>()[0], 1e-5 * ref("ce.loss").data<float>()[0]);
   Floats grad = logits;
-  k_->cross_entropy_chunk(grad.data(), labels.data<int64_t>(), rows, vocab, 1.0f / float(counted));
+  k_->cross_entropy_chunk(grad.data(), labels.data<int64_t>(), rows, vocab, 1.0f / float(counted), nullptr);
   expect_close(grad, ref("ce.dlogits"), 1e-5, "dlogits");
+  // The bf16 output: the same gradient rounded to bf16, logits left untouched.
+  Floats untouched = logits;
+  std::vector<bf16> grad16(logits.size());
+  k_->cross_entropy_chunk(untouched.data(), labels.data<int64_t>(), rows, vocab, 1.0f / float(counted), grad16.data());
+  EXPECT_EQ(untouched, logits);
+  for (size_t i = 0; i < grad.size(); ++i) EXPECT_EQ(grad16[i].bits, to_bf16(grad[i]).bits) << i;
   check_finite_differences(logits, grad, loss, "cross-entropy", 1e-2, 2e-2);
 }
 

@@ -68,31 +68,43 @@ void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_
 }
 
 // loss_r = logsumexp(z_r) - z_r[y_r];  d loss_r / d z_r = softmax(z_r) - onehot(y_r).
-double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale) {
+// Three reads of each row (max, sum of exponentials, then the exponentials again for the output)
+// and one write: cheaper than storing the exponentials, since the chunk lives in memory, not cache.
+double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale,
+                           bf16* grad_bf16) {
   double total = 0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (int64_t r = 0; r < rows; ++r) {
     float* z = logits + r * vocab;
+    bf16* out = grad_bf16 ? grad_bf16 + r * vocab : nullptr;
     if (labels[r] == -100) {
+      if (out) {
+        for (int64_t j = 0; j < vocab; ++j) out[j].bits = 0;
+      } else {
 #pragma omp simd
-      for (int64_t j = 0; j < vocab; ++j) z[j] = 0.0f;
+        for (int64_t j = 0; j < vocab; ++j) z[j] = 0.0f;
+      }
       continue;
     }
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
     for (int64_t j = 0; j < vocab; ++j) mx = max_of(mx, z[j]);
-    const float target_shifted = z[labels[r]] - mx;
     float sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < vocab; ++j) {
-      z[j] = exp_approx(z[j] - mx);
-      sum += z[j];
-    }
+    for (int64_t j = 0; j < vocab; ++j) sum += exp_approx(z[j] - mx);
+    const float target_shifted = z[labels[r]] - mx;
     total += double(std::log(sum)) - double(target_shifted);  // lse - z[y], both shifted by max
-    float inv = scale / sum;
+    const float inv = scale / sum, target_grad = exp_approx(target_shifted) * inv - scale;
+    if (out) {
+      uint16_t* bits = &out[0].bits;
 #pragma omp simd
-    for (int64_t j = 0; j < vocab; ++j) z[j] *= inv;
-    z[labels[r]] -= scale;
+      for (int64_t j = 0; j < vocab; ++j) bits[j] = bf16_bits(exp_approx(z[j] - mx) * inv);
+      out[labels[r]].bits = bf16_bits(target_grad);
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < vocab; ++j) z[j] = exp_approx(z[j] - mx) * inv;
+      z[labels[r]] = target_grad;
+    }
   }
   return total;
 }
@@ -164,9 +176,7 @@ double sum_squares(const float* x, int64_t n) {
 void to_bf16(const float* x, bf16* out, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t j = 0; j < n; ++j) {
-    uint32_t u = std::bit_cast<uint32_t>(x[j]);
-    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even (inputs are finite here)
-    out[j].bits = uint16_t(u >> 16);
+    out[j].bits = bf16_bits(x[j]);
   }
 }
 

@@ -28,7 +28,8 @@ void attention_decode(const float* q, const float* k_cache, const float* v_cache
 void swiglu_forward(const float* gate_up, int64_t rows, int64_t i, float* h);
 void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_t i, float* dgate_up,
                      bool accumulate);
-double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale);
+double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale,
+                           bf16* grad_bf16);
 void copy_2d(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols,
              bool accumulate);
 void add(const float* a, const float* b, float* out, int64_t n);

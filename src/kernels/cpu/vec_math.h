@@ -38,6 +38,13 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
 
 inline float max_of(float a, float b) { return a > b ? a : b; }
 
+// float -> bf16 bits, rounding to nearest even (inputs are finite here).
+inline uint16_t bf16_bits(float x) {
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
 // Per-thread row ranges for work split by hand (contiguous, deterministic for a thread count).
 struct Range {
   int64_t begin, end;
