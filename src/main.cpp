@@ -15,6 +15,7 @@
 #include "config/train_config.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "kernels/cpu/matmul_onednn.h"
 
 namespace {
 
@@ -101,6 +102,8 @@ int run_env() {
   if (__builtin_cpu_supports("avx512vl")) std::cout << " avx512vl";
   if (__builtin_cpu_supports("avx512bf16")) std::cout << " avx512bf16";
   std::cout << "\nopenmp threads: " << omp_get_max_threads() << "\n";
+  std::cout << "gemm: " << fab::cpu::onednn_description() << "\n";
+  std::cout << "mpi: not built (distributed training is not implemented yet)\n";
   const fab::Backend& cuda = fab::backend(fab::DeviceKind::cuda);
   std::cout << "cuda: " << (cuda.available() ? "available" : cuda.name()) << "\n";
   return 0;

@@ -109,4 +109,20 @@ void matmul(const MatmulArgs& x) {
   dnn.stream.wait();
 }
 
+std::string onednn_description() {
+  const dnnl_version_t* v = dnnl_version();
+  const char* isa = "unknown";
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx: isa = "avx512_core_amx"; break;
+    case dnnl_cpu_isa_avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl_cpu_isa_avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl_cpu_isa_avx512_core: isa = "avx512_core"; break;
+    case dnnl_cpu_isa_avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl_cpu_isa_avx2: isa = "avx2"; break;
+    default: break;
+  }
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+         ", ISA " + isa;
+}
+
 }  // namespace fab::cpu
