@@ -21,24 +21,10 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-TOKENIZERS_VERSION = "0.23.3"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def ensure_tokenizers():
-    try:
-        import tokenizers  # noqa: F401
-        return
-    except ImportError:
-        pass
-    venv = REPO / "build" / "pyref" / ".venv"
-    python = venv / "bin" / "python"
-    if Path(sys.prefix).resolve() == venv.resolve():
-        sys.exit("tokenizers is missing from " + str(venv))
-    if not python.exists():
-        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-    subprocess.check_call([str(python), "-m", "pip", "install", "-q", f"tokenizers=={TOKENIZERS_VERSION}"])
-    os.execv(str(python), [str(python), *sys.argv])
+sys.path.insert(0, str(Path(__file__).parent))
+# Importing it makes sure `tokenizers` is installed (build/pyref/.venv, re-running this script there).
+from tokenizer_parity import ensure_tokenizers  # noqa: E402,F401
 
 
 EDGE_CASES = [
