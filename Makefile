@@ -26,7 +26,8 @@ $(BUILD)/reference/tokenizer_parity.json: tests/data/tokenizer_parity.py tests/d
 
 test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer_parity.json
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	@python3 tests/data/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica | tail -1
+	@python3 tests/data/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
+	  && tail -1 $(BUILD)/bpe_parity.log || (cat $(BUILD)/bpe_parity.log; exit 1)
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
 	  && echo "fuzz: safetensors header, tokenizer.json + encode, dataset readers: 10 s each, no failure" \
 	  || (tail -40 $(BUILD)/fuzz.log; exit 1)
