@@ -2,13 +2,10 @@
 // have it; oneDNN picks the ISA itself). Matmul primitives are created once per shape and cached:
 // creation costs far more than a small GEMM.
 //
-// Two choices below were measured on the training shapes (2 Sapphire Rapids cores, best of 30,
-// cache-hot; /tmp microbenchmark, numbers in the change description):
-//  * f32 without a transposed A goes to dnnl_sgemm (oneDNN's JIT BLAS kernel) instead of the
-//    matmul primitive (brgemm): 7-19% faster on the forward shapes y = x W^T (including the LM
-//    head) and 2-12% on dx = dy W. For dW = dy^T x (transposed A) sgemm is slower (up to -20% on
-//    the 8192x256x1024 head gradient), so that case stays on the matmul primitive. Both are plain
-//    fp32 FMA kernels: no bf16/tf32 shortcut.
+// Measured on the training shapes (2 Sapphire Rapids cores, best of 30, cache-hot):
+//  * Every f32 GEMM uses the matmul primitive. dnnl_sgemm was 7-19% faster on the forward shapes,
+//    but in oneDNN 2.6 it corrupted the heap (abort in free() inside dnnl_sgemm's parallel
+//    region) in about one training run in ten when a signal (SIGINT) arrived mid-step.
 //  * bf16 with a transposed B (the forward pass, weights stored (N, K)): the AMX kernel wants B in
 //    its own blocked (VNNI) layout, and packing it on the fly from the (N, K) layout is slow. We
 //    let the primitive choose the weight layout (format_tag::any) and reorder B into it on every
@@ -84,14 +81,6 @@ Cached make_primitive(const MatmulArgs& x, OneDnn& dnn) {
 
 void matmul(const MatmulArgs& x) {
   if (x.m == 0 || x.n == 0) return;
-  if (x.dtype == DType::f32 && !x.trans_a) {
-    // Row-major sgemm: C = op(A) op(B) + beta C. Thread-safe on its own; no primitive to cache.
-    const dnnl_status_t status = dnnl_sgemm('N', x.trans_b ? 'T' : 'N', x.m, x.n, x.k, 1.0f,
-                                            static_cast<const float*>(x.a), x.k, static_cast<const float*>(x.b),
-                                            x.trans_b ? x.k : x.n, x.accumulate ? 1.0f : 0.0f, x.c, x.n);
-    FAB_CHECK(status == dnnl_success, "dnnl_sgemm failed with status {}", int(status));
-    return;
-  }
   OneDnn& dnn = onednn();
   std::lock_guard lock(dnn.mutex);
   Key key{x.m, x.n, x.k, x.trans_a, x.trans_b, x.accumulate, x.dtype};
