@@ -65,23 +65,17 @@ struct HostAllocator::Cache {
   size_t cached = 0;
 };
 
-HostAllocator::Cache& HostAllocator::cache() const {
-  if (!cache_) cache_ = new Cache;
-  return *cache_;
-}
+HostAllocator::HostAllocator() : cache_(std::make_unique<Cache>()) {}
 
-HostAllocator::~HostAllocator() {
-  release_cached();
-  delete cache_;
-}
+HostAllocator::~HostAllocator() { release_cached(); }
 
 size_t HostAllocator::cached_bytes() const {
-  std::lock_guard lock(cache().mutex);
-  return cache().cached;
+  std::lock_guard lock(cache_->mutex);
+  return cache_->cached;
 }
 
 void HostAllocator::release_cached() {
-  Cache& c = cache();
+  Cache& c = *cache_;
   std::lock_guard lock(c.mutex);
   for (auto& [size, blocks] : c.free_blocks)
     for (void* p : blocks) std::free(p);
@@ -91,7 +85,7 @@ void HostAllocator::release_cached() {
 
 void* HostAllocator::raw_allocate(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
-  Cache& c = cache();
+  Cache& c = *cache_;
   std::lock_guard lock(c.mutex);
   auto it = c.free_blocks.find(rounded);
   void* p = nullptr;
@@ -108,7 +102,7 @@ void* HostAllocator::raw_allocate(size_t bytes) {
 }
 
 void HostAllocator::raw_release(void* ptr) {
-  Cache& c = cache();
+  Cache& c = *cache_;
   std::lock_guard lock(c.mutex);
   auto it = c.sizes.find(ptr);
   const size_t size = it->second;

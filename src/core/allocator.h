@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <string_view>
 
 namespace fab {
@@ -45,6 +46,7 @@ class Allocator {
 // Accounting (live/peak per category) counts what is in use, not what is cached.
 class HostAllocator final : public Allocator {
  public:
+  HostAllocator();
   ~HostAllocator() override;
   size_t cached_bytes() const;
   void release_cached();  // returns every cached block to the OS
@@ -55,8 +57,7 @@ class HostAllocator final : public Allocator {
 
  private:
   struct Cache;
-  Cache& cache() const;
-  mutable Cache* cache_ = nullptr;
+  std::unique_ptr<Cache> cache_;
 };
 
 }  // namespace fab
