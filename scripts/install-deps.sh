@@ -10,6 +10,8 @@ packages=(
   nlohmann-json3-dev     # config.json and safetensors headers
   libyaml-cpp-dev        # run.yaml configs
   libpcre2-dev libicu-dev  # tokenizers: pre-tokenisation regexes, Unicode normalisation
+  openmpi-bin libopenmpi-dev  # data parallel: collectives, mpirun launch
+  iproute2               # network namespaces of the multi-node test
   libgtest-dev           # unit tests
   python3 python3-torch  # numerical reference (Debian's system python3)
   python3-venv           # the benchmark's PyTorch peer lives in a venv

@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/demo.h"
 #include "cli/tokenizer_train_command.h"
+#include "comm/mpi_communicator.h"
 #include "config/train_config.h"
 #include "core/backend.h"
 #include "core/error.h"
@@ -34,6 +35,7 @@ void print_usage() {
                "           [--add-special-tokens]\n"
                "  tokenizer train --input FILE[,FILE...] --vocab-size N --output DIR\n"
                "           [--special-tokens A,B,...] [--min-frequency N]  train a byte-level BPE tokenizer\n"
+               "  init --hosts H1,H2 --nproc-per-node N  write cluster.yaml for a multi-node run [--iface IF]\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
                "  demo       addition task -> BPE tokenizer -> tiny Qwen3 trained from scratch, accuracy\n"
                "             before and after [--steps N] [--workdir DIR]\n"
@@ -76,7 +78,13 @@ int print_command_help(const std::string& command) {
        "fabrica tokenizer train --input FILE[,FILE...] --vocab-size N --output DIR [--special-tokens A,B,...] "
        "[--min-frequency N]\n  Trains a byte-level BPE tokenizer and writes tokenizer.json.\nexample:\n  fabrica "
        "tokenizer train --input corpus.txt --vocab-size 8000 --output my-tokenizer\n"},
-      {"env", "fabrica env\n  Version, CPU features, the kernel ISA in use, CUDA availability.\nexample:\n  fabrica env\n"},
+      {"env", "fabrica env\n  Version, CPU features, the kernel ISA in use, MPI and CUDA availability.\nexample:\n  fabrica env\n"},
+      {"init",
+       "fabrica init --hosts H1,H2 --nproc-per-node N [--iface IF] [--rsh-agent CMD] [--output cluster.yaml]\n"
+       "  Writes a cluster file: the hosts, workers per host, the network interface (a name or a CIDR) and how\n"
+       "  mpirun reaches the other hosts (ssh by default). `fabrica train CONFIG.yaml cluster=cluster.yaml` then\n"
+       "  starts every worker through mpirun.\nexample:\n  fabrica init --hosts node1,node2 --nproc-per-node 8 "
+       "--iface eth0\n"},
       {"demo",
        "fabrica demo [--steps N] [--workdir DIR]\n  Synthetic addition task, BPE tokenizer, tiny Qwen3 trained from "
        "scratch; accuracy before and after.\nexample:\n  fabrica demo --steps 500\n"},
@@ -103,7 +111,7 @@ int run_env() {
   if (__builtin_cpu_supports("avx512bf16")) std::cout << " avx512bf16";
   std::cout << "\nopenmp threads: " << omp_get_max_threads() << "\n";
   std::cout << "gemm: " << fab::cpu::onednn_description() << "\n";
-  std::cout << "mpi: not built (distributed training is not implemented yet)\n";
+  std::cout << "mpi: " << fab::mpi_library_version() << "\n";
   const fab::Backend& cuda = fab::backend(fab::DeviceKind::cuda);
   std::cout << "cuda: " << (cuda.available() ? "available" : cuda.name()) << "\n";
   return 0;
@@ -132,6 +140,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return fab::run_generate(argc, argv);
     if (command == "chat") return fab::run_chat(argc, argv);
     if (command == "export") return fab::run_export(argc, argv);
+    if (command == "init") return fab::run_init(argc, argv);
     if (command == "config-reference") {
       std::cout << fab::config_reference_markdown();
       return 0;

@@ -8,4 +8,5 @@ int run_tokenize(int argc, char** argv);      // fabrica tokenize --tokenizer PA
 int run_generate(int argc, char** argv);      // fabrica generate --model DIR --prompt TEXT ...
 int run_export(int argc, char** argv);        // fabrica export --checkpoint DIR --output DIR
 int run_chat(int argc, char** argv);          // fabrica chat --model DIR --template NAME
+int run_init(int argc, char** argv);          // fabrica init --hosts h1,h2 --nproc-per-node N
 }  // namespace fab

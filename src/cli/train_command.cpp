@@ -7,8 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "cli/args.h"
+#include "comm/world.h"
+#include "launch/launcher.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/prepare.h"
@@ -70,8 +73,10 @@ void check_writable(const std::string& path) {
   FAB_USER_CHECK(writable, "output_dir {} cannot be created or written", path);
 }
 
-int run_train(int argc, char** argv) {
-  const TrainConfig c = config_from_args(argc, argv, 2, "fabrica train CONFIG.yaml [key=value ...]");
+namespace {
+
+// The checks that must pass before anything is written.
+void check_run_config(const TrainConfig& c) {
   FAB_USER_CHECK(!c.model_name_or_path.empty(), "model_name_or_path is required");
   FAB_USER_CHECK(fs::exists(fs::path(c.model_name_or_path) / "config.json"),
                  "model_name_or_path {}: no config.json there (expected a Hugging Face model folder)",
@@ -82,8 +87,40 @@ int run_train(int argc, char** argv) {
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
                  "output_dir {} already holds a run: set overwrite_output_dir: true or resume_from_checkpoint: true",
                  c.output_dir);
+}
+
+// Run by hand with nproc_per_node > 1 or a cluster: this process becomes the launcher.
+int launch(const TrainConfig& c, int argc, char** argv) {
+  const ClusterFile cluster = c.cluster.empty() ? ClusterFile{} : load_cluster_file(c.cluster);
+  std::vector<std::string> worker = {fs::read_symlink("/proc/self/exe").string()};
+  for (int i = 1; i < argc; ++i) worker.push_back(argv[i]);
+  const auto command = mpirun_command(c, cluster, worker);
+  std::printf("launching %d workers: %s ...\n", cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots(),
+              command[0].c_str());
+  std::fflush(stdout);
+  return run_launcher(command);
+}
+
+// Each node's first worker tokenizes; the others then read its cache.
+PreparedData prepare_on_node(const TrainConfig& c, const Tokenizer& tokenizer, const WorldInfo& world,
+                             Communicator& comm) {
+  PreparedData data;
+  if (world.local_rank == 0) data = prepare_and_report(c, tokenizer);
+  comm.barrier("data prepared");
+  if (world.local_rank != 0) data = prepare_data(c, tokenizer);
+  return data;
+}
+
+int train_worker(const TrainConfig& c, WorldInfo world) {
+  if (c.threads == 0 && world.local_size > 1)
+    omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / world.local_size));
+  auto comm = join_world(world, double(c.ddp_timeout));
+  // Rank 0 checks before anybody writes; if it fails, its exit stops the job.
+  if (world.rank == 0) check_run_config(c);
+  comm->barrier("configuration checked");
+  if (world.size > 1) start_rank_log(c.output_dir, world.rank);
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
-  PreparedData data = prepare_and_report(c, tokenizer);
+  PreparedData data = prepare_on_node(c, tokenizer, world, *comm);
   if (!c.do_train) return 0;
   DecoderOptions options;
   options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
@@ -93,14 +130,34 @@ int run_train(int argc, char** argv) {
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),
                  model->config().vocab_size);
-  std::printf("model: %s, %lld parameters, %s, %d threads\n", model->config().model_type.c_str(),
-              (long long)model->config().num_parameters(), c.bf16 ? "bf16" : "fp32", omp_get_max_threads());
+  const bool main = world.rank == 0;
+  if (main)
+    std::printf("model: %s, %lld parameters, %s, %d threads x %d processes, zero_stage %lld\n",
+                model->config().model_type.c_str(), (long long)model->config().num_parameters(),
+                c.bf16 ? "bf16" : "fp32", omp_get_max_threads(), world.size, (long long)c.zero_stage);
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
-  Trainer trainer(c, std::move(model), TrainData{data.train, data.eval, pad});
-  std::printf("training: %lld steps\n", (long long)trainer.total_steps());
-  const bool finished = trainer.run();
-  if (finished) std::printf("done: model saved to %s\n", c.output_dir.c_str());
+  bool finished = false;
+  {
+    Trainer trainer(c, std::move(model), TrainData{data.train, data.eval, pad}, comm.get());
+    if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
+    finished = trainer.run();
+  }
+  if (finished && main) std::printf("done: model saved to %s\n", c.output_dir.c_str());
+  comm.reset();
+  leave_world();
   return 0;
+}
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  const TrainConfig c = config_from_args(argc, argv, 2, "fabrica train CONFIG.yaml [key=value ...]");
+  const WorldInfo world = world_from_environment();
+  if (world.size == 1 && (c.nproc_per_node > 1 || !c.cluster.empty())) {
+    check_run_config(c);
+    return launch(c, argc, argv);
+  }
+  return train_worker(c, world);
 }
 
 }  // namespace fab

@@ -21,7 +21,7 @@
   X(lora_target, lora_target, std::string, "all", Later, "LoRA target modules")                                                     \
   X(pref_beta, pref_beta, double, 0.1, Later, "DPO/KTO beta")                                                                     \
   X(pref_loss, pref_loss, std::string, "sigmoid", Later, "DPO loss variant")                                                      \
-  X(deepspeed, deepspeed, std::string, "", Later, "DeepSpeed config (its zero_optimization.stage selects ZeRO)")                  \
+  X(deepspeed, deepspeed, std::string, "", Supported, "DeepSpeed config JSON: its zero_optimization.stage selects zero_stage (other fields ignored)") \
   /* data */                                                                                                          \
   X(dataset, dataset, std::string, "", Supported, "Comma-separated dataset names from dataset_info.json, or file paths")        \
   X(dataset_dir, dataset_dir, std::string, "data", Supported, "Folder holding dataset_info.json and the dataset files")             \
@@ -47,7 +47,7 @@
   X(save_only_model, save_only_model, bool, false, Later, "Checkpoints without optimizer state")                                        \
   X(plot_loss, plot_loss, bool, false, Supported, "Write a loss-curve image to output_dir")                                       \
   X(report_to, report_to, std::string, "none", Supported, "none or tensorboard")                                                  \
-  X(ddp_timeout, ddp_timeout, int64_t, 1800, Accepted, "Accepted; collectives have their own timeout")                              \
+  X(ddp_timeout, ddp_timeout, int64_t, 1800, Supported, "Seconds a collective may wait for a rank before the job stops, naming it") \
   /* optimisation */                                                                                                  \
   X(per_device_train_batch_size, per_device_train_batch_size, int64_t, 8, Supported, "Sequences per micro-batch")                                   \
   X(per_device_eval_batch_size, per_device_eval_batch_size, int64_t, 8, Supported, "Sequences per evaluation batch")                              \
@@ -74,4 +74,9 @@
   X(shuffle, shuffle, bool, true, Own, "Shuffle samples each epoch (false keeps dataset order)")                                \
   X(threads, threads, int64_t, 0, Own, "Compute threads (0: every core)")                                               \
   X(cache_dir, cache_dir, std::string, "", Own, "Tokenized-data cache (default $FABRICA_CACHE or ~/.cache/fabrica)")                                                       \
-  X(recompute_layers, recompute_layers, bool, false, Own, "Recompute each decoder layer in backward (saves activation memory)")
+  X(recompute_layers, recompute_layers, bool, false, Own, "Recompute each decoder layer in backward (saves activation memory)") \
+  /* distributed (Fabrica's own keys) */                                                                            \
+  X(nproc_per_node, nproc_per_node, int64_t, 1, Own, "Worker processes on this machine (torchrun's name); fabrica train starts them through mpirun") \
+  X(cluster, cluster, std::string, "", Own, "Cluster file from `fabrica init` (hosts, slots, network interface): launch across machines") \
+  X(zero_stage, zero_stage, int64_t, 0, Own, "ZeRO stage: 0 (plain data parallel), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters) sharded") \
+  X(ddp_bucket_size, ddp_bucket_size, double, 25.0, Own, "Gradient bucket size in MB (torch DDP's bucket_cap_mb): each bucket is reduced while backward goes on")

@@ -1,8 +1,10 @@
 #include "config/train_config.h"
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -109,6 +111,18 @@ struct Problems {
   void add(const std::string& line) { lines.push_back(line); }
 };
 
+// Whether `value` parses as the key's default value.
+bool equals_default(const std::string& key, const YAML::Node& value) {
+  TrainConfig scratch;
+  const TrainConfig defaults;
+  bool same = false;
+#define FAB_CONFIG_SAME(k, field, type, def, status, doc) \
+  if (key == #k) same = read_value(value, scratch.field).empty() && scratch.field == defaults.field;
+  FAB_CONFIG_KEYS(FAB_CONFIG_SAME)
+#undef FAB_CONFIG_SAME
+  return same;
+}
+
 void apply_key(TrainConfig& c, const std::string& key, const YAML::Node& value, const std::string& where,
                Problems& problems) {
   auto it = schema().find(key);
@@ -119,7 +133,8 @@ void apply_key(TrainConfig& c, const std::string& key, const YAML::Node& value, 
   }
   if (value.IsNull()) return;  // `key: null` keeps the default, as in LLaMA-Factory
   if (it->second.status == Status::Later) {
-    problems.add(format("{}: \"{}\" is not implemented in Fabrica yet", where, key));
+    // Set to its default (LLaMA-Factory's examples write `save_only_model: false`) it asks for nothing.
+    if (!equals_default(key, value)) problems.add(format("{}: \"{}\" is not implemented in Fabrica yet", where, key));
     return;
   }
   if (it->second.status == Status::Accepted) c.accepted_keys.push_back(key);
@@ -150,6 +165,42 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   require(c.warmup_ratio >= 0 && c.warmup_ratio <= 1, format("warmup_ratio must be in [0, 1], got {}", c.warmup_ratio));
   require(c.logging_steps > 0, "logging_steps must be positive");
   require(c.num_train_epochs > 0 || c.max_steps > 0, "set num_train_epochs > 0 or max_steps > 0");
+  require(c.zero_stage >= 0 && c.zero_stage <= 3, format("zero_stage must be 0, 1, 2 or 3, got {}", c.zero_stage));
+  require(c.nproc_per_node >= 1, format("nproc_per_node must be at least 1, got {}", c.nproc_per_node));
+  require(c.ddp_timeout > 0, format("ddp_timeout must be positive seconds, got {}", c.ddp_timeout));
+  require(c.ddp_bucket_size > 0, format("ddp_bucket_size must be positive (MB), got {}", c.ddp_bucket_size));
+}
+
+// LLaMA-Factory's `deepspeed: ds_zN_config.json`: zero_optimization.stage sets zero_stage. The
+// path is tried as given (LLaMA-Factory runs from its repository root), then relative to the
+// config's folder, then as a file name in that folder.
+void apply_deepspeed_config(TrainConfig& c, const std::string& source, Problems& problems) {
+  if (c.deepspeed.empty()) return;
+  const std::filesystem::path given = c.deepspeed, beside = std::filesystem::path(source).parent_path();
+  std::filesystem::path path = given;
+  for (const auto& candidate : {beside / given, beside / given.filename()})
+    if (!std::filesystem::exists(path) && given.is_relative()) path = candidate;
+  std::ifstream in(path);
+  if (!in) {
+    problems.add(format("{}: deepspeed: cannot open {}", source, c.deepspeed));
+    return;
+  }
+  const auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    problems.add(format("{}: deepspeed: {} is not valid JSON", source, path.string()));
+    return;
+  }
+  const auto zero = j.find("zero_optimization");
+  if (zero == j.end()) return;  // no ZeRO section: plain data parallel
+  const auto stage = zero->find("stage");
+  if (stage == zero->end() || !stage->is_number_integer() || stage->get<int64_t>() < 0 || stage->get<int64_t>() > 3) {
+    problems.add(format("{}: deepspeed: {}: zero_optimization.stage must be 0, 1, 2 or 3", source, path.string()));
+    return;
+  }
+  if (c.zero_stage != 0 && c.zero_stage != stage->get<int64_t>())
+    problems.add(format("{}: zero_stage {} contradicts deepspeed {} (stage {})", source, c.zero_stage, path.string(),
+                        stage->get<int64_t>()));
+  c.zero_stage = stage->get<int64_t>();
 }
 
 }  // namespace
@@ -183,6 +234,7 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
     }
     apply_key(c, o.substr(0, eq), value, "override", problems);
   }
+  if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
   if (problems.lines.empty()) check_values(c, source, problems);
   if (!problems.lines.empty()) {
     std::string message = problems.lines[0];

@@ -23,6 +23,8 @@ class Allocator {
   virtual ~Allocator() = default;
   void* allocate(size_t bytes, MemoryCategory category);
   void release(void* ptr, size_t bytes, MemoryCategory category);
+  // Counts memory this allocator did not hand out (a page mapping, say) under `category`.
+  void account_external(MemoryCategory category, ptrdiff_t delta) { account(category, delta); }
 
   MemoryStats stats(MemoryCategory category) const;
   MemoryStats total() const;

@@ -155,6 +155,31 @@ void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {
                    config_.vocab_size);
 }
 
+// The hooks of `unit` in forward, and their mirror images pushed on the tape: a closure pushed
+// before the unit's ops runs after their backward, one pushed after them runs before it.
+void DecoderModel::enter_unit(Tape& tape, int unit) {
+  if (!hooks_) return;
+  hooks_->before_forward(unit);
+  if (tape.recording()) tape.push([h = hooks_, unit] { h->after_backward(unit); });
+}
+
+void DecoderModel::leave_unit(Tape& tape, int unit) {
+  if (!hooks_) return;
+  hooks_->after_forward(unit);
+  if (tape.recording()) tape.push([h = hooks_, unit] { h->before_backward(unit); });
+}
+
+std::pair<int64_t, int64_t> DecoderModel::unit_range(int unit) const {
+  FAB_CHECK(unit >= 0 && unit < num_units(), "unit {} of {}", unit, num_units());
+  auto start = [this](int u) -> int64_t {
+    if (u == 0) return 0;
+    if (u == num_units()) return params_.numel();
+    if (u == num_units() - 1) return params_.info("model.norm.weight").offset;
+    return params_.info(layer_prefix(u - 1) + "input_layernorm.weight").offset;
+  };
+  return {start(unit), start(unit + 1)};
+}
+
 Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids) {
   check_ids(ids, 0);
   const int64_t batch = ids.dim(0), seq = ids.dim(1);
@@ -162,13 +187,19 @@ Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids) {
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t t = 0; t < seq; ++t) positions.data<int64_t>()[b * seq + t] = t;
 
+  enter_unit(tape, 0);
   Var x = embedding(tape, ids.reshape({batch * seq}), embed_);
-  for (const Layer& l : layers_) {
+  leave_unit(tape, 0);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
     auto body = [this, &l, positions, batch, seq](Tape& t, const Var& in) {
       return layer_forward(t, l, in, positions, batch, seq);
     };
+    enter_unit(tape, int(i) + 1);
     x = options_.recompute_layers ? checkpoint(tape, x, body) : body(tape, x);
+    leave_unit(tape, int(i) + 1);
   }
+  enter_unit(tape, num_units() - 1);  // left by the caller after lm_head
   return rmsnorm(tape, x, final_norm_, float(config_.rms_norm_eps));
 }
 
@@ -177,6 +208,7 @@ double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, f
   Tape tape;
   Var hidden = forward_hidden(tape, ids);
   double loss = lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale);
+  leave_unit(tape, num_units() - 1);
   tape.backward();
   return loss;
 }
@@ -184,13 +216,17 @@ double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, f
 double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids);
-  return lm_head_cross_entropy(no_grad, hidden, lm_head_, shift_labels(labels, config_.vocab_size), 1.0f);
+  const double loss = lm_head_cross_entropy(no_grad, hidden, lm_head_, shift_labels(labels, config_.vocab_size), 1.0f);
+  leave_unit(no_grad, num_units() - 1);
+  return loss;
 }
 
 Tensor DecoderModel::logits(const Tensor& ids) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids);
-  return lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
+  Tensor out = lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
+  leave_unit(no_grad, num_units() - 1);
+  return out;
 }
 
 KvCache DecoderModel::make_cache(int64_t batch, int64_t capacity) const {

@@ -21,6 +21,19 @@ struct KvCache {
   int64_t batch = 0, capacity = 0, length = 0;
 };
 
+// Called around each unit of parameters — 0: the embedding, 1..L: the decoder layers, L + 1: the
+// final norm and lm_head — in forward, and through the tape in backward, so data parallelism can
+// reduce a unit's gradients as soon as they are final and ZeRO-3 can gather a unit's parameters
+// just before it runs and free them after.
+class ModelHooks {
+ public:
+  virtual ~ModelHooks() = default;
+  virtual void before_forward(int unit) = 0;
+  virtual void after_forward(int unit) = 0;
+  virtual void before_backward(int unit) = 0;
+  virtual void after_backward(int unit) = 0;
+};
+
 class DecoderModel {
  public:
   DecoderModel(const ModelConfig& config, const DecoderOptions& options = {});
@@ -50,6 +63,13 @@ class DecoderModel {
   KvCache make_cache(int64_t batch, int64_t capacity) const;
   Tensor logits_cached(const Tensor& ids, KvCache& cache);
 
+  // Parallelism wraps the model through these (nullptr: none).
+  void set_hooks(ModelHooks* hooks) { hooks_ = hooks; }
+  int num_units() const { return int(config_.num_hidden_layers) + 2; }
+  // Elements [first, second) of the flat buffers that hold the parameters of `unit`; the units
+  // tile the buffers in order.
+  std::pair<int64_t, int64_t> unit_range(int unit) const;
+
   // Targets that count in the loss: labels[b, t + 1] != -100.
   static int64_t count_targets(const Tensor& labels);
 
@@ -60,7 +80,9 @@ class DecoderModel {
   };
   void register_parameters();
   void bind_parameters();
-  Var forward_hidden(Tape& tape, const Tensor& ids);
+  Var forward_hidden(Tape& tape, const Tensor& ids);  // through the final norm
+  void enter_unit(Tape& tape, int unit);
+  void leave_unit(Tape& tape, int unit);
   Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, int64_t batch,
                     int64_t seq);
   Var layer_forward_cached(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
@@ -75,6 +97,7 @@ class DecoderModel {
   Var embed_, final_norm_;
   Linear lm_head_;
   std::vector<Layer> layers_;
+  ModelHooks* hooks_ = nullptr;
 };
 
 }  // namespace fab

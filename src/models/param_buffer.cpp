@@ -2,6 +2,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/pages.h"
 #include "kernels/kernel_table.h"
 
 namespace fab {
@@ -18,9 +19,9 @@ void ParamBuffer::add(const std::string& name, Shape shape, bool packed_after_pr
 }
 
 void ParamBuffer::allocate(bool with_bf16_copy) {
-  values_ = Tensor::zeros({total_}, DType::f32, MemoryCategory::parameters);
-  grads_ = Tensor::zeros({total_}, DType::f32, MemoryCategory::gradients);
-  if (with_bf16_copy) values_bf16_ = Tensor::zeros({total_}, DType::bf16, MemoryCategory::parameters);
+  values_ = mapped_zeros(total_, DType::f32, MemoryCategory::parameters);
+  grads_ = mapped_zeros(total_, DType::f32, MemoryCategory::gradients);
+  if (with_bf16_copy) values_bf16_ = mapped_zeros(total_, DType::bf16, MemoryCategory::parameters);
 }
 
 const ParamInfo& ParamBuffer::info(const std::string& name) const {
@@ -62,8 +63,11 @@ Var ParamBuffer::fused(const std::vector<std::string>& names) const {
   return v;
 }
 
-void ParamBuffer::refresh_bf16() {
-  backend(values_.device().kind).kernels().to_bf16(values_.data<float>(), values_bf16_.data<bf16>(), total_);
+void ParamBuffer::refresh_bf16() { refresh_bf16(0, total_); }
+
+void ParamBuffer::refresh_bf16(int64_t begin, int64_t end) {
+  backend(values_.device().kind).kernels().to_bf16(values_.data<float>() + begin, values_bf16_.data<bf16>() + begin,
+                                                   end - begin);
 }
 
 }  // namespace fab

@@ -24,7 +24,8 @@ class ParamBuffer {
   // Registers a parameter. `packed_after_previous` places it right after the previous one with no
   // alignment padding, so the two can be used as one fused matrix (q/k/v, gate/up).
   void add(const std::string& name, Shape shape, bool packed_after_previous = false);
-  // Allocates the value and gradient buffers (zeroed); no add() after this.
+  // Allocates the value and gradient buffers (zeroed page mappings whose pages ZeRO can hand back
+  // to the OS); no add() after this.
   void allocate(bool with_bf16_copy);
 
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -45,6 +46,7 @@ class ParamBuffer {
   bool has_bf16() const { return values_bf16_.defined(); }
   Tensor& bf16_values() { return values_bf16_; }
   void refresh_bf16();  // values_bf16 = bf16(values)
+  void refresh_bf16(int64_t begin, int64_t end);  // the same for elements [begin, end)
 
  private:
   std::pair<int64_t, Shape> span(const std::vector<std::string>& names) const;

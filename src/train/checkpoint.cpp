@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/hf_checkpoint.h"
+#include "io/safetensors.h"
 #include "models/hf_model.h"
 
 namespace fab {
@@ -48,43 +50,108 @@ std::vector<fs::path> checkpoints_by_step(const std::string& output_dir) {
   return found;
 }
 
-}  // namespace
-
-void save_checkpoint(const std::string& dir, const DecoderModel& model, const AdamW& optimizer,
-                     const TrainerState& state, const std::string& config_yaml) {
-  const fs::path final_dir(dir);
-  const fs::path tmp = final_dir.string() + ".tmp";
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  save_model_folder(model, tmp.string());
-  save_safetensors((tmp / "optimizer.safetensors").string(),
-                   {{"exp_avg", optimizer.exp_avg()}, {"exp_avg_sq", optimizer.exp_avg_sq()}},
-                   {{"step", std::to_string(optimizer.steps_taken())}});
-  nlohmann::json j = {{"global_step", state.global_step},
-                      {"sampler_epoch", state.sampler.epoch},
-                      {"sampler_position", state.sampler.position},
-                      {"losses", state.losses}};
-  write_text(tmp / "trainer_state.json", j.dump(1) + "\n");
-  write_text(tmp / "train_config.yaml", config_yaml);
-  for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());
-  fsync_path(tmp);
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
-  fsync_path(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+std::string optimizer_file(int rank, int ranks) {
+  return "optimizer-rank-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".safetensors";
 }
 
-TrainerState load_checkpoint(const std::string& dir, DecoderModel& model, AdamW& optimizer) {
+// This rank's AdamW moments, with the list of (parameter, first element, length) they hold.
+void save_optimizer_shard(const fs::path& path, const DataParallel& dp) {
+  const AdamW& opt = dp.optimizer();
+  nlohmann::json segments = nlohmann::json::array();
+  for (const OptimizerSegment& s : opt.segments())
+    segments.push_back({dp.model().params().params()[s.param].name, s.begin, s.length});
+  save_safetensors(path.string(), {{"exp_avg", opt.exp_avg()}, {"exp_avg_sq", opt.exp_avg_sq()}},
+                   {{"step", std::to_string(opt.steps_taken())}, {"segments", segments.dump()}});
+}
+
+struct SavedPiece {
+  const SafetensorsFile* file;
+  int64_t begin, length, at;  // elements of the parameter; position in the file's moments
+};
+
+// Fills this rank's segments of the moments from the pieces saved by every rank of the run that
+// wrote the checkpoint, whatever its world size was.
+void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
+  std::vector<SafetensorsFile> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("optimizer-rank-", 0) == 0) files.push_back(SafetensorsFile::open(e.path().string()));
+  FAB_USER_CHECK(!files.empty(), "{}: no optimizer-rank-*.safetensors (not a complete checkpoint)", dir.string());
+  std::map<std::string, std::vector<SavedPiece>> pieces;
+  for (const SafetensorsFile& f : files) {
+    try {
+      int64_t at = 0;
+      for (const auto& seg : nlohmann::json::parse(f.metadata().at("segments"))) {
+        const int64_t begin = seg.at(1).get<int64_t>(), length = seg.at(2).get<int64_t>();
+        pieces[seg.at(0).get<std::string>()].push_back({&f, begin, length, at});
+        at += length;
+      }
+      FAB_USER_CHECK(f.tensor("exp_avg").numel() == at && f.tensor("exp_avg_sq").numel() == at,
+                     "{}: moments hold {} values, its segments {}", f.path(), f.tensor("exp_avg").numel(), at);
+    } catch (const std::exception& e) {
+      throw UserError(format("{}: bad optimizer shard: {}", f.path(), e.what()));
+    }
+  }
+  AdamW& opt = dp.optimizer();
+  int64_t at = 0;
+  for (const OptimizerSegment& s : opt.segments()) {
+    const std::string& name = dp.model().params().params()[s.param].name;
+    int64_t covered = 0;
+    for (const SavedPiece& p : pieces[name]) {
+      const int64_t first = std::max(s.begin, p.begin), last = std::min(s.begin + s.length, p.begin + p.length);
+      if (first >= last) continue;
+      for (auto [key, dst] : {std::pair{"exp_avg", &opt.exp_avg()}, std::pair{"exp_avg_sq", &opt.exp_avg_sq()}})
+        std::copy_n(p.file->tensor(key).data<float>() + p.at + (first - p.begin), last - first,
+                    dst->data<float>() + at + (first - s.begin));
+      covered += last - first;
+    }
+    FAB_USER_CHECK(covered == s.length, "{}: optimizer state of {} covers {} of its elements [{}, {})",
+                   dir.string(), name, covered, s.begin, s.begin + s.length);
+    at += s.length;
+  }
+  opt.set_steps_taken(std::stoll(files.front().metadata().at("step")));
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
+                     const std::string& config_yaml) {
+  Communicator& group = dp.group();
+  const bool main = group.rank() == 0;
+  const fs::path final_dir(dir);
+  const fs::path tmp = final_dir.string() + ".tmp";
+  dp.gather_all_parameters();
+  if (main) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    save_model_folder(dp.model(), tmp.string());
+    nlohmann::json j = {{"global_step", state.global_step},
+                        {"sampler_epoch", state.sampler.epoch},
+                        {"sampler_position", state.sampler.position},
+                        {"losses", state.losses},
+                        {"world_size", group.size()}};
+    write_text(tmp / "trainer_state.json", j.dump(1) + "\n");
+    write_text(tmp / "train_config.yaml", config_yaml);
+  }
+  dp.release_gathered_parameters();
+  group.barrier("checkpoint: folder made");
+  save_optimizer_shard(tmp / optimizer_file(group.rank(), group.size()), dp);
+  group.barrier("checkpoint: shards written");
+  if (main) {
+    for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());
+    fsync_path(tmp);
+    fs::remove_all(final_dir);
+    fs::rename(tmp, final_dir);
+    fsync_path(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+  }
+  group.barrier("checkpoint: renamed");
+}
+
+TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
-  load_weights(model, HfWeights::open(dir));
-  SafetensorsFile opt = SafetensorsFile::open((fs::path(dir) / "optimizer.safetensors").string());
-  for (auto [name, dst] : {std::pair{"exp_avg", &optimizer.exp_avg()}, std::pair{"exp_avg_sq", &optimizer.exp_avg_sq()}}) {
-    Tensor src = opt.tensor(name);
-    FAB_USER_CHECK(src.numel() == dst->numel(), "{}: optimizer state {} has {} values, the model needs {}", dir, name,
-                   src.numel(), dst->numel());
-    dst->copy_from(src);
-  }
-  optimizer.set_steps_taken(std::stoll(opt.metadata().at("step")));
+  load_weights(dp.model(), HfWeights::open(dir));
+  dp.weights_loaded();
+  load_optimizer_shards(dir, dp);
   std::ifstream in(fs::path(dir) / "trainer_state.json");
   nlohmann::json j;
   try {

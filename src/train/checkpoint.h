@@ -1,13 +1,14 @@
 #pragma once
-// output_dir/checkpoint-<step>/: everything needed to continue exactly — weights, AdamW moments
-// and step, the sampler position, the loss history, the resolved config. Written into a
-// temporary folder, fsynced, then renamed, so a crash mid-save never leaves a folder named
-// checkpoint-N that is incomplete.
+// output_dir/checkpoint-<step>/: everything needed to continue exactly — the weights as a Hugging
+// Face folder, each rank's shard of the AdamW moments (optimizer-rank-R-of-N.safetensors, every
+// piece named by parameter and element range, so a checkpoint saved by N ranks resumes on M), the
+// sampler position, the loss history and the resolved config. Written into a temporary folder,
+// fsynced, then renamed, so a crash mid-save never leaves a folder named checkpoint-N that is
+// incomplete.
 #include <string>
 #include <vector>
 
-#include "models/decoder.h"
-#include "optim/adamw.h"
+#include "parallel/data_parallel.h"
 #include "train/sampler.h"
 
 namespace fab {
@@ -18,10 +19,11 @@ struct TrainerState {
   std::vector<double> losses;  // one per optimizer step (plots, metrics)
 };
 
-void save_checkpoint(const std::string& dir, const DecoderModel& model, const AdamW& optimizer,
-                     const TrainerState& state, const std::string& config_yaml);
-// Restores weights, optimizer and state saved by save_checkpoint into a model of the same config.
-TrainerState load_checkpoint(const std::string& dir, DecoderModel& model, AdamW& optimizer);
+// Collective over the data-parallel group: every rank calls it.
+void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
+                     const std::string& config_yaml);
+// Restores weights, optimizer shards and state saved by save_checkpoint at any world size.
+TrainerState load_checkpoint(const std::string& dir, DataParallel& dp);
 
 // The checkpoint-<N> folder of output_dir with the largest N, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);

@@ -10,12 +10,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "models/hf_model.h"
-#include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "monitor/loss_plot.h"
 #include "monitor/tensorboard.h"
@@ -32,12 +32,18 @@ extern "C" void request_stop(int signal) { g_stop_signal = signal; }
 // SIGINT/SIGTERM finish the current step, then the trainer saves and returns.
 struct StopOnSignal {
   void (*old_int)(int), (*old_term)(int);
-  StopOnSignal() : old_int(std::signal(SIGINT, request_stop)), old_term(std::signal(SIGTERM, request_stop)) {
+  void (*old_usr1)(int);
+  // SIGUSR1: what the launcher forwards through mpirun when it gets Ctrl-C.
+  StopOnSignal()
+      : old_int(std::signal(SIGINT, request_stop)),
+        old_term(std::signal(SIGTERM, request_stop)),
+        old_usr1(std::signal(SIGUSR1, request_stop)) {
     g_stop_signal = 0;
   }
   ~StopOnSignal() {
     std::signal(SIGINT, old_int);
     std::signal(SIGTERM, old_term);
+    std::signal(SIGUSR1, old_usr1);
   }
 };
 
@@ -72,14 +78,20 @@ int64_t count_total_steps(const TrainConfig& c, int64_t batches_per_epoch) {
   return int64_t(std::ceil(c.num_train_epochs * double(per_epoch)));
 }
 
-Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data)
+Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, Communicator* group)
     : config_(std::move(config)), model_(std::move(model)), data_(std::move(data)) {
   FAB_USER_CHECK(!config_.output_dir.empty(), "output_dir is required");
-  optimizer_ = std::make_unique<AdamW>(
-      model_->params(), AdamWConfig{float(config_.adam_beta1), float(config_.adam_beta2), float(config_.adam_epsilon),
-                                    float(config_.weight_decay)});
+  if (!group) own_group_ = std::make_unique<LocalCommunicator>();
+  group_ = group ? group : own_group_.get();
+  main_ = group_->rank() == 0;
+  DataParallelOptions dp;
+  dp.zero_stage = int(config_.zero_stage);
+  dp.bucket_bytes = int64_t(config_.ddp_bucket_size * double(1 << 20));
+  dp.adamw = AdamWConfig{float(config_.adam_beta1), float(config_.adam_beta2), float(config_.adam_epsilon),
+                         float(config_.weight_decay)};
+  dp_ = std::make_unique<DataParallel>(*model_, *group_, dp);
   sampler_ = std::make_unique<Sampler>(data_.train.size(), config_.per_device_train_batch_size, uint64_t(config_.seed),
-                                       config_.shuffle);
+                                       config_.shuffle, group_->rank(), group_->size());
   total_steps_ = count_total_steps(config_, sampler_->batches_per_epoch());
   warmup_steps_ = config_.warmup_steps > 0 ? config_.warmup_steps
                                            : int64_t(std::ceil(config_.warmup_ratio * double(total_steps_)));
@@ -88,42 +100,54 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
 
 Trainer::~Trainer() = default;
 
-// One optimizer step: the loss of every micro-batch is normalised by the target count of the
-// whole step, as HF does (num_items_in_batch), so accumulation equals one big batch.
+// One optimizer step: the loss of every micro-batch on every rank is normalised by the target
+// count of the whole global step, as HF does (num_items_in_batch), so accumulation and data
+// parallelism both equal one big batch.
 double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens) {
   std::vector<Batch> micro;
-  int64_t targets = 0;
+  double counts[2] = {0, 0};  // targets, tokens: summed over the group
   for (int64_t m = 0; m < config_.gradient_accumulation_steps; ++m) {
     micro.push_back(collate(data_.train, sampler_->next_batch(), data_.pad_id));
-    targets += DecoderModel::count_targets(micro.back().labels);
-    *tokens += micro.back().tokens;
+    counts[0] += double(DecoderModel::count_targets(micro.back().labels));
+    counts[1] += double(micro.back().tokens);
   }
-  model_->params().grads().zero_();
-  double loss_sum = 0;
-  const float scale = targets > 0 ? 1.0f / float(targets) : 0.0f;
-  for (const Batch& b : micro) loss_sum += model_->forward_backward(b.ids, b.labels, scale);
-  const double loss = targets > 0 ? loss_sum / double(targets) : 0.0;
+  group_->all_reduce(counts, 2, "target count").wait();
+  const double targets = counts[0];
+  *tokens += int64_t(counts[1]);
+  dp_->begin_step(int64_t(micro.size()));
+  double sums[2] = {0, double(g_stop_signal != 0)};  // loss sum, any rank asked to stop
+  const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
+  for (size_t m = 0; m < micro.size(); ++m) {
+    dp_->begin_micro_batch(int64_t(m));
+    sums[0] += model_->forward_backward(micro[m].ids, micro[m].labels, scale);
+  }
+  dp_->finish_gradients();
+  group_->all_reduce(sums, 2, "loss").wait();
+  stop_requested_ = sums[1] > 0;  // every rank stops after the same step
+  const double loss = targets > 0 ? sums[0] / targets : 0.0;
   FAB_USER_CHECK(std::isfinite(loss), "loss is {} at step {}: stopping (lower learning_rate, check the data)", loss,
                  step + 1);
-  *grad_norm = clip_grad_norm(model_->params(), config_.max_grad_norm);
+  *grad_norm = dp_->clip_grad_norm(config_.max_grad_norm);
   FAB_USER_CHECK(std::isfinite(*grad_norm), "gradient norm is {} at step {}: stopping", *grad_norm, step + 1);
-  optimizer_->step(float(lr));
+  dp_->optimizer_step(float(lr));
   return loss;
 }
 
+// Mean loss over the evaluation set (no gradients); each rank takes every N-th batch.
 double Trainer::evaluate() {
   if (data_.eval.size() == 0) return NAN;
-  double loss = 0;
-  int64_t targets = 0;
-  for (int64_t start = 0; start < data_.eval.size(); start += config_.per_device_eval_batch_size) {
+  double sums[2] = {0, 0};  // loss, targets
+  const int64_t batch = config_.per_device_eval_batch_size;
+  for (int64_t start = batch * group_->rank(); start < data_.eval.size(); start += batch * group_->size()) {
     std::vector<int64_t> idx;
-    for (int64_t i = start; i < std::min(data_.eval.size(), start + config_.per_device_eval_batch_size); ++i)
-      idx.push_back(i);
+    for (int64_t i = start; i < std::min(data_.eval.size(), start + batch); ++i) idx.push_back(i);
     Batch b = collate(data_.eval, idx, data_.pad_id);
-    loss += model_->loss_sum(b.ids, b.labels);
-    targets += DecoderModel::count_targets(b.labels);
+    sums[0] += model_->loss_sum(b.ids, b.labels);
+    sums[1] += double(DecoderModel::count_targets(b.labels));
   }
-  return targets ? loss / double(targets) : NAN;
+  dp_->release_gathered_parameters();
+  group_->all_reduce(sums, 2, "evaluation loss").wait();
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 
 // Model FLOPs utilisation: 6N + 12 L T C FLOPs per token (N = parameters in matmuls, T = mean
@@ -135,8 +159,38 @@ double Trainer::mfu(double tokens_per_s) const {
   const double t = double(data_.train.total_tokens()) / double(std::max<int64_t>(1, data_.train.size()));
   const double flops = 6 * n + 12.0 * double(m.num_hidden_layers) * t * double(m.hidden_size);
   const char* peak_env = std::getenv("FAB_PEAK_GFLOPS");
-  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9;
+  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * group_->size();
   return tokens_per_s * flops / peak;
+}
+
+// Data-parallel figures since the last log: per-rank model-state bytes, bytes this rank sent per
+// step, and the fraction of communication time hidden behind computation.
+nlohmann::json Trainer::parallel_metrics() {
+  const ModelStateBytes mine = dp_->state_bytes();
+  std::vector<double> bytes(size_t(3 * group_->size()), 0.0);
+  bytes[size_t(3 * group_->rank())] = double(mine.parameters);
+  bytes[size_t(3 * group_->rank() + 1)] = double(mine.gradients);
+  bytes[size_t(3 * group_->rank() + 2)] = double(mine.optimizer_state);
+  const CommStats now = group_->stats();
+  const double sent = double(now.bytes_sent - comm_at_last_log_.bytes_sent) / double(std::max<int64_t>(1, steps_since_log_));
+  const double busy = now.busy_seconds - comm_at_last_log_.busy_seconds;
+  const double blocked = now.blocked_seconds - comm_at_last_log_.blocked_seconds;
+  group_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
+  comm_at_last_log_ = group_->stats();
+  steps_since_log_ = 0;
+  nlohmann::json params = nlohmann::json::array(), grads = nlohmann::json::array(), opt = nlohmann::json::array();
+  for (int r = 0; r < group_->size(); ++r) {
+    params.push_back(int64_t(bytes[size_t(3 * r)]));
+    grads.push_back(int64_t(bytes[size_t(3 * r + 1)]));
+    opt.push_back(int64_t(bytes[size_t(3 * r + 2)]));
+  }
+  return {{"world_size", group_->size()},
+          {"zero_stage", dp_->zero_stage()},
+          {"memory_parameters_bytes", params},
+          {"memory_gradients_bytes", grads},
+          {"memory_optimizer_state_bytes", opt},
+          {"comm_bytes_sent_per_step", int64_t(sent)},
+          {"comm_hidden_fraction", busy > 0 ? std::clamp(1.0 - blocked / busy, 0.0, 1.0) : 1.0}};
 }
 
 // On a terminal: one line redrawn every step with a bar, loss, lr, tokens/s, MFU and ETA.
@@ -152,11 +206,14 @@ void Trainer::show_progress(int64_t step, double loss, double lr, double tokens_
 }
 
 void Trainer::log_step(const StepRecord& r, double eval_loss) {
+  const nlohmann::json parallel = parallel_metrics();  // collective: every rank
+  if (!main_) return;
   nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
                       {"lr", r.lr},              {"grad_norm", r.grad_norm},
                       {"tokens_per_s", r.tokens_per_s}, {"mfu", mfu(r.tokens_per_s)}, {"epoch", double(state_.sampler.epoch) +
                                                               double(state_.sampler.position) /
                                                                   double(std::max<int64_t>(1, data_.train.size()))}};
+  j.update(parallel);
   std::string eval_text;
   if (std::isfinite(eval_loss)) {
     j["eval_loss"] = eval_loss;
@@ -179,26 +236,44 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
 void Trainer::save(int64_t step) {
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
-  save_checkpoint(dir, *model_, *optimizer_, state_, config_yaml_);
-  prune_checkpoints(config_.output_dir, config_.save_total_limit);
+  save_checkpoint(dir, *dp_, state_, config_yaml_);
+  if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
+  group_->barrier("checkpoints pruned");
+}
+
+// A checkpoint saved by N ranks resumes on M: the sampler position counts this rank's share of
+// the epoch's samples, so it scales by N / M.
+void Trainer::resume(const std::string& checkpoint) {
+  state_ = load_checkpoint(checkpoint, *dp_);
+  std::ifstream in(fs::path(checkpoint) / "trainer_state.json");
+  const auto saved = nlohmann::json::parse(in, nullptr, false);
+  const int64_t saved_world = saved.is_object() ? saved.value("world_size", int64_t(1)) : 1;
+  if (saved_world != group_->size()) {
+    const int64_t consumed = state_.sampler.position * saved_world;
+    state_.sampler.position = consumed / group_->size();
+    if (main_ && consumed % group_->size() != 0)
+      std::printf("note: the checkpoint was saved by %lld ranks; %lld samples of its epoch do not divide among %d\n",
+                  (long long)saved_world, (long long)consumed, group_->size());
+  }
+  sampler_->restore(state_.sampler);
+  if (main_) truncate_metrics(config_.output_dir, state_.global_step);
+  group_->barrier("resumed");
+  if (main_) std::printf("resumed from %s at step %lld\n", checkpoint.c_str(), (long long)state_.global_step);
 }
 
 bool Trainer::run() {
   StopOnSignal signals;
-  fs::create_directories(config_.output_dir);
-  std::ofstream(fs::path(config_.output_dir) / "train_config.yaml") << config_yaml_;
-  const LrSchedule schedule = make_schedule(config_, total_steps_, warmup_steps_);
-  std::string resume = config_.resume_from_checkpoint;
-  if (resume == "true" || resume == "True") resume = latest_checkpoint(config_.output_dir);
-  const bool resuming = !resume.empty() && resume != "false" && resume != "False";
-  if (resuming) {
-    state_ = load_checkpoint(resume, *model_, *optimizer_);
-    sampler_->restore(state_.sampler);
-    truncate_metrics(config_.output_dir, state_.global_step);
-    std::printf("resumed from %s at step %lld\n", resume.c_str(), (long long)state_.global_step);
+  if (main_) {
+    fs::create_directories(config_.output_dir);
+    std::ofstream(fs::path(config_.output_dir) / "train_config.yaml") << config_yaml_;
   }
-  metrics_ = std::make_unique<MetricsLog>(config_.output_dir, resuming);
-  if (config_.report_to == "tensorboard")
+  const LrSchedule schedule = make_schedule(config_, total_steps_, warmup_steps_);
+  std::string checkpoint = config_.resume_from_checkpoint;
+  if (checkpoint == "true" || checkpoint == "True") checkpoint = latest_checkpoint(config_.output_dir);
+  const bool resuming = !checkpoint.empty() && checkpoint != "false" && checkpoint != "False";
+  if (resuming) resume(checkpoint);
+  if (main_) metrics_ = std::make_unique<MetricsLog>(config_.output_dir, resuming);
+  if (main_ && config_.report_to == "tensorboard")
     tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(config_.output_dir) / "runs").string());
   auto window_start = std::chrono::steady_clock::now();
   const auto run_start = window_start;
@@ -210,8 +285,9 @@ bool Trainer::run() {
     const int64_t tokens_before = window_tokens;
     const double loss = train_step(step, lr, &grad_norm, &window_tokens);
     run_tokens += window_tokens - tokens_before;
+    ++steps_since_log_;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
-    show_progress(step + 1, loss, lr, double(run_tokens) / elapsed, elapsed);
+    if (main_) show_progress(step + 1, loss, lr, double(run_tokens) / elapsed, elapsed);
     state_.losses.push_back(loss);
     state_.global_step = step + 1;
     const bool last = step + 1 == total_steps_;
@@ -231,9 +307,10 @@ bool Trainer::run() {
       window_tokens = 0;
     }
     if (config_.save_steps > 0 && (step + 1) % config_.save_steps == 0 && !last) save(step + 1);
-    if (g_stop_signal) {
+    if (stop_requested_) {
       save(step + 1);
-      std::printf("stopped by signal %d after step %lld; checkpoint saved\n", int(g_stop_signal), (long long)(step + 1));
+      if (main_)
+        std::printf("stopped by signal %d after step %lld; checkpoint saved\n", int(g_stop_signal), (long long)(step + 1));
       return false;
     }
   }
@@ -243,7 +320,11 @@ bool Trainer::run() {
 
 // The trained model as an HF folder in output_dir, with the tokenizer files copied beside it.
 void Trainer::finish() {
-  save_model_folder(*model_, config_.output_dir);
+  dp_->gather_all_parameters();
+  if (main_) save_model_folder(*model_, config_.output_dir);
+  dp_->release_gathered_parameters();
+  group_->barrier("final model written");
+  if (!main_) return;
   if (config_.plot_loss) {
     std::vector<double> steps, losses;
     for (const StepRecord& r : history_) steps.push_back(double(r.step)), losses.push_back(r.loss);

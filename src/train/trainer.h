@@ -6,10 +6,13 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
+#include "comm/communicator.h"
 #include "config/train_config.h"
 #include "models/decoder.h"
 #include "train/batch.h"
-#include "optim/adamw.h"
+#include "parallel/data_parallel.h"
 #include "train/checkpoint.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
@@ -28,7 +31,9 @@ struct StepRecord {
 
 class Trainer {
  public:
-  Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data);
+  // `group`: the data-parallel group (nullptr: this process alone). Every rank of it runs a
+  // Trainer with the same config; rank 0 writes metrics, logs and the final model.
+  Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, Communicator* group = nullptr);
   ~Trainer();
 
   // Trains to the end (or until SIGINT/SIGTERM, after which it saves a checkpoint and returns
@@ -45,13 +50,21 @@ class Trainer {
   void log_step(const StepRecord& record, double eval_loss);
   void show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed);
   double mfu(double tokens_per_s) const;
+  nlohmann::json parallel_metrics();
   void save(int64_t step);
+  void resume(const std::string& checkpoint);
   void finish();
 
   TrainConfig config_;
   std::unique_ptr<DecoderModel> model_;
   TrainData data_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<Communicator> own_group_;  // when training alone
+  Communicator* group_;
+  bool main_ = true;  // rank 0 of the group
+  std::unique_ptr<DataParallel> dp_;
+  CommStats comm_at_last_log_;
+  int64_t steps_since_log_ = 0;
+  bool stop_requested_ = false;  // some rank got SIGINT/SIGTERM (agreed in the step's all-reduce)
   std::unique_ptr<Sampler> sampler_;
   TrainerState state_;
   int64_t total_steps_ = 0, warmup_steps_ = 0, first_step_ = 0;

@@ -58,10 +58,37 @@ TEST(TrainConfig, WrongTypesNameTheKey) {
 }
 
 TEST(TrainConfig, FeaturesNotYetImplementedSaySo) {
-  EXPECT_NE(error_of("lora_rank: 8\n").find("\"lora_rank\" is not implemented in Fabrica yet"), std::string::npos);
+  EXPECT_NE(error_of("lora_rank: 16\n").find("\"lora_rank\" is not implemented in Fabrica yet"), std::string::npos);
+  // A feature key set to its default asks for nothing (LLaMA-Factory's examples write these).
+  EXPECT_EQ(error_of("save_only_model: false\n"), "accepted");
   EXPECT_NE(error_of("stage: dpo\n").find("stage \"dpo\" is not implemented in Fabrica yet"), std::string::npos);
   TrainConfig c = parse_train_config("preprocessing_num_workers: 16\nddp_timeout: 180000000\n", "run.yaml");
-  EXPECT_EQ(c.accepted_keys, (std::vector<std::string>{"preprocessing_num_workers", "ddp_timeout"}));
+  EXPECT_EQ(c.accepted_keys, (std::vector<std::string>{"preprocessing_num_workers"}));
+  EXPECT_EQ(c.ddp_timeout, 180000000);
+}
+
+// LLaMA-Factory's `deepspeed: examples/deepspeed/ds_z3_config.json` selects ZeRO-3; a stage that
+// contradicts zero_stage, a missing file and bad JSON are errors naming the file.
+TEST(TrainConfig, DeepSpeedConfigSelectsTheZeroStage) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "deepspeed-config";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "ds_z2_config.json") << R"({"train_batch_size": "auto", "zero_optimization": {"stage": 2}})";
+  std::ofstream(dir / "broken.json") << "{";
+  const std::string source = (dir / "run.yaml").string();
+  EXPECT_EQ(parse_train_config("deepspeed: examples/deepspeed/ds_z2_config.json\n", source).zero_stage, 2);
+  EXPECT_EQ(parse_train_config("deepspeed: ds_z2_config.json\nzero_stage: 2\n", source).zero_stage, 2);
+  auto error = [&](const std::string& yaml) {
+    try {
+      parse_train_config(yaml, source);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error("deepspeed: ds_z2_config.json\nzero_stage: 3\n").find("contradicts"), std::string::npos);
+  EXPECT_NE(error("deepspeed: missing.json\n").find("cannot open missing.json"), std::string::npos);
+  EXPECT_NE(error("deepspeed: broken.json\n").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error("zero_stage: 4\n").find("zero_stage must be 0, 1, 2 or 3"), std::string::npos);
 }
 
 // LLaMA-Factory's own example configs parse: every key is known, and anything Fabrica cannot do
@@ -82,6 +109,13 @@ TEST(TrainConfig, LlamaFactoryExamplesParse) {
     }
   }
   EXPECT_GE(seen, 6);
+}
+
+TEST(TrainConfig, LlamaFactoryFullSftExampleRunsZero3) {
+  const std::filesystem::path yaml =
+      std::filesystem::path(FAB_SOURCE_DIR) / "../shared/data/llamafactory/examples/train_full_qwen3_full_sft.yaml";
+  if (!std::filesystem::exists(yaml)) GTEST_SKIP() << "no " << yaml;
+  EXPECT_EQ(load_train_config(yaml.string()).zero_stage, 3);
 }
 
 TEST(TrainConfig, ResolvedConfigRoundTrips) {

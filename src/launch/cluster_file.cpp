@@ -1,0 +1,59 @@
+#include "launch/cluster_file.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+
+#include "core/error.h"
+
+namespace fab {
+
+int ClusterFile::total_slots() const {
+  int n = 0;
+  for (const ClusterHost& h : hosts) n += h.slots;
+  return n;
+}
+
+ClusterFile load_cluster_file(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw UserError(format("cluster file {}: cannot open", path));
+  } catch (const YAML::ParserException& e) {
+    throw UserError(format("{}:{}: not valid YAML ({})", path, e.mark.line + 1, e.msg));
+  }
+  ClusterFile c;
+  try {
+    FAB_USER_CHECK(root["hosts"] && root["hosts"].IsSequence() && root["hosts"].size() > 0,
+                   "{}: expected `hosts:` with at least one {name, slots} entry", path);
+    for (const auto& h : root["hosts"]) {
+      ClusterHost host{h["name"].as<std::string>(), h["slots"] ? h["slots"].as<int>() : 1};
+      FAB_USER_CHECK(!host.name.empty() && host.slots > 0, "{}:{}: a host needs a name and slots > 0", path,
+                     h.Mark().line + 1);
+      c.hosts.push_back(host);
+    }
+    if (root["iface"]) c.iface = root["iface"].as<std::string>();
+    if (root["rsh_agent"]) c.rsh_agent = root["rsh_agent"].as<std::string>();
+  } catch (const YAML::Exception& e) {
+    throw UserError(format("{}:{}: {}", path, e.mark.line + 1, e.msg));
+  }
+  return c;
+}
+
+void save_cluster_file(const std::string& path, const ClusterFile& c) {
+  YAML::Emitter out;
+  out << YAML::BeginMap << YAML::Key << "hosts" << YAML::Value << YAML::BeginSeq;
+  for (const ClusterHost& h : c.hosts)
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << h.name << YAML::Key << "slots"
+        << YAML::Value << h.slots << YAML::EndMap;
+  out << YAML::EndSeq;
+  if (!c.iface.empty()) out << YAML::Key << "iface" << YAML::Value << c.iface;
+  if (!c.rsh_agent.empty()) out << YAML::Key << "rsh_agent" << YAML::Value << c.rsh_agent;
+  out << YAML::EndMap;
+  std::ofstream file(path);
+  file << out.c_str() << "\n";
+  FAB_USER_CHECK(file.good(), "{}: cannot write", path);
+}
+
+}  // namespace fab

@@ -1,0 +1,145 @@
+#include "launch/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "core/error.h"
+
+extern char** environ;
+
+namespace fab {
+namespace fs = std::filesystem;
+
+std::vector<std::string> mpirun_command(const TrainConfig& config, const ClusterFile& cluster,
+                                        const std::vector<std::string>& worker_args) {
+  std::vector<std::string> cmd = {"mpirun"};
+  if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
+  int ranks = int(config.nproc_per_node);
+  if (!cluster.hosts.empty()) {
+    std::string hosts;
+    for (const ClusterHost& h : cluster.hosts) hosts += (hosts.empty() ? "" : ",") + h.name + ":" + std::to_string(h.slots);
+    ranks = cluster.total_slots();
+    cmd.insert(cmd.end(), {"-H", hosts});
+    // Over TCP between hosts, on the cluster's network only (an interface name or a CIDR).
+    cmd.insert(cmd.end(), {"--mca", "btl", "tcp,vader,self"});
+    if (!cluster.iface.empty())
+      cmd.insert(cmd.end(), {"--mca", "btl_tcp_if_include", cluster.iface, "--mca", "oob_tcp_if_include", cluster.iface});
+    if (!cluster.rsh_agent.empty()) cmd.insert(cmd.end(), {"--mca", "plm_rsh_agent", cluster.rsh_agent});
+  } else if (ranks > int(std::thread::hardware_concurrency())) {
+    cmd.push_back("--oversubscribe");
+  }
+  cmd.insert(cmd.end(), {"-np", std::to_string(ranks), "--bind-to", "none"});
+  for (const char* var : {"FABRICA_CACHE", "FAB_PEAK_GFLOPS", "FAB_PROFILE", "FAB_CPU_ISA", "PATH", "LD_LIBRARY_PATH"})
+    if (std::getenv(var)) cmd.insert(cmd.end(), {"-x", var});
+  cmd.insert(cmd.end(), worker_args.begin(), worker_args.end());
+  return cmd;
+}
+
+namespace {
+
+volatile sig_atomic_t g_child = 0;
+extern "C" void forward_stop(int) {
+  if (g_child > 0) ::kill(pid_t(g_child), SIGUSR1);
+}
+
+}  // namespace
+
+int run_launcher(const std::vector<std::string>& command) {
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // the terminal's Ctrl-C stays with us
+  posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = 0;
+  const int error = posix_spawnp(&pid, argv[0], nullptr, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  FAB_USER_CHECK(error == 0, "cannot start {}: {} (install OpenMPI: apt-get install openmpi-bin)", command[0],
+                 std::strerror(error));
+  g_child = pid;
+  struct sigaction action {};
+  action.sa_handler = forward_stop;
+  sigemptyset(&action.sa_mask);
+  struct sigaction old_int, old_term;
+  sigaction(SIGINT, &action, &old_int);
+  sigaction(SIGTERM, &action, &old_term);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  g_child = 0;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+namespace {
+
+// Copies everything written to `from` into `console` (when >= 0) and `log`.
+void tee(int from, int console, int log) {
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(from, buffer, sizeof buffer);
+    if (n <= 0) return;
+    if (console >= 0 && ::write(console, buffer, size_t(n)) < 0) console = -1;
+    if (::write(log, buffer, size_t(n)) < 0) return;
+  }
+}
+
+struct RankLog {
+  std::thread out, err;
+  int saved_out = -1, saved_err = -1;
+};
+RankLog* g_rank_log = nullptr;
+
+// At exit: flush, hand the console back, let the tee threads drain the pipes.
+void stop_rank_log() {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::dup2(g_rank_log->saved_out, STDOUT_FILENO);
+  ::dup2(g_rank_log->saved_err, STDERR_FILENO);
+  g_rank_log->out.join();
+  g_rank_log->err.join();
+}
+
+}  // namespace
+
+void start_rank_log(const std::string& output_dir, int rank) {
+  const fs::path dir = fs::path(output_dir) / "logs";
+  fs::create_directories(dir);
+  const std::string path = (dir / ("rank-" + std::to_string(rank) + ".log")).string();
+  const int log = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  FAB_USER_CHECK(log >= 0, "{}: cannot write the rank log", path);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (rank != 0) {
+    ::dup2(log, STDOUT_FILENO);
+    ::dup2(log, STDERR_FILENO);
+    ::close(log);
+    return;
+  }
+  g_rank_log = new RankLog;
+  for (int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    int pipe_fds[2];
+    FAB_CHECK(::pipe2(pipe_fds, O_CLOEXEC) == 0, "pipe failed");
+    const int console = ::dup(fd);
+    (fd == STDOUT_FILENO ? g_rank_log->saved_out : g_rank_log->saved_err) = console;
+    ::dup2(pipe_fds[1], fd);
+    ::close(pipe_fds[1]);
+    std::thread t(tee, pipe_fds[0], console, log);
+    (fd == STDOUT_FILENO ? g_rank_log->out : g_rank_log->err) = std::move(t);
+  }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::atexit(stop_rank_log);
+}
+
+}  // namespace fab

@@ -1,0 +1,253 @@
+#include "parallel/data_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "core/pages.h"
+#include "core/profiler.h"
+#include "kernels/kernel_table.h"
+
+namespace fab {
+DataParallel::DataParallel(DecoderModel& model, Communicator& group, const DataParallelOptions& options)
+    : model_(model), params_(model.params()), group_(group), options_(options) {
+  FAB_USER_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "zero_stage {}: expected 0, 1, 2 or 3",
+                 options_.zero_stage);
+  FAB_USER_CHECK(options_.bucket_bytes > 0, "ddp_bucket_size must be positive, got {}", options_.bucket_bytes);
+  tied_ = model.config().tie_word_embeddings;
+  make_buckets();
+  const int stage = options_.zero_stage;
+  if (stage >= 2) {
+    int64_t shard = 0;
+    for (const Bucket& b : buckets_) shard = std::max(shard, b.shard_offset + b.own_end - b.own_begin);
+    shard_grads_ = Tensor::zeros({std::max<int64_t>(shard, 1)}, DType::f32, MemoryCategory::gradients);
+    zero_and_release(params_.grads().raw(), params_.grads().bytes());
+  }
+  if (stage == 0)
+    optimizer_ = std::make_unique<AdamW>(params_, options_.adamw);
+  else
+    optimizer_ = std::make_unique<AdamW>(params_, options_.adamw, shard_segments(stage >= 2),
+                                         stage >= 2 ? shard_grads_.data<float>() : params_.grads().data<float>());
+  gathered_.assign(size_t(model.num_units()), 1);
+  gathering_.resize(size_t(model.num_units()));
+  if (stage == 3)
+    for (int u = 0; u < model.num_units(); ++u) release(u);
+  model_.set_hooks(this);
+}
+
+DataParallel::~DataParallel() {
+  model_.set_hooks(nullptr);
+  for (CommHandle& h : gathering_) h.wait();
+  for (Bucket& b : buckets_) b.pending.wait();
+}
+
+// Units in backward order (head, last layer, ..., embedding), cut into buckets of at least
+// bucket_bytes; consecutive units are neighbours in the flat buffers, so a bucket is one range.
+void DataParallel::make_buckets() {
+  const int units = model_.num_units(), ranks = group_.size(), rank = group_.rank();
+  bucket_of_unit_.assign(size_t(units), 0);
+  int64_t shard = 0;
+  for (int u = units - 1; u >= 0;) {
+    Bucket b;
+    b.end = model_.unit_range(u).second;
+    do {
+      b.begin = model_.unit_range(u).first;
+      bucket_of_unit_[size_t(u)] = int(buckets_.size());
+      b.closing_unit = u--;
+    } while (u >= 0 && options_.zero_stage < 3 && (b.end - b.begin) * int64_t(sizeof(float)) < options_.bucket_bytes);
+    const auto [first, last] = chunk_range(b.end - b.begin, ranks, rank);
+    b.own_begin = b.begin + first;
+    b.own_end = b.begin + last;
+    b.shard_offset = shard;
+    shard += last - first;
+    buckets_.push_back(std::move(b));
+  }
+}
+
+// The pieces of parameters inside this rank's chunks, for the optimizer.
+std::vector<OptimizerSegment> DataParallel::shard_segments(bool grads_in_shard) const {
+  std::vector<OptimizerSegment> segments;
+  const auto& infos = params_.params();
+  for (const Bucket& b : buckets_) {
+    for (size_t i = 0; i < infos.size(); ++i) {
+      const int64_t first = std::max(b.own_begin, infos[i].offset);
+      const int64_t last = std::min(b.own_end, infos[i].offset + infos[i].numel());
+      if (first >= last) continue;
+      const int64_t grad_offset = grads_in_shard ? b.shard_offset + (first - b.own_begin) : first;
+      segments.push_back({i, first - infos[i].offset, last - first, grad_offset});
+    }
+  }
+  // Parameter order, as a single process walks them (the checkpoint format does not depend on it).
+  std::sort(segments.begin(), segments.end(), [](const OptimizerSegment& a, const OptimizerSegment& b) {
+    return a.param != b.param ? a.param < b.param : a.begin < b.begin;
+  });
+  return segments;
+}
+
+void DataParallel::begin_step(int64_t micro_batches) {
+  micro_batches_ = micro_batches;
+  if (options_.zero_stage >= 2)
+    shard_grads_.zero_();
+  else
+    params_.grads().zero_();
+}
+
+void DataParallel::begin_micro_batch(int64_t index) {
+  micro_ = index;
+  // Under ZeRO-2/3 the previous micro-batch's reductions must land before backward writes the
+  // same gradient ranges again.
+  if (options_.zero_stage >= 2) wait_all_buckets();
+}
+
+void DataParallel::launch_gradient_bucket(Bucket& b) {
+  float* g = params_.grads().data<float>() + b.begin;
+  const std::string what = format("gradients of parameters [{}, {})", b.begin, b.end);
+  if (options_.zero_stage >= 2) {
+    b.pending = group_.reduce_scatter(g, b.end - b.begin, what);
+    b.needs_retire = true;
+  } else if (micro_ + 1 == micro_batches_) {
+    b.pending = group_.all_reduce(g, b.end - b.begin, what);
+  }
+}
+
+// Stage >= 2: adds this rank's reduced chunk to the shard accumulator and drops the bucket's
+// full-size gradient pages.
+void DataParallel::retire(Bucket& b) {
+  b.pending.wait();
+  if (!b.needs_retire) return;
+  b.needs_retire = false;
+  const float* reduced = params_.grads().data<float>() + b.own_begin;
+  float* shard = shard_grads_.data<float>() + b.shard_offset;
+  for (int64_t i = 0; i < b.own_end - b.own_begin; ++i) shard[i] += reduced[i];
+  zero_and_release(params_.grads().data<float>() + b.begin, size_t(b.end - b.begin) * sizeof(float));
+}
+
+void DataParallel::wait_all_buckets() {
+  for (Bucket& b : buckets_) retire(b);
+}
+
+void DataParallel::finish_gradients() {
+  ProfileScope profile("gradient_sync_wait");
+  wait_all_buckets();
+}
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  ProfileScope profile("clip_grad_norm");
+  const KernelTable& k = cpu_kernels();
+  if (options_.zero_stage == 0) return fab::clip_grad_norm(params_, max_norm);
+  // Each rank's share of the squared norm, then the sum over the group.
+  double squares = 0;
+  float* grads = options_.zero_stage >= 2 ? shard_grads_.data<float>() : params_.grads().data<float>();
+  for (const Bucket& b : buckets_) {
+    const int64_t at = options_.zero_stage >= 2 ? b.shard_offset : b.own_begin;
+    squares += k.sum_squares(grads + at, b.own_end - b.own_begin);
+  }
+  group_.all_reduce(&squares, 1, "gradient norm").wait();
+  const double norm = std::sqrt(squares);
+  const double coef = max_norm / (norm + 1e-6);
+  if (max_norm > 0 && coef < 1.0)
+    for (const Bucket& b : buckets_)
+      k.scale(grads + (options_.zero_stage >= 2 ? b.shard_offset : b.own_begin), b.own_end - b.own_begin, float(coef));
+  return norm;
+}
+
+void DataParallel::optimizer_step(float lr) {
+  optimizer_->step(lr);
+  if (options_.zero_stage == 0 || options_.zero_stage == 3) return;  // ZeRO-3 gathers on use
+  ProfileScope profile("parameter_all_gather");
+  for (Bucket& b : buckets_)
+    b.pending = group_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
+                                  format("parameters [{}, {})", b.begin, b.end));
+  for (Bucket& b : buckets_) {
+    b.pending.wait();
+    if (params_.has_bf16()) params_.refresh_bf16(b.begin, b.end);
+  }
+}
+
+// ZeRO-3 units -----------------------------------------------------------------------------------
+
+void DataParallel::gather(int unit, bool wait) {
+  const size_t u = size_t(unit);
+  if (!gathered_[u] && !gathering_[u].valid()) {
+    const Bucket& b = unit_bucket(unit);
+    gathering_[u] = group_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
+                                      format("parameters of unit {}", unit));
+  }
+  if (!wait || gathered_[u]) return;
+  gathering_[u].wait();
+  gathering_[u] = CommHandle();
+  const Bucket& b = unit_bucket(unit);
+  if (params_.has_bf16()) params_.refresh_bf16(b.begin, b.end);
+  gathered_[u] = 1;
+}
+
+// Drops the unit's parameters outside this rank's chunk (they read as zeros until gathered).
+void DataParallel::release(int unit) {
+  const size_t u = size_t(unit);
+  if (gathering_[u].valid()) gather(unit, true);
+  if (!gathered_[u]) return;
+  const Bucket& b = unit_bucket(unit);
+  auto drop = [this](int64_t first, int64_t last) {
+    if (last <= first) return;
+    zero_and_release(params_.values().data<float>() + first, size_t(last - first) * sizeof(float));
+    if (params_.has_bf16()) zero_and_release(params_.bf16_values().data<bf16>() + first, size_t(last - first) * 2);
+  };
+  drop(b.begin, b.own_begin);
+  drop(b.own_end, b.end);
+  gathered_[u] = 0;
+}
+
+void DataParallel::before_forward(int unit) {
+  if (options_.zero_stage < 3) return;
+  gather(unit, true);
+  if (unit + 1 < model_.num_units()) gather(unit + 1, false);  // prefetch
+}
+
+void DataParallel::after_forward(int unit) {
+  if (options_.zero_stage < 3) return;
+  // The head runs backward right away, and a tied embedding is the head's weight too.
+  if (unit == model_.num_units() - 1 || (tied_ && unit == 0)) return;
+  release(unit);
+}
+
+void DataParallel::before_backward(int unit) {
+  if (options_.zero_stage < 3) return;
+  gather(unit, true);
+  if (unit > 0) gather(unit - 1, false);  // prefetch
+}
+
+void DataParallel::after_backward(int unit) {
+  Bucket& b = buckets_[size_t(bucket_of_unit_[size_t(unit)])];
+  if (unit == b.closing_unit) launch_gradient_bucket(b);
+  if (options_.zero_stage == 3) release(unit);
+}
+
+void DataParallel::gather_all_parameters() {
+  if (options_.zero_stage < 3) return;
+  for (int u = 0; u < model_.num_units(); ++u) gather(u, false);
+  for (int u = 0; u < model_.num_units(); ++u) gather(u, true);
+}
+
+void DataParallel::release_gathered_parameters() {
+  if (options_.zero_stage < 3) return;
+  for (int u = 0; u < model_.num_units(); ++u) release(u);
+}
+
+void DataParallel::weights_loaded() {
+  if (options_.zero_stage < 3) return;
+  std::fill(gathered_.begin(), gathered_.end(), 1);
+  release_gathered_parameters();
+}
+
+ModelStateBytes DataParallel::state_bytes() const {
+  ModelStateBytes s;
+  s.parameters = int64_t(resident_bytes(params_.values().raw(), params_.values().bytes()));
+  if (params_.has_bf16()) s.parameters += int64_t(resident_bytes(params_.bf16_values().raw(), params_.bf16_values().bytes()));
+  s.gradients = int64_t(resident_bytes(params_.grads().raw(), params_.grads().bytes()));
+  if (shard_grads_.defined()) s.gradients += int64_t(shard_grads_.bytes());
+  s.optimizer_state = int64_t(optimizer_->exp_avg().bytes() + optimizer_->exp_avg_sq().bytes());
+  return s;
+}
+
+}  // namespace fab

@@ -1,0 +1,109 @@
+#pragma once
+// Data parallelism and ZeRO over one group of ranks, wrapped around a DecoderModel from outside:
+// through its ModelHooks and its flat ParamBuffer.
+//
+// Buckets are units of parameters (embedding, each layer, head) taken in backward order until they
+// hold ddp_bucket_size bytes (one unit each under ZeRO-3). A bucket's gradients leave as soon as
+// backward has finished its last unit, and travel while the rest of backward runs. A rank's shard
+// is its chunk of every bucket (chunk_range), so every collective is a ring over one contiguous
+// range of the flat buffers.
+//   stage 0 (DDP): all-reduce each bucket in the last micro-batch; every rank updates everything.
+//   stage 1: the same all-reduce, but each rank updates only its shard, holding AdamW state for
+//            that shard only; then the parameters are all-gathered.
+//   stage 2: every micro-batch reduce-scatters its bucket gradients into a shard accumulator and
+//            hands the full-size gradient pages back to the OS.
+//   stage 3: a rank also keeps only its shard of the parameters resident; each unit is gathered
+//            just before it runs (the next one prefetched) and released after, in forward and
+//            again in backward.
+// Normalising the loss over the targets of the whole global batch is the trainer's job.
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "models/decoder.h"
+#include "optim/adamw.h"
+
+namespace fab {
+
+struct DataParallelOptions {
+  int zero_stage = 0;
+  int64_t bucket_bytes = 25 << 20;  // torch DDP's bucket_cap_mb default
+  AdamWConfig adamw;
+};
+
+// What one rank holds of the model states, measured (resident pages of the flat buffers).
+struct ModelStateBytes {
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0;
+};
+
+class DataParallel final : public ModelHooks {
+ public:
+  DataParallel(DecoderModel& model, Communicator& group, const DataParallelOptions& options);
+  ~DataParallel() override;
+
+  // One optimizer step: begin_step, then per micro-batch begin_micro_batch + the model's
+  // forward_backward, then finish_gradients, clip_grad_norm, optimizer_step.
+  void begin_step(int64_t micro_batches);
+  void begin_micro_batch(int64_t index);
+  void finish_gradients();
+  // The global gradient L2 norm (over the whole group); clips as torch.nn.utils.clip_grad_norm_.
+  double clip_grad_norm(double max_norm);
+  void optimizer_step(float lr);
+
+  // ZeRO-3: gathers every unit (before writing the full weights) / releases whatever a
+  // forward-only pass or gather_all_parameters left gathered.
+  void gather_all_parameters();
+  void release_gathered_parameters();
+  // After the fp32 weights were overwritten on every rank (a checkpoint loaded): ZeRO-3 drops
+  // what is not this rank's shard again.
+  void weights_loaded();
+
+  DecoderModel& model() { return model_; }
+  const DecoderModel& model() const { return model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  const AdamW& optimizer() const { return *optimizer_; }
+  int zero_stage() const { return options_.zero_stage; }
+  Communicator& group() { return group_; }
+  ModelStateBytes state_bytes() const;
+  size_t bucket_count() const { return buckets_.size(); }
+
+  void before_forward(int unit) override;
+  void after_forward(int unit) override;
+  void before_backward(int unit) override;
+  void after_backward(int unit) override;
+
+ private:
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // elements of the flat buffers
+    int64_t own_begin = 0, own_end = 0;  // this rank's chunk
+    int64_t shard_offset = 0;  // where the chunk's gradients sit in shard_grads_
+    int closing_unit = 0;      // the bucket is final when this unit's backward ends
+    CommHandle pending;
+    bool needs_retire = false;  // stage >= 2: reduce-scattered, not yet added to the shard
+  };
+  void make_buckets();
+  std::vector<OptimizerSegment> shard_segments(bool grads_in_shard) const;
+  void launch_gradient_bucket(Bucket& b);
+  void retire(Bucket& b);
+  void wait_all_buckets();
+  // ZeRO-3 parameter units.
+  void gather(int unit, bool wait);
+  void release(int unit);
+  const Bucket& unit_bucket(int unit) const { return buckets_[size_t(bucket_of_unit_[size_t(unit)])]; }
+
+  DecoderModel& model_;
+  ParamBuffer& params_;
+  Communicator& group_;
+  DataParallelOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_unit_;
+  Tensor shard_grads_;  // stage >= 2
+  std::unique_ptr<AdamW> optimizer_;
+  int64_t micro_batches_ = 1, micro_ = 0;
+  bool tied_ = false;
+  // ZeRO-3: which units are resident in full, and the all-gathers in flight.
+  std::vector<char> gathered_;
+  std::vector<CommHandle> gathering_;
+};
+
+}  // namespace fab

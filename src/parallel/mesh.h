@@ -1,0 +1,46 @@
+#pragma once
+// The rank grid. world = tp x cp x dp x pp ranks; `order` lists the dimensions fastest-varying
+// first (Megatron's "tp-cp-dp-pp": tensor-parallel peers are neighbouring ranks, so they share a
+// node). Every process group comes from mesh_groups(); groups are passed around explicitly as
+// Communicators, never held in global state, so two meshes can live side by side. Today only dp
+// may exceed 1; the other dimensions are laid out already for the parallelisms that come next.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace fab {
+
+struct ParallelSizes {
+  int tp = 1, cp = 1, dp = 1, pp = 1;
+  int of(const std::string& dim) const;
+};
+
+// The dimension names of `order` ("tp-cp-dp-pp" or any permutation); throws on a bad order.
+std::vector<std::string> parse_mesh_order(const std::string& order);
+
+// Coordinates of `rank` along each dimension.
+std::map<std::string, int> mesh_coordinates(int rank, const ParallelSizes& sizes, const std::string& order);
+
+// Every group along `dim`: the world ranks that differ only in their `dim` coordinate, each group
+// ordered by that coordinate, groups ordered by their first rank.
+std::vector<std::vector<int>> mesh_groups(int world_size, const ParallelSizes& sizes, const std::string& order,
+                                          const std::string& dim);
+
+class DeviceMesh {
+ public:
+  DeviceMesh(Communicator& world, const ParallelSizes& sizes, const std::string& order = "tp-cp-dp-pp");
+  // This rank's group along `dim`.
+  Communicator& group(const std::string& dim) const;
+  int coordinate(const std::string& dim) const { return coords_.at(dim); }
+  const ParallelSizes& sizes() const { return sizes_; }
+
+ private:
+  ParallelSizes sizes_;
+  std::map<std::string, int> coords_;
+  std::map<std::string, std::unique_ptr<Communicator>> groups_;
+};
+
+}  // namespace fab
