@@ -134,7 +134,8 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   }
   dp.release_gathered_parameters();
   group.barrier("checkpoint: folder made");
-  save_optimizer_shard(tmp / optimizer_file(group.rank(), group.size()), dp);
+  // Without ZeRO every rank holds the whole optimizer state: rank 0 writes it once.
+  if (dp.zero_stage() > 0 || main) save_optimizer_shard(tmp / optimizer_file(group.rank(), group.size()), dp);
   group.barrier("checkpoint: shards written");
   if (main) {
     for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Distributed training through the `fabrica` command: nproc_per_node starts the workers through
+# mpirun; ZeRO-2 at 2 ranks and ZeRO-3 at 4 reproduce one process's losses over 20 fp32 steps;
+# every rank logs to output_dir/logs; Ctrl-C saves a checkpoint that resumes on another world size;
+# a hung rank stops the job within ddp_timeout naming it, and a killed rank stops it too.
+# Usage: distributed_test.sh FABRICA_BINARY SHARED_DIR
+set -euo pipefail
+fabrica=$(realpath "$1")
+shared=$(realpath "$2" 2>/dev/null || echo "$2")
+if [ ! -f "$shared/data/tokenizers/qwen3/tokenizer.json" ]; then
+  echo "SKIP: $shared/data not found"
+  exit 0
+fi
+work=$(mktemp -d)
+trap 'pkill -KILL -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
+cd "$work"
+export FABRICA_CACHE="$work/cache" OMP_NUM_THREADS=1
+
+mkdir model
+cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" model/
+cat > model/config.json <<'JSON'
+{"model_type": "qwen3", "vocab_size": 151669, "hidden_size": 32, "intermediate_size": 64,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+ "max_position_embeddings": 256, "tie_word_embeddings": true, "rope_theta": 1000000}
+JSON
+cat > run.yaml <<YAML
+model_name_or_path: model
+stage: sft
+dataset: identity,alpaca_en_demo
+dataset_dir: $shared/data/llamafactory
+template: qwen3_nothink
+cutoff_len: 64
+max_samples: 40
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 2
+learning_rate: 5.0e-3
+lr_scheduler_type: cosine
+warmup_steps: 2
+max_steps: 20
+save_steps: 0
+logging_steps: 1
+ddp_bucket_size: 1
+YAML
+
+fail() { echo "FAIL: $*"; exit 1; }
+same_losses() {  # same_losses REF_DIR DIR: per-step losses within 1e-5 relative
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "losses of $2 differ from $1"
+import json, sys
+ref, got = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+assert len(ref) == len(got), (len(ref), len(got))
+worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+print(f"  {len(got)} steps, worst relative difference {worst:.1e}")
+assert worst < 1e-5
+PY
+}
+
+"$fabrica" train run.yaml output_dir=one >one.log 2>&1 || { cat one.log; fail "single process"; }
+"$fabrica" train run.yaml output_dir=z2 nproc_per_node=2 per_device_train_batch_size=2 zero_stage=2 >z2.log 2>&1 \
+  || { cat z2.log; fail "2 ranks, ZeRO-2"; }
+grep -q "launching 2 workers" z2.log || fail "no launcher line"
+[ -f z2/logs/rank-0.log ] && [ -f z2/logs/rank-1.log ] || fail "no per-rank logs"
+grep -q "step 20/20" z2/logs/rank-0.log || fail "rank 0's log lacks the steps"
+same_losses one z2
+echo "ok: 2 ranks, ZeRO-2 = one process"
+"$fabrica" train run.yaml output_dir=z3 nproc_per_node=4 per_device_train_batch_size=1 zero_stage=3 >z3.log 2>&1 \
+  || { cat z3.log; fail "4 ranks, ZeRO-3"; }
+same_losses one z3
+python3 - z3/metrics.jsonl <<'PY' || fail "ZeRO-3 memory report"
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1])][-1]
+assert last["world_size"] == 4 and len(last["memory_parameters_bytes"]) == 4, last
+PY
+echo "ok: 4 ranks, ZeRO-3 = one process"
+
+# Ctrl-C reaches the launcher; every worker saves the same step (its ZeRO-1 shard), then it
+# resumes on 1 process.
+"$fabrica" train run.yaml output_dir=stop nproc_per_node=2 per_device_train_batch_size=2 max_steps=100000 zero_stage=1 \
+  lr_scheduler_type=constant >stop.log 2>&1 &
+launcher=$!
+for _ in $(seq 300); do [ -s stop/metrics.jsonl ] && [ "$(wc -l <stop/metrics.jsonl)" -ge 3 ] && break; sleep 0.1; done
+kill -INT $launcher
+wait $launcher || { cat stop.log; fail "stopped run exited $?"; }
+grep -q "stopped by signal" stop.log || { cat stop.log; fail "no stop message"; }
+checkpoint=$(ls -d stop/checkpoint-* | head -1)
+[ -f "$checkpoint/optimizer-rank-1-of-2.safetensors" ] || fail "no rank-1 optimizer shard in $checkpoint"
+step=${checkpoint##*-}
+"$fabrica" train run.yaml output_dir=stop max_steps=$((step + 2)) lr_scheduler_type=constant \
+  resume_from_checkpoint=true >resume.log 2>&1 || { cat resume.log; fail "resume on 1 process"; }
+grep -q "resumed from $checkpoint at step $step" resume.log || fail "did not resume at step $step"
+echo "ok: Ctrl-C saved step $step on 2 ranks; resumed on 1 process"
+
+worker_pid() {  # worker_pid OUTPUT_DIR RANK
+  for pid in $(pgrep -f "fabrica train run.yaml output_dir=$1 "); do
+    tr '\0' '\n' </proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo $pid; return; }
+  done
+}
+start_long_run() {  # start_long_run OUTPUT_DIR: 2 ranks, 1 s collective timeout, until 3 steps are logged
+  "$fabrica" train run.yaml output_dir=$1 nproc_per_node=2 per_device_train_batch_size=2 max_steps=100000 \
+    ddp_timeout=3 >$1.log 2>&1 &
+  for _ in $(seq 300); do [ -s $1/metrics.jsonl ] && [ "$(wc -l <$1/metrics.jsonl)" -ge 3 ] && break; sleep 0.1; done
+}
+
+start_long_run hang
+pid=$(worker_pid hang 1)
+[ -n "$pid" ] || fail "no rank 1 process"
+kill -STOP "$pid"
+started=$SECONDS
+rc=0; wait %% || rc=$?
+[ "$rc" -ne 0 ] || fail "a hung rank did not stop the job"
+[ $((SECONDS - started)) -le 30 ] || fail "the job took $((SECONDS - started)) s to stop"
+grep -q "rank 1 never started it" hang.log || { cat hang.log; fail "the message does not name rank 1"; }
+echo "ok: hung rank -> $(grep -o "collective '.*" hang.log | head -1)"
+
+start_long_run dead
+pid=$(worker_pid dead 1)
+[ -n "$pid" ] || fail "no rank 1 process"
+kill -KILL "$pid"
+rc=0; wait %% || rc=$?
+[ "$rc" -ne 0 ] || fail "a killed rank did not stop the job"
+grep -Eq "rank 1 .*(signal 9|Killed)|rank 1 never started it" dead.log || { cat dead.log; fail "the message does not name rank 1"; }
+echo "ok: killed rank -> $(grep -Eo "process rank 1 .*" dead.log | head -1)"
+echo "distributed: all checks passed"

@@ -1,0 +1,31 @@
+// The GoogleTest main of the tests that need several processes: run under mpirun (make test runs
+// it at 2 and 4 ranks). Every rank runs every test in the same order, so their collectives match.
+#include <gtest/gtest.h>
+
+#include "comm/world.h"
+#include "mpi/mpi_world.h"
+
+namespace fab::test {
+
+Communicator* g_world = nullptr;
+Communicator& world() { return *g_world; }
+
+}  // namespace fab::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  fab::WorldInfo info = fab::world_from_environment();
+  auto world = fab::join_world(info, 120.0);
+  fab::test::g_world = world.get();
+  // Only rank 0 prints the report; a failure on another rank still fails the exit code.
+  if (info.rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int failed = RUN_ALL_TESTS();
+  double failures = failed;
+  world->all_reduce(&failures, 1, "test results").wait();
+  world.reset();
+  fab::leave_world();
+  return failures > 0 ? 1 : 0;
+}
