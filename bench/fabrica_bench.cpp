@@ -1,19 +1,27 @@
 // Trains the standard bench model (Llama-style: hidden 256, 4 layers, 4 heads, intermediate 704,
 // vocab 8192, sequence 256, batch 8, AdamW) on random tokens and prints one JSON line. The
 // PyTorch peer (bench/torch_peer.py) does the same work; bench/run_bench.sh compares them.
+// Under mpirun with --data-parallel, the ranks share the batch of 8 through DataParallel (ZeRO
+// stage --zero); --allreduce-mb N instead times the communicator's all-reduce of N MB against a
+// bare MPI_Allreduce (bench/distributed_bench.sh runs both).
 #include <omp.h>
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
 #include "core/rng.h"
 #include "models/decoder.h"
-#include "optim/adamw.h"
+#include "comm/world.h"
+#include "parallel/data_parallel.h"
+
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
 
 namespace {
 
@@ -21,6 +29,9 @@ struct Flags {
   std::string precision = "fp32";
   int warmup = 2, steps = 8, threads = 2;
   bool recompute = false;
+  bool data_parallel = false;
+  int zero = 0;
+  double allreduce_mb = 0;
 };
 
 Flags parse(int argc, char** argv) {
@@ -39,8 +50,12 @@ Flags parse(int argc, char** argv) {
     else if (a == "--steps") f.steps = std::stoi(next());
     else if (a == "--threads") f.threads = std::stoi(next());
     else if (a == "--recompute") f.recompute = true;
+    else if (a == "--data-parallel") f.data_parallel = true;
+    else if (a == "--zero") f.zero = std::stoi(next());
+    else if (a == "--allreduce-mb") f.allreduce_mb = std::stod(next());
     else {
-      std::fprintf(stderr, "usage: fabrica_bench [--precision fp32|bf16] [--warmup N] [--steps N] [--threads N] [--recompute]\n");
+      std::fprintf(stderr, "usage: fabrica_bench [--precision fp32|bf16] [--warmup N] [--steps N] [--threads N] [--recompute]\n"
+                           "                     [--data-parallel [--zero N]] [--allreduce-mb N]\n");
       std::exit(2);
     }
   }
@@ -53,10 +68,42 @@ Flags parse(int argc, char** argv) {
 
 }  // namespace
 
+// Seconds per all-reduce of `mb` megabytes: the communicator's ring against MPI_Allreduce.
+int allreduce_bandwidth(const Flags& flags, fab::Communicator& world) {
+  using namespace fab;
+  const int64_t n = int64_t(flags.allreduce_mb * double(1 << 20) / sizeof(float));
+  std::vector<float> data(static_cast<size_t>(n), 1.0f);
+  auto time_it = [&](auto&& fn) {
+    for (int i = 0; i < flags.warmup; ++i) fn();
+    world.barrier("bench");
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < flags.steps; ++i) fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / flags.steps;
+  };
+  const double ours = time_it([&] { world.all_reduce(data.data(), n, "bench").wait(); });
+  const double bare = time_it([&] { MPI_Allreduce(MPI_IN_PLACE, data.data(), int(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); });
+  if (world.rank() == 0) {
+    // Bus bandwidth: what each rank moves in a ring all-reduce, 2 (N - 1) / N of the buffer, per second.
+    const double bus = 2.0 * (world.size() - 1) / world.size() * double(n) * sizeof(float) / 1e9;
+    std::printf("{\"impl\":\"fabrica\",\"allreduce_mb\":%.1f,\"ranks\":%d,\"fabrica_ms\":%.2f,\"mpi_ms\":%.2f,"
+                "\"fabrica_bus_gb_s\":%.2f,\"mpi_bus_gb_s\":%.2f}\n",
+                flags.allreduce_mb, world.size(), 1000 * ours, 1000 * bare, bus / ours, bus / bare);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   using namespace fab;
   const Flags flags = parse(argc, argv);
   omp_set_num_threads(flags.threads);
+  WorldInfo info = world_from_environment();
+  std::unique_ptr<Communicator> world = join_world(info, 600);
+  if (flags.allreduce_mb > 0) {
+    const int rc = allreduce_bandwidth(flags, *world);
+    world.reset();
+    leave_world();
+    return rc;
+  }
 
   ModelConfig cfg;
   cfg.model_type = "llama";
@@ -69,7 +116,7 @@ int main(int argc, char** argv) {
   cfg.head_dim = 64;
   cfg.rope_theta = 10000;
   cfg.rms_norm_eps = 1e-6;
-  const int64_t batch = 8, seq = 256;
+  const int64_t seq = 256, batch = flags.data_parallel ? 8 / world->size() : 8;  // per rank
 
   DecoderOptions options;
   options.precision = flags.precision == "bf16" ? Precision::bf16 : Precision::fp32;
@@ -77,10 +124,10 @@ int main(int argc, char** argv) {
   options.max_seq_len = seq;
   DecoderModel model(cfg, options);
   model.init_random(1234);
-  AdamW optimizer(model.params(), {0.9f, 0.95f, 1e-8f, 0.1f});
+  DataParallel dp(model, *world, {flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}});
 
   // A fresh random batch every step, all made before timing (as the PyTorch peer does).
-  Rng rng(42);
+  Rng rng(42 + uint64_t(world->rank()));  // each rank its own share of the data
   std::vector<Tensor> batches;
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {
     Tensor ids = Tensor::empty({batch, seq}, DType::i64, MemoryCategory::activations);
@@ -92,21 +139,28 @@ int main(int argc, char** argv) {
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     const Tensor& ids = batches[size_t(step)];
-    const int64_t targets = DecoderModel::count_targets(ids);
-    model.params().grads().zero_();
-    loss = model.forward_backward(ids, ids, 1.0f / float(targets)) / double(targets);
-    clip_grad_norm(model.params(), 1.0);
-    optimizer.step(3e-4f);
+    double targets = double(DecoderModel::count_targets(ids));
+    world->all_reduce(&targets, 1, "targets").wait();
+    dp.begin_step(1);
+    dp.begin_micro_batch(0);
+    loss = model.forward_backward(ids, ids, float(1.0 / targets)) / targets;
+    dp.finish_gradients();
+    dp.clip_grad_norm(1.0);
+    dp.optimizer_step(3e-4f);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step >= flags.warmup) seconds += s;
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  const double tokens = double(batch * seq) * flags.steps;
-  std::printf(
-      "{\"impl\":\"fabrica\",\"precision\":\"%s\",\"threads\":%d,\"tokens_per_s\":%.1f,\"step_ms\":%.1f,"
-      "\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\"}\n",
-      flags.precision.c_str(), flags.threads, tokens / seconds, 1000.0 * seconds / flags.steps,
-      double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str());
+  world->all_reduce(&loss, 1, "loss").wait();  // each rank's share of the mean
+  const double tokens = double(batch * seq * world->size()) * flags.steps;
+  if (world->rank() == 0)
+    std::printf(
+        "{\"impl\":\"fabrica\",\"precision\":\"%s\",\"threads\":%d,\"ranks\":%d,\"zero_stage\":%d,"
+        "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\"}\n",
+        flags.precision.c_str(), flags.threads, world->size(), flags.zero, tokens / seconds,
+        1000.0 * seconds / flags.steps, double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str());
+  world.reset();
+  leave_world();
   return 0;
 }

@@ -11,6 +11,9 @@ torch.optim.AdamW(lr 3e-4, weight_decay 0.1), clip_grad_norm_(1.0).
 --precision bf16 wraps forward+loss in torch.autocast("cpu", torch.bfloat16);
 weights, gradients and optimizer state stay fp32.
 
+--ddp (under torchrun): DistributedDataParallel over gloo, the batch of 8 split
+among the ranks; rank 0 prints the JSON line with the tokens/s of all ranks.
+
 Prints exactly one JSON line on stdout:
   {"impl":"pytorch","torch":...,"precision":...,"threads":...,
    "tokens_per_s":...,"step_ms":...,"peak_rss_mb":...,"final_loss":...,
@@ -164,6 +167,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ddp", action="store_true", help="DistributedDataParallel (gloo) under torchrun")
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         ap.error("need --steps >= 1, --warmup >= 0, --threads >= 1")
@@ -173,12 +177,21 @@ def main():
 
     model = Llama()
     model.train()
+    rank, world = 0, 1
+    if args.ddp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
 
-    # Random token data, fixed seed, one fresh batch per step (generated up front).
+    # Random token data, fixed seed, one fresh batch per step (generated up front); under DDP each
+    # rank takes its slice of the batch.
     gen = torch.Generator().manual_seed(args.seed + 1)
     total = args.warmup + args.steps
     data = torch.randint(0, VOCAB, (total, BATCH, SEQ + 1), generator=gen)
+    per_rank = BATCH // world
+    data = data[:, rank * per_rank:(rank + 1) * per_rank].contiguous()
 
     use_bf16 = args.precision == "bf16"
 
@@ -207,6 +220,10 @@ def main():
         return 1
 
     tokens = BATCH * SEQ * args.steps
+    if args.ddp:
+        torch.distributed.destroy_process_group()
+        if rank != 0:
+            return 0
     print(json.dumps({
         "impl": "pytorch",
         "torch": torch.__version__,
@@ -217,6 +234,7 @@ def main():
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
         "final_loss": round(loss, 5),
         "import_rss_mb": round(IMPORT_RSS_MB, 1),
+        "ranks": world,
     }))
     return 0
 
