@@ -94,14 +94,15 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   std::vector<Batch> micro;
   int64_t targets = 0;
   for (int64_t m = 0; m < config_.gradient_accumulation_steps; ++m) {
-    micro.push_back(collate(data_.train, sampler_->next_batch(), data_.pad_id));
+    micro.push_back(collate(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing));
     targets += DecoderModel::count_targets(micro.back().labels);
     *tokens += micro.back().tokens;
   }
   model_->params().grads().zero_();
   double loss_sum = 0;
   const float scale = targets > 0 ? 1.0f / float(targets) : 0.0f;
-  for (const Batch& b : micro) loss_sum += model_->forward_backward(b.ids, b.labels, scale);
+  for (const Batch& b : micro)
+    loss_sum += model_->forward_backward(b.ids, b.labels, scale, {b.positions, b.doc_start});
   const double loss = targets > 0 ? loss_sum / double(targets) : 0.0;
   FAB_USER_CHECK(std::isfinite(loss), "loss is {} at step {}: stopping (lower learning_rate, check the data)", loss,
                  step + 1);
@@ -119,8 +120,8 @@ double Trainer::evaluate() {
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(data_.eval.size(), start + config_.per_device_eval_batch_size); ++i)
       idx.push_back(i);
-    Batch b = collate(data_.eval, idx, data_.pad_id);
-    loss += model_->loss_sum(b.ids, b.labels);
+    Batch b = collate(data_.eval, idx, data_.pad_id, config_.neat_packing);
+    loss += model_->loss_sum(b.ids, b.labels, {b.positions, b.doc_start});
     targets += DecoderModel::count_targets(b.labels);
   }
   return targets ? loss / double(targets) : NAN;
