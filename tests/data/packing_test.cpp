@@ -178,5 +178,14 @@ TEST(Packing, DamagedPackedCacheFilesAreRejected) {
   reject(32 + 3 * 8 + 24, 14, "sample offsets not ending at the token count");
 }
 
+TEST(Packing, ConfigLowersCutoffAndNeatPackingImpliesPacking) {
+  TrainConfig c = parse_train_config("cutoff_len: 64\nneat_packing: true\n", "test.yaml");
+  EXPECT_TRUE(c.packing);
+  EXPECT_EQ(with_packing_cutoff(c).cutoff_len, 63);
+  c.packing = false;
+  EXPECT_EQ(with_packing_cutoff(c).cutoff_len, 64);
+  EXPECT_THROW(parse_train_config("stage: pt\nneat_packing: true\n", "test.yaml"), UserError);
+}
+
 }  // namespace
 }  // namespace fab
