@@ -41,10 +41,14 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
   const auto start = std::chrono::steady_clock::now();
   PreparedData data = prepare_data(c, tokenizer);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("data: %lld train samples, %lld eval samples, %lld tokens; %lld truncated, %lld skipped%s (%.1f s)\n",
-              (long long)data.train.size(), (long long)data.eval.size(), (long long)data.stats.tokens,
-              (long long)data.stats.truncated, (long long)data.stats.skipped,
-              data.from_cache ? ", from cache" : "", seconds);
+  const std::string train = data.train.packed()
+                                ? format("{} train sequences packed from {} samples", data.train.size(),
+                                         data.train.samples())
+                                : format("{} train samples", data.train.size());
+  std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.1f s)\n", train.c_str(),
+              (long long)data.eval.size(), data.eval.packed() ? "sequences" : "samples", (long long)data.stats.tokens,
+              (long long)data.stats.truncated, (long long)data.stats.skipped, data.from_cache ? ", from cache" : "",
+              seconds);
   return data;
 }
 

@@ -30,8 +30,8 @@
   X(cutoff_len, cutoff_len, int64_t, 2048, Supported, "Maximum tokens per sample (pt: block length)")                              \
   X(max_samples, max_samples, int64_t, 0, Supported, "Use at most this many samples per dataset (0: all)")                          \
   X(val_size, val_size, double, 0.0, Supported, "Held-out fraction (< 1) or count (>= 1) of the training data for evaluation")   \
-  X(packing, packing, bool, false, Later, "Pack several sft samples into one cutoff_len sequence (pt always packs)")                          \
-  X(neat_packing, neat_packing, bool, false, Later, "Packing that keeps attention inside each sample")                           \
+  X(packing, packing, bool, false, Supported, "sft: pack samples into sequences of up to cutoff_len - 1 tokens, attention crossing samples (pt always packs)") \
+  X(neat_packing, neat_packing, bool, false, Supported, "sft: packing with attention kept inside each sample (implies packing)") \
   X(train_on_prompt, train_on_prompt, bool, false, Supported, "Also compute the loss on prompt tokens")                                 \
   X(mask_history, mask_history, bool, false, Supported, "Train only on the last turn of multi-turn samples")                         \
   X(enable_thinking, enable_thinking, bool, true, Supported, "qwen3 templates: thinking mode")                                          \

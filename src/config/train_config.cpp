@@ -159,6 +159,7 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   require(c.eval_strategy == "no" || c.eval_strategy == "steps" || c.eval_strategy == "epoch",
           format("eval_strategy \"{}\" must be no, steps or epoch", c.eval_strategy));
   require(c.cutoff_len > 1, "cutoff_len must be at least 2");
+  require(!c.neat_packing || c.stage == "sft", "neat_packing needs stage sft");
   require(c.per_device_train_batch_size > 0 && c.gradient_accumulation_steps > 0,
           "per_device_train_batch_size and gradient_accumulation_steps must be positive");
   require(c.learning_rate >= 0, format("learning_rate must be >= 0, got {}", c.learning_rate));
@@ -236,6 +237,7 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   }
   if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
   if (problems.lines.empty()) check_values(c, source, problems);
+  if (c.neat_packing) c.packing = true;  // as LLaMA-Factory's DataArguments
   if (!problems.lines.empty()) {
     std::string message = problems.lines[0];
     for (size_t i = 1; i < problems.lines.size(); ++i) message += "\n" + problems.lines[i];

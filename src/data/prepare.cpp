@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/packing.h"
 #include "data/template.h"
 #include "data/tokenizer_encoder.h"
 
@@ -18,7 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kCacheVersion = "fabrica-tokens-1";
+constexpr const char* kCacheVersion = "fabrica-tokens-2";
 
 // 64-bit FNV-1a, enough to name cache files.
 uint64_t fnv1a(const std::string& text) {
@@ -83,7 +84,9 @@ std::pair<std::vector<size_t>, std::vector<size_t>> split_validation(size_t n, d
 
 }  // namespace
 
-PreparedData prepare_data(const TrainConfig& c, const Tokenizer& tokenizer, const std::string& cache_dir_in) {
+PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
+                          const std::string& cache_dir_in) {
+  const TrainConfig c = with_packing_cutoff(config);
   FAB_USER_CHECK(!c.dataset.empty(), "dataset is required (names from dataset_info.json or file paths)");
   FAB_USER_CHECK(c.stage == "pt" || !c.chat_template.empty(), "template is required for stage sft (e.g. qwen3, llama3)");
   DatasetOptions options;
@@ -125,6 +128,12 @@ PreparedData prepare_data(const TrainConfig& c, const Tokenizer& tokenizer, cons
     out.eval = to_sequences(eval.samples, all);
   } else {
     out.eval = to_sequences(train.samples, eval_pick);
+  }
+  if (c.packing && c.stage == "sft") {  // (pt packs while tokenising)
+    PackingStats packing;
+    out.train = pack_samples(out.train, {c.cutoff_len}, &packing);
+    out.eval = pack_samples(out.eval, {c.cutoff_len});
+    out.stats.skipped += packing.dropped;  // train samples longer than the lowered cutoff_len
   }
   fs::create_directories(dir);
   save_token_sequences(train_file.string(), out.train);

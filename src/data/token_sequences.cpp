@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -14,31 +15,67 @@
 namespace fab {
 namespace {
 
-constexpr char kMagic[8] = {'F', 'A', 'B', 'T', 'O', 'K', '0', '1'};
+constexpr char kMagic[8] = {'F', 'A', 'B', 'T', 'O', 'K', '0', '2'};
+constexpr size_t kHeader = 32;  // magic and three counts
 
 struct Owned {
   std::vector<int32_t> tokens, labels;
-  std::vector<int64_t> offsets;
+  std::vector<int64_t> offsets, sample_offsets;
 };
+
+// Offsets from 0 to `end`, never decreasing.
+bool valid_offsets(std::span<const int64_t> offsets, int64_t end) {
+  if (offsets.empty() || offsets.front() != 0 || offsets.back() != end) return false;
+  return std::is_sorted(offsets.begin(), offsets.end());
+}
 
 }  // namespace
 
-void TokenSequencesBuilder::add(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels) {
+std::vector<int64_t> TokenSequences::sample_starts(int64_t i) const {
+  const int64_t begin = offsets[size_t(i)], end = offsets[size_t(i) + 1];
+  if (!packed()) return {0};
+  std::vector<int64_t> starts;
+  auto it = std::lower_bound(sample_offsets.begin(), sample_offsets.end(), begin);
+  for (; it != sample_offsets.end() && *it < end; ++it) starts.push_back(*it - begin);
+  if (starts.empty()) starts.push_back(0);  // an empty sequence
+  return starts;
+}
+
+void TokenSequencesBuilder::add_to_sequence(std::span<const int32_t> ids, std::span<const int32_t> labels) {
+  FAB_CHECK(!ids.empty(), "a packed sample needs at least one token");
   FAB_CHECK(ids.size() == labels.size(), "sample with {} ids but {} labels", ids.size(), labels.size());
+  sample_offsets_.push_back(int64_t(tokens_.size()));
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   labels_.insert(labels_.end(), labels.begin(), labels.end());
-  offsets_.push_back(int64_t(tokens_.size()));
+  packed_ = true;
+}
+
+void TokenSequencesBuilder::end_sequence() { offsets_.push_back(int64_t(tokens_.size())); }
+
+void TokenSequencesBuilder::add(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels) {
+  FAB_CHECK(ids.size() == labels.size(), "sample with {} ids but {} labels", ids.size(), labels.size());
+  sample_offsets_.push_back(int64_t(tokens_.size()));
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  labels_.insert(labels_.end(), labels.begin(), labels.end());
+  end_sequence();
 }
 
 TokenSequences TokenSequencesBuilder::finish() {
-  auto owned = std::make_shared<Owned>(Owned{std::move(tokens_), std::move(labels_), std::move(offsets_)});
+  auto owned = std::make_shared<Owned>(Owned{std::move(tokens_), std::move(labels_), std::move(offsets_), {}});
+  if (packed_) {
+    owned->sample_offsets = std::move(sample_offsets_);
+    owned->sample_offsets.push_back(int64_t(owned->tokens.size()));
+  }
   tokens_.clear();
   labels_.clear();
   offsets_ = {0};
+  sample_offsets_.clear();
+  packed_ = false;
   TokenSequences s;
   s.tokens = owned->tokens;
   s.labels = owned->labels;
   s.offsets = owned->offsets;
+  s.sample_offsets = owned->sample_offsets;
   s.storage = owned;
   return s;
 }
@@ -48,16 +85,34 @@ void save_token_sequences(const std::string& path, const TokenSequences& data) {
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     FAB_USER_CHECK(out, "{}: cannot write", tmp);
-    const int64_t counts[2] = {data.size(), data.total_tokens()};
+    const int64_t counts[3] = {data.size(), data.total_tokens(), data.packed() ? data.samples() : 0};
+    auto write = [&out](auto span) {
+      out.write(reinterpret_cast<const char*>(span.data()), std::streamsize(span.size_bytes()));
+    };
     out.write(kMagic, 8);
     out.write(reinterpret_cast<const char*>(counts), sizeof counts);
-    out.write(reinterpret_cast<const char*>(data.offsets.data()), std::streamsize(data.offsets.size_bytes()));
-    out.write(reinterpret_cast<const char*>(data.tokens.data()), std::streamsize(data.tokens.size_bytes()));
-    out.write(reinterpret_cast<const char*>(data.labels.data()), std::streamsize(data.labels.size_bytes()));
+    write(data.offsets);
+    write(data.sample_offsets);
+    write(data.tokens);
+    write(data.labels);
     FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
   }
   FAB_USER_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename into place", path);
 }
+
+namespace {
+
+// Every sequence boundary is a sample boundary (both lists sorted).
+bool sequences_align_with_samples(std::span<const int64_t> offsets, std::span<const int64_t> samples) {
+  size_t j = 0;
+  for (int64_t o : offsets) {
+    while (j < samples.size() && samples[j] < o) ++j;
+    if (j == samples.size() || samples[j] != o) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 TokenSequences load_token_sequences(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -65,24 +120,29 @@ TokenSequences load_token_sequences(const std::string& path) {
   struct stat st {};
   ::fstat(fd, &st);
   const size_t size = size_t(st.st_size);
-  void* map = size >= 24 ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  void* map = size >= kHeader ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
   ::close(fd);
   FAB_USER_CHECK(map != MAP_FAILED, "{}: not a token cache file (too short or unmappable)", path);
   std::shared_ptr<const void> mapping(map, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
   const char* base = static_cast<const char*>(map);
-  int64_t counts[2];
+  int64_t counts[3];
   std::memcpy(counts, base + 8, sizeof counts);
-  const int64_t n = counts[0], t = counts[1];
-  FAB_USER_CHECK(std::memcmp(base, kMagic, 8) == 0 && n >= 0 && t >= 0 &&
-                     size == 24 + size_t(n + 1) * 8 + size_t(t) * 8,
+  const int64_t n = counts[0], t = counts[1], samples = counts[2], most = int64_t(size / 8);
+  const bool counts_fit = n >= 0 && t >= 0 && samples >= 0 && n < most && t < most && samples < most;
+  const size_t sample_entries = samples > 0 ? size_t(samples + 1) : 0;
+  FAB_USER_CHECK(std::memcmp(base, kMagic, 8) == 0 && counts_fit &&
+                     size == kHeader + (size_t(n + 1) + sample_entries) * 8 + size_t(t) * 8,
                  "{}: not a token cache file of this version (delete it to rebuild)", path);
   TokenSequences s;
-  s.offsets = {reinterpret_cast<const int64_t*>(base + 24), size_t(n + 1)};
-  s.tokens = {reinterpret_cast<const int32_t*>(base + 24 + (n + 1) * 8), size_t(t)};
+  const int64_t* offsets = reinterpret_cast<const int64_t*>(base + kHeader);
+  s.offsets = {offsets, size_t(n + 1)};
+  s.sample_offsets = {offsets + n + 1, sample_entries};
+  s.tokens = {reinterpret_cast<const int32_t*>(offsets + n + 1 + sample_entries), size_t(t)};
   s.labels = {s.tokens.data() + t, size_t(t)};
-  FAB_USER_CHECK(s.offsets[0] == 0 && s.offsets[size_t(n)] == t, "{}: corrupt offsets", path);
-  for (int64_t i = 0; i < n; ++i)
-    FAB_USER_CHECK(s.offsets[size_t(i)] <= s.offsets[size_t(i) + 1], "{}: corrupt offsets at sample {}", path, i);
+  FAB_USER_CHECK(valid_offsets(s.offsets, t), "{}: corrupt offsets", path);
+  FAB_USER_CHECK(!s.packed() || (valid_offsets(s.sample_offsets, t) &&
+                                 sequences_align_with_samples(s.offsets, s.sample_offsets)),
+                 "{}: corrupt packed sample offsets", path);
   s.storage = mapping;
   return s;
 }

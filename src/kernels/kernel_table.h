@@ -24,6 +24,10 @@ struct MatmulArgs {
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
   float scale;
+  // Document mask of packed rows (neat_packing): (batch, seq) i32, the index of the first token
+  // of each token's document; query t attends to keys s with doc_start[t] <= s <= t. nullptr:
+  // plain causal. Training attention only (attention_decode ignores it).
+  const int32_t* doc_start = nullptr;
 };
 
 struct AdamWArgs {
@@ -53,7 +57,8 @@ struct KernelTable {
   void (*rope_backward)(const float* dy, float* dx, const int64_t* positions, const float* cos, const float* sin,
                         int64_t rows, int64_t heads, int64_t d);
 
-  // Causal grouped-query attention; keeps only out and the row log-sum-exp (B, H, T).
+  // Causal grouped-query attention (within documents when s.doc_start is set); keeps only out and
+  // the row log-sum-exp (B, H, T).
   void (*attention_forward)(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
                             float* lse);
   void (*attention_backward)(const float* q, const float* k, const float* v, const float* out, const float* lse,

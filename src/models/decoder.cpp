@@ -119,8 +119,8 @@ void DecoderModel::weights_changed() {
   if (params_.has_bf16()) params_.refresh_bf16();
 }
 
-Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const Tensor& positions, int64_t batch,
-                                int64_t seq) {
+Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const Tensor& positions,
+                                const Tensor& doc_start, int64_t batch, int64_t seq) {
   const ModelConfig& c = config_;
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
   const float eps = float(c.rms_norm_eps);
@@ -135,7 +135,7 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
   q = rope(tape, q, positions, rope_, H);
   k = rope(tape, k, positions, rope_, KV);
   const AttentionShape shape{batch, seq, H, KV, D, float(1.0 / std::sqrt(double(D)))};
-  Var x2 = add(tape, x, linear(tape, attention(tape, q, k, v, shape), l.o_proj));
+  Var x2 = add(tape, x, linear(tape, attention(tape, q, k, v, shape, doc_start), l.o_proj));
   // MLP block: x + down(silu(gate(x)) * up(x))
   Var gate_up = linear(tape, rmsnorm(tape, x2, l.post_norm, eps), l.gate_up);
   return add(tape, x2, linear(tape, swiglu(tape, gate_up, c.intermediate_size), l.down));
@@ -180,20 +180,44 @@ std::pair<int64_t, int64_t> DecoderModel::unit_range(int unit) const {
   return {start(unit), start(unit + 1)};
 }
 
-Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids) {
-  check_ids(ids, 0);
+// (B * T) positions: 0..T-1 in every row, or the layout's (packed rows), checked against the
+// RoPE table; the layout's doc_start is checked too (doc_start[t] in [0, t]).
+Tensor DecoderModel::positions_of(const Tensor& ids, const SequenceLayout& layout) const {
   const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  if (layout.doc_start.defined()) {
+    FAB_CHECK(layout.doc_start.dtype() == DType::i32 && layout.doc_start.numel() == batch * seq,
+              "doc_start must be ({}, {}) i32", batch, seq);
+    const int32_t* start = layout.doc_start.data<int32_t>();
+    for (int64_t i = 0; i < batch * seq; ++i)
+      FAB_CHECK(start[i] >= 0 && start[i] <= i % seq, "doc_start {} at position {}", start[i], i % seq);
+  }
+  if (layout.positions.defined()) {
+    FAB_CHECK(layout.positions.dtype() == DType::i64 && layout.positions.numel() == batch * seq,
+              "positions must be ({}, {}) i64", batch, seq);
+    const int64_t* p = layout.positions.data<int64_t>();
+    for (int64_t i = 0; i < batch * seq; ++i)
+      FAB_CHECK(p[i] >= 0 && p[i] < rope_.cos.dim(0), "position {} outside the RoPE table of {}", p[i],
+                rope_.cos.dim(0));
+    return layout.positions.reshape({batch * seq});
+  }
   Tensor positions = Tensor::empty({batch * seq}, DType::i64, MemoryCategory::activations);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t t = 0; t < seq; ++t) positions.data<int64_t>()[b * seq + t] = t;
+  return positions;
+}
+
+Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
+  check_ids(ids, 0);
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  const Tensor positions = positions_of(ids, layout), doc_start = layout.doc_start;
 
   enter_unit(tape, 0);
   Var x = embedding(tape, ids.reshape({batch * seq}), embed_);
   leave_unit(tape, 0);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
-    auto body = [this, &l, positions, batch, seq](Tape& t, const Var& in) {
-      return layer_forward(t, l, in, positions, batch, seq);
+    auto body = [this, &l, positions, doc_start, batch, seq](Tape& t, const Var& in) {
+      return layer_forward(t, l, in, positions, doc_start, batch, seq);
     };
     enter_unit(tape, int(i) + 1);
     x = options_.recompute_layers ? checkpoint(tape, x, body) : body(tape, x);
@@ -203,27 +227,28 @@ Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids) {
   return rmsnorm(tape, x, final_norm_, float(config_.rms_norm_eps));
 }
 
-double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale) {
+double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale,
+                                      const SequenceLayout& layout) {
   Tensor targets = shift_labels(labels, config_.vocab_size);
   Tape tape;
-  Var hidden = forward_hidden(tape, ids);
+  Var hidden = forward_hidden(tape, ids, layout);
   double loss = lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale);
   leave_unit(tape, num_units() - 1);
   tape.backward();
   return loss;
 }
 
-double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels) {
+double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout) {
   Tape no_grad(false);
-  Var hidden = forward_hidden(no_grad, ids);
+  Var hidden = forward_hidden(no_grad, ids, layout);
   const double loss = lm_head_cross_entropy(no_grad, hidden, lm_head_, shift_labels(labels, config_.vocab_size), 1.0f);
   leave_unit(no_grad, num_units() - 1);
   return loss;
 }
 
-Tensor DecoderModel::logits(const Tensor& ids) {
+Tensor DecoderModel::logits(const Tensor& ids, const SequenceLayout& layout) {
   Tape no_grad(false);
-  Var hidden = forward_hidden(no_grad, ids);
+  Var hidden = forward_hidden(no_grad, ids, layout);
   Tensor out = lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
   leave_unit(no_grad, num_units() - 1);
   return out;

@@ -15,6 +15,14 @@ struct DecoderOptions {
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
 };
 
+// Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
+// (restarting at 0 in every sample) and, for attention kept inside each sample, the index of the
+// first token of its sample. Undefined tensors: positions 0..T-1, plain causal attention.
+struct SequenceLayout {
+  Tensor positions;  // (B, T) i64
+  Tensor doc_start;  // (B, T) i32, doc_start[t] <= t
+};
+
 // Keys and values of every layer for generation: (B, capacity, KVH, D) each, filled up to length.
 struct KvCache {
   std::vector<Tensor> k, v;
@@ -52,11 +60,12 @@ class DecoderModel {
   // ids, labels: (B, T) i64. Labels are shifted inside (position t predicts labels[t + 1]);
   // -100 is ignored. Accumulates into params().grads() the gradient of
   // loss_scale * sum(token losses) and returns that unscaled sum.
-  double forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale);
+  double forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale,
+                          const SequenceLayout& layout = {});
   // Sum of token losses without gradients (evaluation).
-  double loss_sum(const Tensor& ids, const Tensor& labels);
+  double loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout = {});
   // (B, T, vocab) logits.
-  Tensor logits(const Tensor& ids);
+  Tensor logits(const Tensor& ids, const SequenceLayout& layout = {});
 
   // Generation: a cache for `batch` sequences of up to `capacity` tokens, and the logits of the
   // next positions given `ids` (B, n) that follow the cache's contents (which they extend).
@@ -80,11 +89,12 @@ class DecoderModel {
   };
   void register_parameters();
   void bind_parameters();
-  Var forward_hidden(Tape& tape, const Tensor& ids);  // through the final norm
+  Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
   void enter_unit(Tape& tape, int unit);
   void leave_unit(Tape& tape, int unit);
-  Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, int64_t batch,
-                    int64_t seq);
+  Tensor positions_of(const Tensor& ids, const SequenceLayout& layout) const;
+  Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, const Tensor& doc_start,
+                    int64_t batch, int64_t seq);
   Var layer_forward_cached(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
                            KvCache& cache, int64_t n);
   void check_ids(const Tensor& ids, int64_t first_position) const;

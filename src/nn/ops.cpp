@@ -189,15 +189,23 @@ Var rope(Tape& tape, const Var& x, const Tensor& positions, const RopeTable& tab
   return out;
 }
 
-Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& s) {
+Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& shape,
+              const Tensor& doc_start) {
   ProfileScope profile("attention");
-  FAB_CHECK(s.heads % s.kv_heads == 0, "attention: {} heads not a multiple of {} kv heads", s.heads, s.kv_heads);
+  FAB_CHECK(shape.heads % shape.kv_heads == 0, "attention: {} heads not a multiple of {} kv heads", shape.heads,
+            shape.kv_heads);
+  AttentionShape s = shape;
+  if (doc_start.defined()) {
+    FAB_CHECK(doc_start.dtype() == DType::i32 && doc_start.numel() == s.batch * s.seq,
+              "attention: doc_start must be ({}, {}) i32", s.batch, s.seq);
+    s.doc_start = doc_start.data<int32_t>();  // the closure below keeps doc_start alive
+  }
   const Device dev = q->value.device();
   Var out = make_var(new_activation({s.batch * s.seq, s.heads * s.head_dim}, dev));
   Tensor lse = new_activation({s.batch, s.heads, s.seq}, dev);
   kernels_for(q->value).attention_forward(q->value.data<float>(), k->value.data<float>(), v->value.data<float>(), s,
                                           out->value.data<float>(), lse.data<float>());
-  tape.push([q, k, v, out, lse, s] {
+  tape.push([q, k, v, out, lse, s, doc_start] {
     ProfileScope profile("attention backward");
     kernels_for(lse).attention_backward(q->value.data<float>(), k->value.data<float>(), v->value.data<float>(),
                                         out->value.data<float>(), lse.data<float>(), grad_of(out).data<float>(), s,

@@ -35,7 +35,9 @@ Var add(Tape& tape, const Var& a, const Var& b);
 std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64_t>& widths);
 // x (rows, heads * d); positions (rows) i64.
 Var rope(Tape& tape, const Var& x, const Tensor& positions, const RopeTable& table, int64_t heads);
-Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& shape);
+// doc_start: (B, T) i32 document mask of packed rows (see AttentionShape), or undefined (causal).
+Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& shape,
+              const Tensor& doc_start = Tensor());
 Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate);
 
 // Output head and cross-entropy fused and chunked over rows: never holds more than one chunk of

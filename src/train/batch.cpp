@@ -5,14 +5,34 @@
 #include "core/error.h"
 
 namespace fab {
+namespace {
 
-Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id) {
+// Row r of positions / doc_start for a packed sequence of n tokens padded to T: samples start at
+// `starts` (then the padding at n).
+void fill_layout(std::vector<int64_t> starts, int64_t n, int64_t T, int64_t* positions, int32_t* doc_start) {
+  if (n < T) starts.push_back(n);
+  for (size_t k = 0; k < starts.size(); ++k) {
+    const int64_t begin = starts[k], end = k + 1 < starts.size() ? starts[k + 1] : T;
+    for (int64_t t = begin; t < end; ++t) {
+      positions[t] = t - begin;
+      if (doc_start) doc_start[t] = int32_t(begin);
+    }
+  }
+}
+
+}  // namespace
+
+Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id, bool document_mask) {
   int64_t longest = 0;
   for (int64_t i : indices) longest = std::max(longest, data.length(i));
   const int64_t b = int64_t(indices.size());
   Batch batch;
   batch.ids = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
   batch.labels = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
+  if (data.packed()) {
+    batch.positions = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
+    if (document_mask) batch.doc_start = Tensor::empty({b, longest}, DType::i32, MemoryCategory::activations);
+  }
   int64_t* ids = batch.ids.data<int64_t>();
   int64_t* labels = batch.labels.data<int64_t>();
   for (int64_t r = 0; r < b; ++r) {
@@ -21,6 +41,9 @@ Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, i
       ids[r * longest + t] = t < n ? data.tokens[size_t(start + t)] : pad_id;
       labels[r * longest + t] = t < n ? data.labels[size_t(start + t)] : -100;
     }
+    if (data.packed())
+      fill_layout(data.sample_starts(indices[size_t(r)]), n, longest, batch.positions.data<int64_t>() + r * longest,
+                  document_mask ? batch.doc_start.data<int32_t>() + r * longest : nullptr);
     batch.tokens += n;
   }
   return batch;

@@ -9,11 +9,17 @@
 namespace fab {
 
 struct Batch {
-  Tensor ids;     // (B, T) i64, T = longest sample of the batch, right-padded with pad_id
+  Tensor ids;     // (B, T) i64, T = longest sequence of the batch, right-padded with pad_id
   Tensor labels;  // (B, T) i64, -100 on padding
+  // Packed data only (otherwise undefined): each token's position inside its sample (B, T) i64,
+  // and with a document mask the index of its sample's first token (B, T) i32. The padding of a
+  // row counts as one more sample.
+  Tensor positions, doc_start;
   int64_t tokens = 0;  // real (unpadded) tokens
 };
 
-Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id);
+// document_mask (neat_packing): fill doc_start so attention stays inside each packed sample.
+Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id,
+              bool document_mask = false);
 
 }  // namespace fab

@@ -107,7 +107,7 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   std::vector<Batch> micro;
   double counts[2] = {0, 0};  // targets, tokens: summed over the group
   for (int64_t m = 0; m < config_.gradient_accumulation_steps; ++m) {
-    micro.push_back(collate(data_.train, sampler_->next_batch(), data_.pad_id));
+    micro.push_back(collate(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing));
     counts[0] += double(DecoderModel::count_targets(micro.back().labels));
     counts[1] += double(micro.back().tokens);
   }
@@ -119,7 +119,7 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
   for (size_t m = 0; m < micro.size(); ++m) {
     dp_->begin_micro_batch(int64_t(m));
-    sums[0] += model_->forward_backward(micro[m].ids, micro[m].labels, scale);
+    sums[0] += model_->forward_backward(micro[m].ids, micro[m].labels, scale, {micro[m].positions, micro[m].doc_start});
   }
   dp_->finish_gradients();
   group_->all_reduce(sums, 2, "loss").wait();
@@ -141,8 +141,8 @@ double Trainer::evaluate() {
   for (int64_t start = batch * group_->rank(); start < data_.eval.size(); start += batch * group_->size()) {
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(data_.eval.size(), start + batch); ++i) idx.push_back(i);
-    Batch b = collate(data_.eval, idx, data_.pad_id);
-    sums[0] += model_->loss_sum(b.ids, b.labels);
+    Batch b = collate(data_.eval, idx, data_.pad_id, config_.neat_packing);
+    sums[0] += model_->loss_sum(b.ids, b.labels, {b.positions, b.doc_start});
     sums[1] += double(DecoderModel::count_targets(b.labels));
   }
   dp_->release_gathered_parameters();

@@ -87,6 +87,20 @@ grep -q "stopped by signal 2" int.log || { cat int.log; fail "SIGINT: no stop me
 ls -d interrupted/checkpoint-* >/dev/null 2>&1 || fail "SIGINT: no checkpoint saved"
 echo "ok: SIGINT -> $(grep 'stopped by signal' int.log)"
 
+# Packing: samples packed into sequences of up to cutoff_len - 1 tokens, attention across them
+# (packing) or kept inside each (neat_packing); a finite loss and fewer, longer sequences.
+for mode in packing neat_packing; do
+  "$fabrica" train run.yaml output_dir=out-$mode $mode=true max_steps=3 save_steps=0 >$mode.log \
+    || { cat $mode.log; fail "$mode training"; }
+  grep -q "train sequences packed from" $mode.log || { cat $mode.log; fail "$mode: data not packed"; }
+  /usr/bin/python3 - out-$mode <<'PY' || fail "$mode metrics"
+import json, math, sys
+steps = [json.loads(line) for line in open(sys.argv[1] + "/metrics.jsonl") if '"loss"' in line]
+assert len(steps) == 3 and all(math.isfinite(s["loss"]) and s["loss"] > 0 for s in steps), steps
+PY
+  echo "ok: $mode: $(grep -o '[0-9]* train sequences packed from [0-9]* samples' $mode.log), 3 steps"
+done
+
 expect_exit2 "negative learning rate" "$fabrica" train run.yaml output_dir=out-bad learning_rate=-1
 expect_exit2 "batch size 0" "$fabrica" train run.yaml output_dir=out-bad per_device_train_batch_size=0
 expect_exit2 "cutoff_len 1" "$fabrica" train run.yaml output_dir=out-bad cutoff_len=1

@@ -143,6 +143,92 @@ TEST_P(Ops, Attention) {
   check_finite_differences(v, dv, [&](const Floats& in) { return dot(forward(q, k, in).first, dout); }, "dv");
 }
 
+// Attention forward and backward with a document mask (neat packing): q (B, T, H, D) etc., one
+// doc_start per token. Returns out, lse, dq, dk, dv.
+struct AttentionResult {
+  Floats out, lse, dq, dk, dv;
+};
+AttentionResult run_attention(const KernelTable& kt, const AttentionShape& s, const Floats& q, const Floats& k,
+                              const Floats& v, const Floats& dout) {
+  AttentionResult r{Floats(q.size()), Floats(size_t(s.batch * s.heads * s.seq)), Floats(q.size(), 0.0f),
+                    Floats(k.size(), 0.0f), Floats(v.size(), 0.0f)};
+  kt.attention_forward(q.data(), k.data(), v.data(), s, r.out.data(), r.lse.data());
+  kt.attention_backward(q.data(), k.data(), v.data(), r.out.data(), r.lse.data(), dout.data(), s, r.dq.data(),
+                        r.dk.data(), r.dv.data());
+  return r;
+}
+
+// Rows [first, first + n) of every batch row b of a (B, T, width) tensor, as a (1, n, width) one.
+Floats rows_of(const Floats& x, int64_t T, int64_t width, int64_t b, int64_t first, int64_t n) {
+  const auto begin = x.begin() + (b * T + first) * width;
+  return Floats(begin, begin + n * width);
+}
+
+TEST_P(Ops, AttentionInsideDocumentsMatchesPyTorch) {
+  Tensor qt = ref("docattn.q"), kt = ref("docattn.k"), starts = ref("docattn.doc_start");
+  AttentionShape s{qt.dim(0), qt.dim(1), qt.dim(2), kt.dim(2), qt.dim(3),
+                   std::stof(ops_->metadata().at("docattn.scale"))};
+  s.doc_start = starts.data<int32_t>();
+  const AttentionResult r = run_attention(*k_, s, to_vec(qt), to_vec(kt), get("docattn.v"), get("docattn.dout"));
+  expect_close(r.out, ref("docattn.out"), 1e-5, "out");
+  expect_close(r.dq, ref("docattn.dq"), 1e-5, "dq");
+  expect_close(r.dk, ref("docattn.dk"), 1e-5, "dk");
+  expect_close(r.dv, ref("docattn.dv"), 1e-5, "dv");
+}
+
+// The identity packing relies on: attention over packed documents equals attention over each
+// document alone, forward and backward. Head dim 8 takes the padded-operand path; documents of
+// one token, on a tile boundary and spanning tiles.
+TEST_P(Ops, AttentionOverPackedDocumentsEqualsEachDocumentAlone) {
+  const int64_t T = 150, H = 4, KV = 2, D = 8;
+  const std::vector<std::vector<int64_t>> docs = {{0, 5, 64, 65, 140}, {0, 100}};
+  const int64_t B = int64_t(docs.size());
+  std::vector<int32_t> doc_start(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t i = 0; i < docs[size_t(b)].size(); ++i) {
+      const int64_t first = docs[size_t(b)][i], end = i + 1 < docs[size_t(b)].size() ? docs[size_t(b)][i + 1] : T;
+      for (int64_t t = first; t < end; ++t) doc_start[size_t(b * T + t)] = int32_t(first);
+    }
+  AttentionShape s{B, T, H, KV, D, 0.35f};
+  s.doc_start = doc_start.data();
+  const Floats q = random_floats(B * T * H * D, 11), k = random_floats(B * T * KV * D, 12),
+               v = random_floats(B * T * KV * D, 13), dout = random_floats(B * T * H * D, 14);
+  const AttentionResult packed = run_attention(*k_, s, q, k, v, dout);
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t i = 0; i < docs[size_t(b)].size(); ++i) {
+      const int64_t first = docs[size_t(b)][i];
+      const int64_t n = (i + 1 < docs[size_t(b)].size() ? docs[size_t(b)][i + 1] : T) - first;
+      const AttentionShape alone{1, n, H, KV, D, s.scale};
+      const AttentionResult r = run_attention(*k_, alone, rows_of(q, T, H * D, b, first, n),
+                                              rows_of(k, T, KV * D, b, first, n), rows_of(v, T, KV * D, b, first, n),
+                                              rows_of(dout, T, H * D, b, first, n));
+      const std::string what = "row " + std::to_string(b) + " document at " + std::to_string(first);
+      expect_close(rows_of(packed.out, T, H * D, b, first, n), r.out, 2e-6, what + " out");
+      expect_close(rows_of(packed.dq, T, H * D, b, first, n), r.dq, 2e-6, what + " dq");
+      expect_close(rows_of(packed.dk, T, KV * D, b, first, n), r.dk, 2e-6, what + " dk");
+      expect_close(rows_of(packed.dv, T, KV * D, b, first, n), r.dv, 2e-6, what + " dv");
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < n; ++t)
+          EXPECT_NEAR(packed.lse[size_t((b * H + h) * T + first + t)], r.lse[size_t(h * n + t)], 2e-5) << what;
+    }
+}
+
+// One document covering every row takes exactly the plain causal code.
+TEST_P(Ops, AttentionWithOneDocumentIsBitwiseCausal) {
+  const AttentionShape causal{2, 130, 4, 2, 16, 0.25f};
+  std::vector<int32_t> zeros(2 * 130, 0);
+  AttentionShape one_doc = causal;
+  one_doc.doc_start = zeros.data();
+  const Floats q = random_floats(2 * 130 * 64, 21), k = random_floats(2 * 130 * 32, 22),
+               v = random_floats(2 * 130 * 32, 23), dout = random_floats(2 * 130 * 64, 24);
+  const AttentionResult a = run_attention(*k_, causal, q, k, v, dout), b = run_attention(*k_, one_doc, q, k, v, dout);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.lse, b.lse);
+  EXPECT_EQ(a.dq, b.dq);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+}
+
 TEST_P(Ops, SwiGlu) {
   Floats gate = get("swiglu.gate"), up = get("swiglu.up"), dh = get("swiglu.dh");
   const int64_t i = ref("swiglu.gate").dim(1), rows = int64_t(gate.size()) / i;

@@ -187,6 +187,21 @@ def causal_attention_bhtd(q, k, v, scale):
     return torch.matmul(attn, v)
 
 
+def document_attention_bhtd(q, k, v, scale, doc_start):
+    """Eager attention with LLaMA-Factory's neat-packing mask (prepare_4d_attention_mask): query t
+    sees key s iff s <= t and both lie in one document; doc_start (B, T) is each token's first."""
+    n_rep = q.shape[1] // k.shape[1]
+    k = repeat_kv(k, n_rep)
+    v = repeat_kv(v, n_rep)
+    t = q.shape[2]
+    pos = torch.arange(t)
+    allowed = (pos[None, None, :] <= pos[None, :, None]) & (doc_start[:, None, :] == doc_start[:, :, None])
+    attn = torch.matmul(q, k.transpose(2, 3)) * scale
+    attn = attn.masked_fill(~allowed[:, None], torch.finfo(attn.dtype).min)
+    attn = F.softmax(attn, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(attn, v)
+
+
 def linear(x, w, b=None):
     return F.linear(x, w, b)
 
@@ -656,6 +671,29 @@ def make_ops(out_dir, seed=1234):
               "ce.dlogits": logits.grad})
     meta["ce.ignore_index"] = str(IGNORE_INDEX)
     meta["ce.reduction"] = "mean over non-ignored"
+
+    # Attention inside documents (neat packing): rows of several documents over several 64-key
+    # tiles, a one-token document, a start on a tile boundary. Key s is visible to query t iff
+    # doc_start[t] <= s <= t. Drawn last, so the fixtures above keep their values.
+    T = 200
+    starts = [[0, 37, 130, 131], [0, 64, 70, 190]]
+    doc_start = torch.zeros(2, T, dtype=torch.int32)
+    for b, row in enumerate(starts):
+        for i, first in enumerate(row):
+            end = row[i + 1] if i + 1 < len(row) else T
+            doc_start[b, first:end] = first
+    q = rn(2, T, 4, 16).requires_grad_(True)
+    k = rn(2, T, 2, 16).requires_grad_(True)
+    v = rn(2, T, 2, 16).requires_grad_(True)
+    dout = rn(2, T, 4, 16)
+    scale = 1.0 / math.sqrt(16)
+    out = document_attention_bhtd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale,
+                                  doc_start).transpose(1, 2)
+    out.backward(dout)
+    t.update({"docattn.q": q.detach(), "docattn.k": k.detach(), "docattn.v": v.detach(),
+              "docattn.doc_start": doc_start, "docattn.out": out.detach().contiguous(), "docattn.dout": dout,
+              "docattn.dq": q.grad, "docattn.dk": k.grad, "docattn.dv": v.grad})
+    meta["docattn.scale"] = repr(scale)
 
     t = {k: v.contiguous() for k, v in t.items()}
     save_file(t, os.path.join(out_dir, "ops.safetensors"), metadata=meta)

@@ -4,8 +4,11 @@
 // scores are formed transposed, S^T = K Q^T (keys x queries), so that the softmax statistics of
 // every query are vector lanes and K is read in place; all products go through the register-
 // blocked small_gemm (attention_blocks.h). Key blocks past the diagonal are never visited and
-// the diagonal tile is masked. The forward splits over (batch, head, query block); the backward
-// over (batch, kv head), so each task owns the dk/dv rows it writes and nothing races.
+// the diagonal tile is masked. With a document mask (packed rows, AttentionShape::doc_start) the
+// key blocks wholly before the earliest document start of the query block are not visited either,
+// and only the tiles that reach before the latest start are masked by document; the rest run the
+// plain causal code. The forward splits over (batch, head, query block); the backward over
+// (batch, kv head), so each task owns the dk/dv rows it writes and nothing races.
 #include <omp.h>
 
 #include <cmath>
@@ -77,6 +80,39 @@ MatB head_rows(const float* src, int64_t ld, const Dims& d, int64_t n, float* pa
 
 VecF vmax(VecF a, VecF b) { return a > b ? a : b; }
 
+// The document starts of one query block as vector lanes, and the key range they need.
+struct DocWindow {
+  VecI starts[kQueryVecs];  // per query lane: the first key of its document (0 past the block)
+  int64_t first_key = 0;    // the first key block to visit (its start)
+  int64_t latest = 0;       // key blocks starting before this need the document mask
+};
+
+// doc: the row's doc_start, or nullptr (plain causal: every key block from 0, none masked).
+DocWindow doc_window(const int32_t* doc, int64_t q0, int64_t nq) {
+  DocWindow w;
+  if (!doc) return w;
+  int64_t lo = doc[q0], hi = doc[q0];
+  for (int64_t v = 0; v < kQueryVecs; ++v)
+    for (int64_t i = 0; i < kLanes; ++i) {
+      const int64_t at = v * kLanes + i;
+      w.starts[v][i] = at < nq ? doc[q0 + at] : 0;
+      if (at < nq) lo = doc[q0 + at] < lo ? doc[q0 + at] : lo, hi = doc[q0 + at] > hi ? doc[q0 + at] : hi;
+    }
+  w.first_key = lo / kKeyBlock * kKeyBlock;
+  w.latest = hi;
+  return w;
+}
+
+// x with the lanes whose document starts after `key` replaced by `fill`.
+VecF mask_before_start(VecF x, VecI starts, int64_t key, float fill) {
+  return VecI{} + int32_t(key) < starts ? VecF{} + fill : x;
+}
+
+// Stands in for -inf as the running maximum before any key: a query whose keys all lie in later
+// tiles (document mask) then keeps m finite and exp(m_old - m_new) = 1 instead of NaN. exp_vec
+// clamps its argument, so the first real key rescales by exactly what -inf gave.
+constexpr float kNoScore = -1e30f;
+
 float dot(const float* a, const float* b, int64_t n) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -105,16 +141,20 @@ struct ForwardWork {
 };
 
 // Online softmax step on a transposed score tile s (nk keys x kQueryBlock queries, unscaled):
-// lanes below key row j + off are masked (key after query). Raises the running max m, returns
-// alpha = exp(m_old - m_new) for rescaling earlier outputs, updates the running sum l and turns
-// s into the probabilities exp(scale s - m_new).
-void online_softmax(float* s, int64_t nk, int64_t off, float scale, float* m, float* l, float* alpha) {
+// lanes below key row j + off are masked (key after query), and with kDoc the lanes whose
+// document starts after key j0 + j. Raises the running max m, returns alpha = exp(m_old - m_new)
+// for rescaling earlier outputs, updates the running sum l and turns s into the probabilities
+// exp(scale s - m_new).
+template <bool kDoc>
+void online_softmax(float* s, int64_t nk, int64_t off, float scale, float* m, float* l, float* alpha,
+                    const DocWindow& doc, int64_t j0) {
   VecF mx[kQueryVecs], sum[kQueryVecs];
   for (int64_t v = 0; v < kQueryVecs; ++v) mx[v] = load_vec(m + v * kLanes);
   for (int64_t j = 0; j < nk; ++j)
     for (int64_t v = 0; v < kQueryVecs; ++v) {
-      const VecF x = load_vec(s + j * kQueryBlock + v * kLanes) * scale;
-      mx[v] = vmax(mx[v], mask_below(x, v * kLanes, j + off, -INFINITY));
+      VecF x = mask_below(load_vec(s + j * kQueryBlock + v * kLanes) * scale, v * kLanes, j + off, -INFINITY);
+      if constexpr (kDoc) x = mask_before_start(x, doc.starts[v], j0 + j, -INFINITY);
+      mx[v] = vmax(mx[v], x);
     }
   for (int64_t v = 0; v < kQueryVecs; ++v) {
     store_vec(alpha + v * kLanes, exp_vec(load_vec(m + v * kLanes) - mx[v]));
@@ -124,7 +164,8 @@ void online_softmax(float* s, int64_t nk, int64_t off, float scale, float* m, fl
   for (int64_t j = 0; j < nk; ++j)
     for (int64_t v = 0; v < kQueryVecs; ++v) {
       float* sj = s + j * kQueryBlock + v * kLanes;
-      const VecF p = mask_below(exp_vec(load_vec(sj) * scale - mx[v]), v * kLanes, j + off, 0.0f);
+      VecF p = mask_below(exp_vec(load_vec(sj) * scale - mx[v]), v * kLanes, j + off, 0.0f);
+      if constexpr (kDoc) p = mask_before_start(p, doc.starts[v], j0 + j, 0.0f);
       store_vec(sj, p);
       sum[v] += p;
     }
@@ -132,21 +173,26 @@ void online_softmax(float* s, int64_t nk, int64_t off, float scale, float* m, fl
     store_vec(l + v * kLanes, load_vec(l + v * kLanes) * load_vec(alpha + v * kLanes) + sum[v]);
 }
 
-// Query rows q0.. (one block) of head h in batch b: for each key block up to the diagonal,
-// S^T = K Q^T, online softmax, O = alpha O + P V; at the end out = O / l, lse = m + log(l).
+// Query rows q0.. (one block) of head h in batch b: for each key block from the earliest document
+// start (0 without a mask) up to the diagonal, S^T = K Q^T, online softmax, O = alpha O + P V; at
+// the end out = O / l, lse = m + log(l). doc: batch row b's doc_start, or nullptr.
 void forward_block(const float* q, const float* k, const float* v, const Dims& d, int64_t b, int64_t h, int64_t q0,
-                   ForwardWork w, float* out, float* lse) {
+                   const int32_t* doc, ForwardWork w, float* out, float* lse) {
   const int64_t nq = min64(kQueryBlock, d.T - q0), g = h / d.group, end = q0 + nq;
+  const DocWindow window = doc_window(doc, q0, nq);
   const float* kb = k + b * d.T * d.kv_row + g * d.D;
   const MatB vb = head_rows(v + b * d.T * d.kv_row + g * d.D, d.kv_row, d, end, w.v_pad);
   pack_transposed(q + (b * d.T + q0) * d.q_row + h * d.D, d.q_row, nq, d.D, w.qt);
   std::memset(w.o, 0, size_t(nq * d.Dp) * sizeof(float));
-  for (int64_t i = 0; i < kQueryBlock; ++i) w.m[i] = -INFINITY, w.l[i] = 0.0f;
-  for (int64_t j0 = 0; j0 < end; j0 += kKeyBlock) {
+  for (int64_t i = 0; i < kQueryBlock; ++i) w.m[i] = kNoScore, w.l[i] = 0.0f;
+  for (int64_t j0 = window.first_key; j0 < end; j0 += kKeyBlock) {
     const int64_t nk = min64(kKeyBlock, end - j0), off = j0 - q0;
     small_gemm(nk, kQueryBlock, d.D, {kb + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock}, {w.s, kQueryBlock},
                false, Causal::kColumnsFrom, off);
-    online_softmax(w.s, nk, off, d.scale, w.m, w.l, w.alpha);
+    if (j0 < window.latest)
+      online_softmax<true>(w.s, nk, off, d.scale, w.m, w.l, w.alpha, window, j0);
+    else
+      online_softmax<false>(w.s, nk, off, d.scale, w.m, w.l, w.alpha, window, j0);
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t c = 0; c < d.Dp; c += kLanes)
         store_vec(w.o + i * d.Dp + c, load_vec(w.o + i * d.Dp + c) * w.alpha[i]);
@@ -189,16 +235,21 @@ struct BackwardWork {
 
 // On a transposed tile (nk keys x kQueryBlock queries) holding s = q.k (unscaled) and dp = do.v:
 //   p = exp(scale s - lse_i),  ds = scale p (dp - D_i),  both zero where the key follows the query
-// (lanes below key row j + off). s becomes p and dp becomes ds.
-void probs_and_grads(float* s, float* dp, int64_t nk, int64_t off, float scale, const float* lse, const float* di) {
+// (lanes below key row j + off) and, with kDoc, where the query's document starts after key
+// j0 + j (a masked key has p = 0, so it adds nothing to dv, dk or dq). s becomes p, dp becomes ds.
+template <bool kDoc>
+void probs_and_grads(float* s, float* dp, int64_t nk, int64_t off, float scale, const float* lse, const float* di,
+                     const DocWindow& doc, int64_t j0) {
   for (int64_t j = 0; j < nk; ++j)
     for (int64_t v = 0; v < kQueryVecs; ++v) {
       const int64_t at = j * kQueryBlock + v * kLanes;
       const VecF x = load_vec(s + at) * scale - load_vec(lse + v * kLanes);
-      const VecF p = mask_below(exp_vec(x), v * kLanes, j + off, 0.0f);
-      const VecF ds = p * (load_vec(dp + at) - load_vec(di + v * kLanes)) * scale;
+      VecF p = mask_below(exp_vec(x), v * kLanes, j + off, 0.0f);
+      if constexpr (kDoc) p = mask_before_start(p, doc.starts[v], j0 + j, 0.0f);
+      VecF ds = mask_below(p * (load_vec(dp + at) - load_vec(di + v * kLanes)) * scale, v * kLanes, j + off, 0.0f);
+      if constexpr (kDoc) ds = mask_before_start(ds, doc.starts[v], j0 + j, 0.0f);
       store_vec(s + at, p);
-      store_vec(dp + at, mask_below(ds, v * kLanes, j + off, 0.0f));
+      store_vec(dp + at, ds);
     }
 }
 
@@ -208,9 +259,12 @@ struct BackwardArgs {
 };
 
 // Gradient contributions of query rows q0.. (one block) of head h in batch b: dq rows directly,
-// dk/dv into the task's accumulators w.dk, w.dv (T x Dp). kb: K rows of the head as an operand.
-void backward_block(const BackwardArgs& a, const Dims& d, int64_t b, int64_t h, int64_t q0, MatB kb, BackwardWork w) {
+// dk/dv into the task's accumulators w.dk, w.dv (T x Dp). kb: K rows of the head as an operand;
+// doc: batch row b's doc_start, or nullptr (key blocks before the earliest start are skipped).
+void backward_block(const BackwardArgs& a, const Dims& d, int64_t b, int64_t h, int64_t q0, MatB kb,
+                    const int32_t* doc, BackwardWork w) {
   const int64_t nq = min64(kQueryBlock, d.T - q0), g = h / d.group, end = q0 + nq;
+  const DocWindow window = doc_window(doc, q0, nq);
   const int64_t row0 = (b * d.T + q0) * d.q_row + h * d.D, kv0 = b * d.T * d.kv_row + g * d.D;
   pack_transposed(a.q + row0, d.q_row, nq, d.D, w.qt);
   pack_transposed(a.dout + row0, d.q_row, nq, d.D, w.dot);
@@ -222,14 +276,17 @@ void backward_block(const BackwardArgs& a, const Dims& d, int64_t b, int64_t h, 
     w.di[i] = dot(a.dout + row0 + i * d.q_row, a.out + row0 + i * d.q_row, d.D);  // D_i = do_i . out_i
   }
   std::memset(w.dq, 0, size_t(nq * d.Dp) * sizeof(float));
-  for (int64_t j0 = 0; j0 < end; j0 += kKeyBlock) {
+  for (int64_t j0 = window.first_key; j0 < end; j0 += kKeyBlock) {
     const int64_t nk = min64(kKeyBlock, end - j0), off = j0 - q0;
     const Causal cols = Causal::kColumnsFrom, from = Causal::kTermsFrom, upto = Causal::kTermsUpTo;
     small_gemm(nk, kQueryBlock, d.D, {a.k + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock},
                {w.s, kQueryBlock}, false, cols, off);  // S^T = K Q^T
     small_gemm(nk, kQueryBlock, d.D, {a.v + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.dot, kQueryBlock},
                {w.ds, kQueryBlock}, false, cols, off);  // dP^T = V dO^T
-    probs_and_grads(w.s, w.ds, nk, off, d.scale, w.lse, w.di);
+    if (j0 < window.latest)
+      probs_and_grads<true>(w.s, w.ds, nk, off, d.scale, w.lse, w.di, window, j0);
+    else
+      probs_and_grads<false>(w.s, w.ds, nk, off, d.scale, w.lse, w.di, window, j0);
     small_gemm(nk, d.Dp, nq, {w.s, kQueryBlock, 1}, do_rows, {w.dv + j0 * d.Dp, d.Dp}, true, from,
                off);  // dV += P^T dO
     small_gemm(nk, d.Dp, nq, {w.ds, kQueryBlock, 1}, q_rows, {w.dk + j0 * d.Dp, d.Dp}, true, from,
@@ -256,12 +313,15 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < blocks * heads; ++t) {
       const int64_t qblock = blocks - 1 - t / heads, bh = t % heads;
-      forward_block(q, k, v, d, bh / s.heads, bh % s.heads, qblock * kQueryBlock, w, out, lse);
+      const int64_t b = bh / s.heads;
+      forward_block(q, k, v, d, b, bh % s.heads, qblock * kQueryBlock, s.doc_start ? s.doc_start + b * d.T : nullptr,
+                    w, out, lse);
     }
   }
 }
 
-// out_i = sum_j p_ij v_j, p_i = softmax(s_i), s_ij = scale q_i . k_j (j <= i). With do = dL/dout:
+// out_i = sum_j p_ij v_j, p_i = softmax(s_i), s_ij = scale q_i . k_j (j <= i, and j at or after
+// the start of i's document under a document mask; other p_ij are 0). With do = dL/dout:
 //   dv_j += sum_i p_ij do_i
 //   dp_ij = do_i . v_j;   ds_ij = p_ij (dp_ij - D_i),  D_i = sum_j p_ij dp_ij = do_i . out_i
 //   dq_i += scale sum_j ds_ij k_j;   dk_j += scale sum_i ds_ij q_i
@@ -280,11 +340,12 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
     for (int64_t t = 0; t < s.batch * s.kv_heads; ++t) {
       const int64_t b = t / s.kv_heads, g = t % s.kv_heads, kv0 = b * d.T * d.kv_row + g * d.D;
       const MatB kb = head_rows(k + kv0, d.kv_row, d, d.T, w.k_pad);
+      const int32_t* doc = s.doc_start ? s.doc_start + b * d.T : nullptr;
       std::memset(w.dk, 0, size_t(d.T * d.Dp) * sizeof(float));
       std::memset(w.dv, 0, size_t(d.T * d.Dp) * sizeof(float));
       for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h)
         for (int64_t qb = 0; qb < blocks; ++qb)
-          backward_block(args, d, b, h, qb * kQueryBlock, kb, w);
+          backward_block(args, d, b, h, qb * kQueryBlock, kb, doc, w);
       for (int64_t j = 0; j < d.T; ++j)
 #pragma omp simd
         for (int64_t c = 0; c < d.D; ++c) {
