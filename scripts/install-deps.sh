@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev     # config.json and safetensors headers
   libyaml-cpp-dev        # run.yaml configs
   libpcre2-dev libicu-dev  # tokenizers: pre-tokenisation regexes, Unicode normalisation
+  libsentencepiece-dev   # SentencePiece tokenizer.model (Llama-2 style)
   libgtest-dev           # unit tests
   python3 python3-torch  # numerical reference (Debian's system python3)
   python3-venv           # the benchmark's PyTorch peer lives in a venv
