@@ -21,15 +21,22 @@ $(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/refe
 	/usr/bin/python3 tests/reference/make_reference.py $(BUILD)/reference
 
 # Tokenizer parity fixture from Hugging Face `tokenizers` (PyPI, in build/pyref/.venv).
-$(BUILD)/reference/tokenizer_parity.json: tests/data/tokenizer_parity.py tests/data/tokenizer_parity_texts.py
+$(BUILD)/reference/tokenizer_parity.json: tests/data/tokenizer_parity.py tests/data/tokenizer_parity_texts.py \
+    tests/data/pyref.py tests/data/pyref_requirements.txt
 	python3 tests/data/tokenizer_parity.py $(BUILD)/reference
 
-test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer_parity.json
+# SentencePiece tokenizer.model trained with PyPI `sentencepiece` (build/pyref/.venv), and its ids.
+$(BUILD)/reference/spm_parity.json: tests/data/spm_parity.py tests/data/tokenizer_parity_texts.py \
+    tests/data/pyref.py tests/data/pyref_requirements.txt
+	python3 tests/data/spm_parity.py $(BUILD)/reference
+
+test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer_parity.json \
+    $(BUILD)/reference/spm_parity.json
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@python3 tests/data/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
 	  && tail -1 $(BUILD)/bpe_parity.log || (cat $(BUILD)/bpe_parity.log; exit 1)
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
-	  && echo "fuzz: safetensors header, tokenizer.json + encode, dataset readers: 10 s each, no failure" \
+	  && echo "fuzz: safetensors header, tokenizer.json / tokenizer.model + encode, dataset readers: 10 s each, no failure" \
 	  || (tail -40 $(BUILD)/fuzz.log; exit 1)
 
 bench: deps build
@@ -43,11 +50,13 @@ clean:
 	rm -rf $(BUILD)
 
 # Fuzz targets for the parsers of untrusted files (clang + libFuzzer, ASan, UBSan): the
-# safetensors header, tokenizer.json loading and encoding, and the dataset readers.
+# safetensors header, tokenizer.json loading and encoding, SentencePiece tokenizer.model loading,
+# and the dataset readers.
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS = -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc
-TOKENIZER_SOURCES = $(addprefix src/data/,tokenizer.cpp tokenizer_json.cpp bpe.cpp pretokenizer.cpp regex.cpp \
-  normalizer.cpp added_tokens.cpp decoder.cpp post_processor.cpp byte_level.cpp unicode.cpp unicode_tables.cpp)
+TOKENIZER_SOURCES = $(addprefix src/data/,tokenizer.cpp tokenizer_json.cpp tokenizer_config.cpp hf_tokenizer.cpp \
+  spm_tokenizer.cpp bpe.cpp pretokenizer.cpp regex.cpp normalizer.cpp added_tokens.cpp decoder.cpp post_processor.cpp \
+  byte_level.cpp unicode.cpp unicode_tables.cpp)
 DATASET_SOURCES = $(wildcard src/data/dataset*.cpp)
 SHARED ?= ../shared
 
@@ -57,14 +66,20 @@ $(BUILD)/fuzz_safetensors_header: fuzz/safetensors_header_fuzz.cpp src/io/safete
 
 $(BUILD)/fuzz_tokenizer: fuzz/tokenizer_fuzz.cpp $(TOKENIZER_SOURCES)
 	@mkdir -p $(BUILD)
-	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) $$(pkg-config --cflags --libs libpcre2-8 icu-uc) -o $@
+	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) $$(pkg-config --cflags --libs libpcre2-8 icu-uc sentencepiece) -o $@
+
+$(BUILD)/fuzz_spm_model: fuzz/spm_model_fuzz.cpp $(TOKENIZER_SOURCES)
+	@mkdir -p $(BUILD)
+	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) $$(pkg-config --cflags --libs libpcre2-8 icu-uc sentencepiece) -o $@
 
 $(BUILD)/fuzz_dataset: fuzz/dataset_fuzz.cpp $(DATASET_SOURCES)
 	@mkdir -p $(BUILD)
 	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) -o $@
 
-FUZZ_TARGETS = safetensors_header tokenizer dataset
+FUZZ_TARGETS = safetensors_header tokenizer spm_model dataset
 fuzz: deps $(addprefix $(BUILD)/fuzz_,$(FUZZ_TARGETS))
+	@mkdir -p $(BUILD)/fuzz-corpus/spm_model
+	@[ ! -f $(BUILD)/reference/spm/tokenizer.model ] || cp $(BUILD)/reference/spm/tokenizer.model $(BUILD)/fuzz-corpus/spm_model/
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p $(BUILD)/fuzz-corpus/$$t; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \

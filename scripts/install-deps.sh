@@ -10,6 +10,7 @@ packages=(
   nlohmann-json3-dev     # config.json and safetensors headers
   libyaml-cpp-dev        # run.yaml configs
   libpcre2-dev libicu-dev  # tokenizers: pre-tokenisation regexes, Unicode normalisation
+  libsentencepiece-dev   # SentencePiece tokenizer.model (Llama-2 style)
   openmpi-bin libopenmpi-dev  # data parallel: collectives, mpirun launch
   iproute2               # network namespaces of the multi-node test
   libgtest-dev           # unit tests

@@ -66,6 +66,18 @@ void AddedVocabulary::add(const std::vector<AddedToken>& tokens, const BpeModel&
   rebuild_tries();
 }
 
+void AddedVocabulary::add_with_ids(const std::vector<std::pair<int32_t, AddedToken>>& tokens) {
+  for (const auto& [id, token] : tokens) {
+    if (token.content.empty()) continue;
+    Entry entry{token, token.content};
+    entry.token.normalized = false;
+    by_content_[token.content] = id;
+    if (token.special) special_.insert(token.content);
+    by_id_[id] = std::move(entry);
+  }
+  rebuild_tries();
+}
+
 void AddedVocabulary::rebuild_tries() {
   raw_ = Trie();
   normalized_ = Trie();

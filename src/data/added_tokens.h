@@ -10,6 +10,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace fab::tok {
@@ -38,6 +39,9 @@ class AddedVocabulary {
   // (an earlier added token or the model's vocabulary), else takes the next free id after both.
   // Normalized tokens are matched in the form `normalizer` gives them.
   void add(const std::vector<AddedToken>& tokens, const BpeModel& model, const Normalizer* normalizer);
+  // Tokens with the ids they are given (tokenizer_config.json's added_tokens_decoder), all looked
+  // for in the raw text whatever their `normalized`, as transformers' slow tokenizers do.
+  void add_with_ids(const std::vector<std::pair<int32_t, AddedToken>>& tokens);
 
   // Splits `text` into text segments and added-token segments (non-empty segments only).
   // `normalized_tokens` selects which of the two sets of tokens is looked for.

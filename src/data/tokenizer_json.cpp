@@ -1,78 +1,12 @@
 // tokenizer.json -> TokenizerParts. Field names and defaults follow HF's serde definitions; every
 // problem becomes one fab::UserError "<file>: <field>: <what>".
-#include <nlohmann/json.hpp>
-
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
-#include "core/error.h"
+#include "data/json_field.h"
+#include "data/tokenizer_config.h"
 #include "data/tokenizer_parts.h"
 #include "data/unicode.h"
 
 namespace fab::tok {
 namespace {
-
-using nlohmann::json;
-
-// A JSON value with its path in the file, for error messages.
-class Field {
- public:
-  Field(const json& value, std::string path, const std::string& file) : value_(value), path_(std::move(path)), file_(file) {}
-
-  [[noreturn]] void fail(const std::string& message) const {
-    throw UserError(format("{}: {}: {}", file_, path_.empty() ? "(top level)" : path_, message));
-  }
-  const json& value() const { return value_; }
-  bool is_null() const { return value_.is_null(); }
-  bool has(const char* key) const { return value_.is_object() && value_.contains(key) && !value_[key].is_null(); }
-
-  Field operator[](const char* key) const {
-    if (!value_.is_object()) fail("expected an object");
-    if (!value_.contains(key)) Field(value_, child_path(key), file_).fail("missing");
-    return Field(value_[key], child_path(key), file_);
-  }
-  Field at(size_t i) const { return Field(value_[i], path_ + "[" + std::to_string(i) + "]", file_); }
-  size_t size() const {
-    if (!value_.is_array()) fail("expected an array");
-    return value_.size();
-  }
-
-  std::string str() const {
-    if (!value_.is_string()) fail("expected a string");
-    return value_.get<std::string>();
-  }
-  bool boolean() const {
-    if (!value_.is_boolean()) fail("expected true or false");
-    return value_.get<bool>();
-  }
-  int64_t integer() const {
-    if (!value_.is_number_integer()) fail("expected an integer");
-    return value_.get<int64_t>();
-  }
-  // Optional members: absent or null gives the default.
-  bool boolean_or(const char* key, bool fallback) const { return has(key) ? (*this)[key].boolean() : fallback; }
-  std::string str_or(const char* key, const std::string& fallback) const {
-    return has(key) ? (*this)[key].str() : fallback;
-  }
-  std::string type() const { return (*this)["type"].str(); }
-
- private:
-  std::string child_path(const char* key) const { return path_.empty() ? key : path_ + "." + key; }
-
-  const json& value_;
-  std::string path_;
-  const std::string& file_;
-};
-
-template <typename Fn>
-auto with_field(const Field& field, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const UserError& e) {  // components report without the file: add where it came from
-    field.fail(e.what());
-  }
-}
 
 // HF's SplitPattern: {"String": "..."} or {"Regex": "..."}.
 Regex parse_pattern(const Field& pattern) {
@@ -218,17 +152,7 @@ std::unique_ptr<BpeModel> parse_model(const Field& f) {
 
 std::vector<AddedToken> parse_added_tokens(const Field& f) {
   std::vector<AddedToken> tokens;
-  for (size_t i = 0; i < f.size(); ++i) {
-    Field item = f.at(i);
-    AddedToken t;
-    t.content = item["content"].str();
-    t.special = item.boolean_or("special", false);
-    t.single_word = item.boolean_or("single_word", false);
-    t.lstrip = item.boolean_or("lstrip", false);
-    t.rstrip = item.boolean_or("rstrip", false);
-    t.normalized = item.boolean_or("normalized", !t.special);
-    tokens.push_back(std::move(t));
-  }
+  for (size_t i = 0; i < f.size(); ++i) tokens.push_back(parse_added_token(f.at(i)));
   return tokens;
 }
 
@@ -305,32 +229,15 @@ void parse_post_processor(const Field& f, const TokenizerParts& parts, PostProce
   }
 }
 
-std::string read_file(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(format("cannot read {} {}", what, path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-json parse_json(std::string_view text, const std::string& source) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw UserError(format("{}: not valid JSON ({})", source, e.what()));
-  }
-}
-
 }  // namespace
 
-std::shared_ptr<TokenizerParts> parse_tokenizer_json(std::string_view json_text, const std::string& source) {
+std::unique_ptr<TokenizerParts> parse_tokenizer_json(std::string_view json_text, const std::string& source) {
   json doc = parse_json(json_text, source);
   Field root(doc, "", source);
   if (!doc.is_object()) root.fail("expected a JSON object");
   if (root.has("version") && root["version"].str() != "1.0")
     root["version"].fail("unknown tokenizer version \"" + root["version"].str() + "\" (expected \"1.0\")");
-  auto parts = std::make_shared<TokenizerParts>();
-  parts->source = source;
+  auto parts = std::make_unique<TokenizerParts>();
   if (root.has("normalizer")) parse_normalizer(root["normalizer"], parts->normalizer);
   if (root.has("pre_tokenizer")) parse_pre_tokenizer(root["pre_tokenizer"], parts->pre_tokenizer);
   parts->model = parse_model(root["model"]);
@@ -340,34 +247,6 @@ std::shared_ptr<TokenizerParts> parse_tokenizer_json(std::string_view json_text,
   }
   if (root.has("decoder")) parse_decoder(root["decoder"], parts->decoder);
   if (root.has("post_processor")) parse_post_processor(root["post_processor"], *parts, parts->post_processor);
-  return parts;
-}
-
-void read_tokenizer_config(const std::string& path, TokenizerParts& parts) {
-  if (!std::filesystem::exists(path)) return;
-  json doc = parse_json(read_file(path, "tokenizer config"), path);
-  Field root(doc, "", path);
-  if (!doc.is_object()) root.fail("expected a JSON object");
-  auto resolve = [&](const char* key) -> std::optional<int32_t> {
-    if (!root.has(key)) return std::nullopt;
-    Field f = root[key];
-    Field content = f.value().is_object() ? f["content"] : f;  // "<s>" or {"content": "<s>", ...}
-    std::string token = content.str();
-    auto id = parts.token_to_id(token);
-    if (!id) content.fail("token \"" + token + "\" is not in the vocabulary of " + parts.source);
-    return id;
-  };
-  parts.bos_id = resolve("bos_token");
-  parts.eos_id = resolve("eos_token");
-  parts.pad_id = resolve("pad_token");
-  if (root.has("add_bos_token")) parts.add_bos_token = root["add_bos_token"].boolean();
-}
-
-std::shared_ptr<TokenizerParts> load_tokenizer_parts(const std::string& path) {
-  namespace fs = std::filesystem;
-  fs::path file = fs::is_directory(path) ? fs::path(path) / "tokenizer.json" : fs::path(path);
-  auto parts = parse_tokenizer_json(read_file(file.string(), "tokenizer file"), file.string());
-  read_tokenizer_config((file.parent_path() / "tokenizer_config.json").string(), *parts);
   return parts;
 }
 

@@ -10,7 +10,7 @@ lines (alpaca_en_demo instruction/input/output, alpaca_zh_demo, plus hand-writte
 HF's Tokenizer.from_file(tokenizer.json) and with `fabrica tokenize --tokenizer DIR --input FILE`,
 and checks that the ids are identical (with and without add_special_tokens) and that HF decodes
 them back to the NFC form of the line. Exits 1 on any difference. Run with an interpreter that
-lacks `tokenizers`, it uses (or makes) the venv of tokenizer_parity.py in build/pyref/.venv.
+lacks `tokenizers`, it uses (or makes) the pyref venv (pyref.py) in build/pyref/.venv.
 """
 import argparse
 import json
@@ -23,8 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
-# Importing it makes sure `tokenizers` is installed (build/pyref/.venv, re-running this script there).
-from tokenizer_parity import ensure_tokenizers  # noqa: E402,F401
+import pyref  # noqa: E402
 
 
 EDGE_CASES = [
@@ -94,7 +93,7 @@ def main():
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--lines", type=int, default=600)
     args = parser.parse_args()
-    ensure_tokenizers()
+    pyref.ensure("tokenizers")  # else installs it in build/pyref/.venv and re-runs this script there
     from tokenizers import Tokenizer
 
     texts = field_texts(shared_data_dir())

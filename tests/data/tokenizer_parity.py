@@ -4,7 +4,7 @@
 
 writes build/reference/tokenizer_parity.json and the synthetic tokenizer.json files it uses under
 build/reference/tokenizers/. Run with an interpreter that lacks `tokenizers`, it makes a venv in
-build/pyref/.venv, installs the pinned version there and re-runs itself with it.
+build/pyref/.venv, installs the pinned versions (pyref_requirements.txt) there and re-runs itself with it.
 
 Tokenizers: the real Qwen3 and Llama-3 files in $FAB_SHARED_DIR/data/tokenizers (default: the
 repository's ../shared; skipped when absent), Llama-3 with a TemplateProcessing post-processor
@@ -16,31 +16,13 @@ prefixes).
 import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
-TOKENIZERS_VERSION = "0.23.3"
-REPO = Path(__file__).resolve().parents[2]
+import pyref
 
-
-def ensure_tokenizers():
-    try:
-        import tokenizers  # noqa: F401
-        return
-    except ImportError:
-        pass
-    venv = REPO / "build" / "pyref" / ".venv"
-    python = venv / "bin" / "python"
-    if Path(sys.prefix).resolve() == venv.resolve():
-        sys.exit("tokenizers is missing from " + str(venv))
-    if not python.exists():
-        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-    subprocess.check_call([str(python), "-m", "pip", "install", "-q", f"tokenizers=={TOKENIZERS_VERSION}"])
-    os.execv(str(python), [str(python), *sys.argv])
-
-
-ensure_tokenizers()
+REPO = pyref.REPO
+pyref.ensure("tokenizers")
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers  # noqa: E402
 from tokenizers import pre_tokenizers, processors, trainers  # noqa: E402
