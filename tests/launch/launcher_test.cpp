@@ -1,0 +1,78 @@
+// The cluster file round trip and its errors, and the mpirun command lines the launcher builds.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "launch/launcher.h"
+
+namespace fab {
+namespace {
+
+std::string text_of(const std::vector<std::string>& words) {
+  std::string s;
+  for (const std::string& w : words) s += (s.empty() ? "" : " ") + w;
+  return s;
+}
+
+TEST(Launcher, ClusterFileRoundTrips) {
+  const std::string path = ::testing::TempDir() + "/cluster.yaml";
+  save_cluster_file(path, {{{"node1", 8}, {"node2", 4}}, "10.0.0.0/24", "ssh -p 2222"});
+  const ClusterFile c = load_cluster_file(path);
+  ASSERT_EQ(c.hosts.size(), 2u);
+  EXPECT_EQ(c.hosts[1].name, "node2");
+  EXPECT_EQ(c.hosts[1].slots, 4);
+  EXPECT_EQ(c.total_slots(), 12);
+  EXPECT_EQ(c.iface, "10.0.0.0/24");
+  EXPECT_EQ(c.rsh_agent, "ssh -p 2222");
+}
+
+TEST(Launcher, BadClusterFilesNameTheFile) {
+  const std::string path = ::testing::TempDir() + "/bad-cluster.yaml";
+  auto error_of = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    try {
+      load_cluster_file(path);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error_of("iface: eth0\n").find(path + ": expected `hosts:`"), std::string::npos);
+  EXPECT_NE(error_of("hosts:\n  - {name: a, slots: 0}\n").find("slots > 0"), std::string::npos);
+  EXPECT_NE(error_of("hosts: [\n").find("not valid YAML"), std::string::npos);
+  EXPECT_NE(error_of("").find(path), std::string::npos);
+  try {
+    load_cluster_file(::testing::TempDir() + "/missing.yaml");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos);
+  }
+}
+
+TEST(Launcher, MpirunCommandForOneMachine) {
+  TrainConfig c;
+  c.nproc_per_node = 64;  // more than this machine's cores
+  const std::string cmd = text_of(mpirun_command(c, {}, {"/bin/fabrica", "train", "run.yaml"}));
+  EXPECT_NE(cmd.find("-np 64"), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--oversubscribe"), std::string::npos) << cmd;
+  EXPECT_EQ(cmd.find("--allow-run-as-root") != std::string::npos, ::geteuid() == 0) << cmd;
+  EXPECT_EQ(cmd.substr(cmd.size() - 27), "/bin/fabrica train run.yaml");
+}
+
+TEST(Launcher, MpirunCommandForACluster) {
+  const ClusterFile cluster{{{"a", 2}, {"b", 3}}, "10.1.0.0/16", "/opt/agent"};
+  const std::string cmd = text_of(mpirun_command(TrainConfig{}, cluster, {"fabrica", "train", "x.yaml"}));
+  EXPECT_NE(cmd.find("-H a:2,b:3"), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("-np 5"), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--mca btl_tcp_if_include 10.1.0.0/16 --mca oob_tcp_if_include 10.1.0.0/16"),
+            std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--mca plm_rsh_agent /opt/agent"), std::string::npos) << cmd;
+}
+
+}  // namespace
+}  // namespace fab
