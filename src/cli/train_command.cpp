@@ -39,7 +39,7 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
   PreparedData data = prepare_data(c, tokenizer);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("data: %lld train samples, %lld eval samples, %lld tokens; %lld truncated, %lld skipped%s "
-              "(%.2f s, %d threads)\n",
+              "(%.3f s, %d threads)\n",
               (long long)data.train.size(), (long long)data.eval.size(), (long long)data.stats.tokens,
               (long long)data.stats.truncated, (long long)data.stats.skipped,
               data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
