@@ -2,7 +2,9 @@
 # `make bench`: trains the standard bench model with Fabrica (build/fabrica_bench)
 # and with its PyTorch peer (bench/torch_peer.py), each in its own process, one
 # after the other, for every precision, and prints tokens/s, MFU, peak RSS and the
-# Fabrica/PyTorch ratios. Exits non-zero if either side fails.
+# Fabrica/PyTorch ratios. Exits non-zero if either side fails. Then, against Hugging Face
+# `tokenizers`: single-thread encode throughput, and preprocessing throughput on every core
+# (bench/prep_bench.sh: `fabrica data prepare` vs the same work driven from Python).
 #
 # Environment (all optional):
 #   FABRICA_BENCH  Fabrica binary            (default build/fabrica_bench)
@@ -170,3 +172,7 @@ if [ -x "$tests_bin" ] && [ -f ../shared/data/tokenizers/qwen3/tokenizer.json ];
        END {for (t in fab) if (t in hf) printf "  %s: Fabrica/HF ids/s x%.1f\n", t, fab[t] / hf[t]}' "$tok_out"
   rm -f "$tok_out"
 fi
+
+# Preprocessing throughput (templating + tokenisation into samples, every core): `fabrica data
+# prepare` vs Hugging Face tokenizers driven from Python (skipped without ../shared).
+bash bench/prep_bench.sh "$(dirname "$fabrica")/fabrica"

@@ -45,10 +45,10 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
                                 ? format("{} train sequences packed from {} samples", data.train.size(),
                                          data.train.samples())
                                 : format("{} train samples", data.train.size());
-  std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.1f s)\n", train.c_str(),
-              (long long)data.eval.size(), data.eval.packed() ? "sequences" : "samples", (long long)data.stats.tokens,
-              (long long)data.stats.truncated, (long long)data.stats.skipped, data.from_cache ? ", from cache" : "",
-              seconds);
+  std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
+              train.c_str(), (long long)data.eval.size(), data.eval.packed() ? "sequences" : "samples",
+              (long long)data.stats.tokens, (long long)data.stats.truncated, (long long)data.stats.skipped,
+              data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
   return data;
 }
 

@@ -1,8 +1,10 @@
 #include "data/preprocess.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace fab {
 
@@ -117,20 +119,43 @@ TokenizedSample encode_supervised_example(const ChatTemplate& chat, const Exampl
   return out;
 }
 
+namespace {
+
+// One example's outcome, computed on any thread and counted afterwards in example order.
+struct SupervisedOutcome {
+  bool kept = false;
+  bool truncated = false;
+  TokenizedSample sample;
+};
+
+SupervisedOutcome supervised_outcome(const ChatTemplate& chat, const Example& example,
+                                     const SupervisedOptions& options) {
+  SupervisedOutcome outcome;
+  if (example.pretokenized) {
+    outcome.kept = true;
+    outcome.sample = {example.input_ids, example.labels};
+  } else if (example.prompt.size() % 2 == 1 && example.response.size() == 1) {
+    outcome.kept = true;
+    outcome.sample = encode_supervised_example(chat, example, options, &outcome.truncated);
+  }  // else LLaMA-Factory's "Dropped invalid example"
+  return outcome;
+}
+
+}  // namespace
+
 TokenizedDataset preprocess_supervised(const std::vector<Example>& examples, const ChatTemplate& chat,
                                        const SupervisedOptions& options) {
+  std::vector<SupervisedOutcome> outcomes =
+      parallel_map(examples.size(), [&](size_t i) { return supervised_outcome(chat, examples[i], options); });
   TokenizedDataset out;
-  for (const Example& example : examples) {
-    if (example.pretokenized) {
-      out.samples.push_back({example.input_ids, example.labels});
-    } else if (example.prompt.size() % 2 != 1 || example.response.size() != 1) {
-      ++out.stats.skipped;  // LLaMA-Factory: "Dropped invalid example"
+  out.samples.reserve(outcomes.size());
+  for (SupervisedOutcome& outcome : outcomes) {
+    if (!outcome.kept) {
+      ++out.stats.skipped;
       continue;
-    } else {
-      bool cut = false;
-      out.samples.push_back(encode_supervised_example(chat, example, options, &cut));
-      out.stats.truncated += cut ? 1 : 0;
     }
+    out.stats.truncated += outcome.truncated ? 1 : 0;
+    out.samples.push_back(std::move(outcome.sample));
     count(&out.stats, out.samples.back());
   }
   return out;
@@ -158,6 +183,20 @@ void pack_blocks(const std::vector<int32_t>& stream, const ChatTemplate& chat, i
   }
 }
 
+// One unpacked text: cut at cutoff_len (truncation=True, max_length=cutoff_len), labels = ids.
+void add_unpacked(std::vector<int32_t> ids, int64_t cutoff_len, TokenizedDataset* out) {
+  if (static_cast<int64_t>(ids.size()) > cutoff_len) {
+    ids.resize(static_cast<size_t>(cutoff_len));
+    ++out->stats.truncated;
+  }
+  std::vector<int32_t> labels = ids;
+  out->samples.push_back({std::move(ids), std::move(labels)});
+  count(&out->stats, out->samples.back());
+}
+
+// Texts are tokenised this many at a time in parallel, which bounds the ids held besides the samples.
+constexpr size_t kPretrainChunk = size_t(1) << 14;
+
 }  // namespace
 
 TokenizedDataset preprocess_pretrain(const std::vector<Example>& examples, const ChatTemplate& chat,
@@ -165,72 +204,94 @@ TokenizedDataset preprocess_pretrain(const std::vector<Example>& examples, const
   check_cutoff(options.cutoff_len);
   FAB_USER_CHECK(options.batch_size > 0, "preprocessing batch size must be positive, got {}", options.batch_size);
   const TextEncoder& encoder = chat.encoder();
-  std::string eos_text = pretrain_eos_text(chat);
+  const std::string eos_text = pretrain_eos_text(chat);
   std::string bos_text;
-  if (encoder.add_bos_token() && encoder.bos_id()) bos_text = encoder.id_to_token(*encoder.bos_id());
+  if (!options.packing && encoder.add_bos_token() && encoder.bos_id())
+    bos_text = encoder.id_to_token(*encoder.bos_id());  // packing writes bos over each block instead
+  auto text_ids = [&](size_t i) {
+    const Example& example = examples[i];
+    if (example.pretokenized || example.prompt.empty()) return std::vector<int32_t>();
+    return encoder.encode(bos_text + example.prompt[0].content + eos_text);
+  };
 
   TokenizedDataset out;
   std::vector<int32_t> stream;
-  for (size_t i = 0; i < examples.size(); ++i) {
-    const Example& example = examples[i];
-    if (example.pretokenized) {
-      out.samples.push_back({example.input_ids, example.labels});
-      count(&out.stats, out.samples.back());
-    } else if (example.prompt.empty()) {
-      ++out.stats.skipped;  // nothing to read the text from
-    } else if (options.packing) {
-      append(&stream, encoder.encode(example.prompt[0].content + eos_text));
-    } else {
-      std::vector<int32_t> ids = encoder.encode(bos_text + example.prompt[0].content + eos_text);
-      if (static_cast<int64_t>(ids.size()) > options.cutoff_len) {
-        ids.resize(static_cast<size_t>(options.cutoff_len));  // truncation=True, max_length=cutoff_len
-        ++out.stats.truncated;
+  for (size_t begin = 0; begin < examples.size(); begin += kPretrainChunk) {
+    const size_t end = std::min(examples.size(), begin + kPretrainChunk);
+    std::vector<std::vector<int32_t>> encoded =
+        parallel_map(end - begin, [&](size_t k) { return text_ids(begin + k); });
+    for (size_t i = begin; i < end; ++i) {
+      const Example& example = examples[i];
+      if (example.pretokenized) {
+        out.samples.push_back({example.input_ids, example.labels});
+        count(&out.stats, out.samples.back());
+      } else if (example.prompt.empty()) {
+        ++out.stats.skipped;  // nothing to read the text from
+      } else if (options.packing) {
+        append(&stream, encoded[i - begin]);
+      } else {
+        add_unpacked(std::move(encoded[i - begin]), options.cutoff_len, &out);
       }
-      out.samples.push_back({ids, ids});
-      count(&out.stats, out.samples.back());
-    }
-    // datasets.map(batched=True) hands the processor batch_size examples at a time, and packing
-    // concatenates within one batch only.
-    bool batch_end = (i + 1) % static_cast<size_t>(options.batch_size) == 0 || i + 1 == examples.size();
-    if (options.packing && batch_end) {
-      pack_blocks(stream, chat, options.cutoff_len, &out);
-      stream.clear();
+      // datasets.map(batched=True) hands the processor batch_size examples at a time, and packing
+      // concatenates within one batch only.
+      bool batch_end = (i + 1) % static_cast<size_t>(options.batch_size) == 0 || i + 1 == examples.size();
+      if (options.packing && batch_end) {
+        pack_blocks(stream, chat, options.cutoff_len, &out);
+        stream.clear();
+      }
     }
   }
   return out;
 }
 
+namespace {
+
+// One preference example: prompt + chosen and prompt + rejected; nullopt when it is invalid.
+std::optional<PairwiseSample> encode_pairwise_example(const ChatTemplate& chat, const Example& example,
+                                                      int64_t cutoff_len, bool* truncated) {
+  if (example.prompt.size() % 2 != 1 || example.response.size() < 2) return std::nullopt;
+  std::vector<Message> chosen_messages = example.prompt, rejected_messages = example.prompt;
+  chosen_messages.push_back(example.response[0]);
+  rejected_messages.push_back(example.response[1]);
+  auto [prompt_ids, chosen_ids] = chat.encode_oneturn(chosen_messages, example.system, example.tools);
+  std::vector<int32_t> rejected_ids = chat.encode_oneturn(rejected_messages, example.system, example.tools).second;
+  if (chat.spec().efficient_eos) {
+    chosen_ids.push_back(chat.eos_id());
+    rejected_ids.push_back(chat.eos_id());
+  }
+  int64_t longest = static_cast<int64_t>(std::max(chosen_ids.size(), rejected_ids.size()));
+  auto [source_len, target_len] = infer_seqlen(static_cast<int64_t>(prompt_ids.size()), longest, cutoff_len);
+  *truncated = source_len < static_cast<int64_t>(prompt_ids.size()) || target_len < longest;
+  std::vector<int32_t> prompt = head(prompt_ids, source_len);
+  PairwiseSample sample;
+  for (auto [side, ids] : {std::pair{&sample.chosen, &chosen_ids}, std::pair{&sample.rejected, &rejected_ids}}) {
+    side->input_ids = prompt;
+    append(&side->input_ids, head(*ids, target_len));
+    side->labels.assign(prompt.size(), kIgnoreIndex);
+    append(&side->labels, head(*ids, target_len));
+  }
+  return sample;
+}
+
+}  // namespace
+
 PairwiseDataset preprocess_pairwise(const std::vector<Example>& examples, const ChatTemplate& chat,
                                     int64_t cutoff_len) {
   check_cutoff(cutoff_len);
+  std::vector<std::pair<std::optional<PairwiseSample>, bool>> outcomes = parallel_map(examples.size(), [&](size_t i) {
+    bool truncated = false;
+    std::optional<PairwiseSample> sample = encode_pairwise_example(chat, examples[i], cutoff_len, &truncated);
+    return std::pair{std::move(sample), truncated};
+  });
   PairwiseDataset out;
-  for (const Example& example : examples) {
-    if (example.prompt.size() % 2 != 1 || example.response.size() < 2) {
+  for (auto& [sample, truncated] : outcomes) {
+    if (!sample) {
       ++out.stats.skipped;
       continue;
     }
-    std::vector<Message> chosen_messages = example.prompt, rejected_messages = example.prompt;
-    chosen_messages.push_back(example.response[0]);
-    rejected_messages.push_back(example.response[1]);
-    auto [prompt_ids, chosen_ids] = chat.encode_oneturn(chosen_messages, example.system, example.tools);
-    std::vector<int32_t> rejected_ids = chat.encode_oneturn(rejected_messages, example.system, example.tools).second;
-    if (chat.spec().efficient_eos) {
-      chosen_ids.push_back(chat.eos_id());
-      rejected_ids.push_back(chat.eos_id());
-    }
-    int64_t longest = static_cast<int64_t>(std::max(chosen_ids.size(), rejected_ids.size()));
-    auto [source_len, target_len] = infer_seqlen(static_cast<int64_t>(prompt_ids.size()), longest, cutoff_len);
-    out.stats.truncated += (source_len < static_cast<int64_t>(prompt_ids.size()) || target_len < longest) ? 1 : 0;
-    std::vector<int32_t> prompt = head(prompt_ids, source_len);
-    PairwiseSample sample;
-    for (auto [side, ids] : {std::pair{&sample.chosen, &chosen_ids}, std::pair{&sample.rejected, &rejected_ids}}) {
-      side->input_ids = prompt;
-      append(&side->input_ids, head(*ids, target_len));
-      side->labels.assign(prompt.size(), kIgnoreIndex);
-      append(&side->labels, head(*ids, target_len));
-      out.stats.tokens += static_cast<int64_t>(side->input_ids.size());
-    }
-    out.samples.push_back(std::move(sample));
+    out.stats.truncated += truncated ? 1 : 0;
+    out.stats.tokens += static_cast<int64_t>(sample->chosen.input_ids.size() + sample->rejected.input_ids.size());
+    out.samples.push_back(std::move(*sample));
     ++out.stats.samples;
   }
   return out;

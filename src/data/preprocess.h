@@ -4,6 +4,8 @@
 //   pretraining (processor/pretrain.py PretrainDatasetProcessor),
 //   pairwise   (processor/pairwise.py PairwiseDatasetProcessor, for DPO/reward data),
 // with processor_utils.py infer_seqlen for truncation. Labels use -100 where no loss is taken.
+// Examples are encoded on all of OpenMP's threads; the result, and the error raised by the first
+// bad example, are those of a loop in example order.
 #include <cstdint>
 #include <utility>
 #include <vector>

@@ -17,8 +17,8 @@ namespace {
 constexpr const char* k_space_set = "\\t-\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}"
                                     "\\x{202f}\\x{205f}\\x{3000}";
 
-// Class members for the code points HF's Oniguruma (Unicode 16) has in \p{L} / \p{N} but Debian
-// 12's PCRE2 (Unicode 14) leaves unassigned; with a newer PCRE2 they are simply repeated.
+// Code points HF's Oniguruma (Unicode 16) has in \p{L} / \p{N} but Debian 12's PCRE2 (Unicode 14)
+// leaves unassigned, written as class members; with a newer PCRE2 they are simply repeated.
 std::string class_ranges(std::span<const CodeRange> ranges) {
   std::string out;
   char buffer[48];
@@ -29,80 +29,112 @@ std::string class_ranges(std::span<const CodeRange> ranges) {
   return out;
 }
 
-// The members to put inside a character class for the escape at pattern[i] ("\s", "\p{L}",
-// "\p{N}"), with `length` set to the escape's length; nullptr for any other escape.
-std::string class_members(std::string_view pattern, size_t i, size_t& length) {
+const std::string& newer_letter_members() {
+  static const std::string members = class_ranges(newer_letters());
+  return members;
+}
+
+const std::string& newer_number_members() {
+  static const std::string members = class_ranges(newer_numbers());
+  return members;
+}
+
+// A class plus the newer code points. They get a class of their own beside it rather than joining
+// it: PCRE2's JIT tests a class that mixes a property with ranges range by range on every
+// character, which made the pre-tokenizer regexes about 1.6 times as slow.
+std::string with_newer(const std::string& set, bool negated, const std::string& newer) {
+  if (newer.empty()) return set;
+  if (negated) return "(?:(?![" + newer + "])" + set + ")";
+  return "(?:" + set + "|[" + newer + "])";
+}
+
+// The escape at pattern[i] ("\s", "\p{L}", "\p{N}") as class members, with `length` set to its
+// length and `newer` extended by the code points PCRE2 misses; length 0 for any other escape.
+std::string class_members(std::string_view pattern, size_t i, size_t& length, std::string& newer) {
   std::string_view rest = pattern.substr(i);
+  length = 0;
   if (rest.substr(0, 2) == "\\s") {
     length = 2;
     return k_space_set;
   }
-  if (rest.substr(0, 5) == "\\p{L}") {
+  for (auto [escape, members] : {std::pair{"\\p{L}", &newer_letter_members()}, {"\\p{N}", &newer_number_members()}}) {
+    if (rest.substr(0, 5) != escape) continue;
     length = 5;
-    static const std::string letters = "\\p{L}" + class_ranges(newer_letters());
-    return letters;
+    newer += *members;
+    return escape;
   }
-  if (rest.substr(0, 5) == "\\p{N}") {
-    length = 5;
-    static const std::string numbers = "\\p{N}" + class_ranges(newer_numbers());
-    return numbers;
-  }
-  length = 0;
   return {};
+}
+
+// Length of the \Q...\E quote or [:name:] class at pattern[i], copied untouched (0 if none).
+size_t verbatim_length(std::string_view pattern, size_t i, bool in_class) {
+  std::string_view rest = pattern.substr(i);
+  const char* close = rest.substr(0, 2) == "\\Q" ? "\\E" : in_class && rest.substr(0, 2) == "[:" ? ":]" : nullptr;
+  if (!close) return 0;
+  size_t end = rest.find(close, 2);
+  return end == std::string_view::npos ? rest.size() : end + 2;
+}
+
+// The character class opening at pattern[i], rewritten; `i` moves past its closing bracket.
+std::string rewrite_class(std::string_view pattern, size_t& i) {
+  std::string set(1, pattern[i++]);
+  const bool negated = i < pattern.size() && pattern[i] == '^';
+  if (negated) set += pattern[i++];
+  if (i < pattern.size() && pattern[i] == ']') set += pattern[i++];  // a leading ] is literal
+  std::string newer;
+  while (i < pattern.size() && pattern[i] != ']') {
+    size_t length = verbatim_length(pattern, i, true);
+    if (length > 0) {
+      set.append(pattern.substr(i, length));
+    } else if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+      std::string members = class_members(pattern, i, length, newer);
+      if (length == 0) length = 2;
+      set += members.empty() ? std::string(pattern.substr(i, 2)) : members;
+    } else {
+      length = 1;
+      set += pattern[i];
+    }
+    i += length;
+  }
+  if (i == pattern.size()) return set;  // unterminated: PCRE2 reports it
+  set += pattern[i++];
+  return with_newer(set, negated, newer);
 }
 
 struct MatchDataDeleter {
   void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
 };
 
+// One match data per thread, shared by every pattern: only the whole match's offsets are read
+// (a pattern with groups then returns 0, "ovector too small", with those offsets set).
+pcre2_match_data* thread_match_data() {
+  thread_local std::unique_ptr<pcre2_match_data, MatchDataDeleter> data(pcre2_match_data_create(1, nullptr));
+  return data.get();
+}
+
 }  // namespace
 
 std::string onig_compatible_pattern(std::string_view pattern) {
   std::string out;
-  bool in_class = false;
   size_t i = 0;
   while (i < pattern.size()) {
-    char c = pattern[i];
-    if (c == '\\' && i + 1 < pattern.size()) {
-      if (pattern[i + 1] == 'Q') {  // \Q...\E is literal text: copy it untouched
-        size_t end = pattern.find("\\E", i + 2);
-        end = end == std::string_view::npos ? pattern.size() : end + 2;
-        out.append(pattern.substr(i, end - i));
-        i = end;
-        continue;
-      }
-      size_t length = 0;
-      std::string members = class_members(pattern, i, length);
-      if (length > 0) {
-        out += in_class ? members : "[" + members + "]";
-      } else if (!in_class && pattern.substr(i, 2) == "\\S") {
-        out += std::string("[^") + k_space_set + "]";
-        length = 2;
-      } else {
-        out.append(pattern.substr(i, 2));
-        length = 2;
-      }
+    if (size_t length = verbatim_length(pattern, i, false)) {
+      out.append(pattern.substr(i, length));
       i += length;
-      continue;
+    } else if (pattern[i] == '[') {
+      out += rewrite_class(pattern, i);
+    } else if (pattern.substr(i, 2) == "\\S") {
+      out += std::string("[^") + k_space_set + "]";
+      i += 2;
+    } else if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+      size_t length = 0;
+      std::string newer;
+      std::string members = class_members(pattern, i, length, newer);
+      out += length > 0 ? with_newer("[" + members + "]", false, newer) : std::string(pattern.substr(i, 2));
+      i += length > 0 ? length : 2;
+    } else {
+      out += pattern[i++];
     }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out += c;
-      ++i;
-      if (i < pattern.size() && pattern[i] == '^') out += pattern[i++];
-      if (i < pattern.size() && pattern[i] == ']') out += pattern[i++];  // a leading ] is literal
-      continue;
-    }
-    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {  // [:alpha:]
-      size_t end = pattern.find(":]", i + 2);
-      end = end == std::string_view::npos ? pattern.size() : end + 2;
-      out.append(pattern.substr(i, end - i));
-      i = end;
-      continue;
-    }
-    if (in_class && c == ']') in_class = false;
-    out += c;
-    ++i;
   }
   return out;
 }
@@ -121,14 +153,14 @@ Regex::Regex(std::string_view pattern, bool literal) : pattern_(pattern) {
     throw UserError(format("regex \"{}\" does not compile: {} (at offset {})", pattern_,
                            reinterpret_cast<const char*>(message), offset));
   }
-  pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // on failure pcre2_match interprets instead
+  jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;  // else pcre2_match interprets
 }
 
 Regex::~Regex() {
   if (code_) pcre2_code_free(code_);
 }
 
-Regex::Regex(Regex&& other) noexcept : pattern_(std::move(other.pattern_)), code_(other.code_) {
+Regex::Regex(Regex&& other) noexcept : pattern_(std::move(other.pattern_)), code_(other.code_), jit_(other.jit_) {
   other.code_ = nullptr;
 }
 
@@ -137,17 +169,20 @@ Regex& Regex::operator=(Regex&& other) noexcept {
     if (code_) pcre2_code_free(code_);
     pattern_ = std::move(other.pattern_);
     code_ = other.code_;
+    jit_ = other.jit_;
     other.code_ = nullptr;
   }
   return *this;
 }
 
-// 1 and the match in `found`, 0 when there is none. The JIT's stack is small; a pattern that
-// overflows it on some input is re-run by the interpreter, which keeps its frames on the heap.
+// 1 and the match in `found`, 0 when there is none. The text is valid UTF-8, so the JIT's fast
+// path (no option or UTF checks) runs it. The JIT's stack is small; a pattern that overflows it on
+// some input is re-run by the interpreter, which keeps its frames on the heap.
 int Regex::match(std::string_view text, size_t start, void* match_data, Span& found) const {
   auto* data = static_cast<pcre2_match_data*>(match_data);
   auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  int rc = pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
+  int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), start, 0, data, nullptr)
+                : pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, data, nullptr);
   if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
     rc = pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, data, nullptr);
   if (rc == PCRE2_ERROR_NOMATCH) return 0;
@@ -163,12 +198,12 @@ int Regex::match(std::string_view text, size_t start, void* match_data, Span& fo
 }
 
 void Regex::find_all(std::string_view text, std::vector<Span>& out) const {
-  std::unique_ptr<pcre2_match_data, MatchDataDeleter> data(pcre2_match_data_create_from_pattern(code_, nullptr));
+  pcre2_match_data* data = thread_match_data();
   size_t search_from = 0;
   bool matched_before = false;
   size_t last_match_end = 0;
   Span found;
-  while (search_from <= text.size() && match(text, search_from, data.get(), found)) {
+  while (search_from <= text.size() && match(text, search_from, data, found)) {
     if (found.begin == found.end && matched_before && last_match_end == found.end) {
       if (search_from >= text.size()) break;
       search_from += utf8_length(static_cast<unsigned char>(text[search_from]));

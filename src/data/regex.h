@@ -38,6 +38,7 @@ class Regex {
 
   std::string pattern_;
   pcre2_real_code_8* code_ = nullptr;
+  bool jit_ = false;  // JIT-compiled: matched through pcre2_jit_match
 };
 
 // The rewrite applied to every regex pattern (exposed for tests).

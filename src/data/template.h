@@ -18,7 +18,8 @@
 namespace fab {
 
 // What a template needs from a tokenizer. Kept this small so templates do not depend on the
-// tokenizer implementation; tests adapt fab::Tokenizer to it.
+// tokenizer implementation; tests adapt fab::Tokenizer to it. Preprocessing calls it from several
+// threads at once, so every method must be safe to call concurrently.
 struct TextEncoder {
   virtual ~TextEncoder() = default;
   // Token ids of `text` without adding bos/eos; special tokens written in the text are recognised

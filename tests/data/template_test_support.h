@@ -65,11 +65,15 @@ struct LoadedTokenizer {
 };
 
 // One loaded tokenizer per name ("qwen3", "llama3") for the whole test binary.
-inline const ::fab::TokenizerEncoder& shared_tokenizer(const std::string& name) {
+inline const LoadedTokenizer& shared_loaded_tokenizer(const std::string& name) {
   static std::map<std::string, std::unique_ptr<LoadedTokenizer>> cache;
   auto& slot = cache[name];
   if (!slot) slot = std::make_unique<LoadedTokenizer>(shared_dir() + "/data/tokenizers/" + name);
-  return slot->encoder;
+  return *slot;
+}
+
+inline const ::fab::TokenizerEncoder& shared_tokenizer(const std::string& name) {
+  return shared_loaded_tokenizer(name).encoder;
 }
 
 // A fake tokenizer for unit tests: each byte is its own id (0..255), and the special tokens

@@ -81,6 +81,13 @@ TEST(Tokenizer, RegexRewriteMatchesOniguruma) {
   tok::Regex letters("[^\\s\\p{L}]+", false);
   letters.find_all("\xE1\xB2\x89", found);  // U+1C89, a letter since Unicode 16
   EXPECT_TRUE(found.empty());
+  tok::Regex word("\\p{L}+|[x\\p{N}]+", false);  // outside and inside a class
+  word.find_all("a\xE1\xB2\x89" "b \xF0\x90\xB5\x80" "x1", found);  // a U+1C89 b, then U+10D40 x 1
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].end, 5u);
+  EXPECT_EQ(found[1].begin, 6u);
+  EXPECT_EQ(found[1].end, 12u);
+  found.clear();
   EXPECT_EQ(tok::onig_compatible_pattern("[\\]\\s]\\Q\\s\\E"), "[\\]" + std::string("\\t-\\r\\x20\\x{85}\\x{a0}"
                                          "\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}]\\Q\\s\\E"));
 }
