@@ -176,3 +176,9 @@ fi
 # Preprocessing throughput (templating + tokenisation into samples, every core): `fabrica data
 # prepare` vs Hugging Face tokenizers driven from Python (skipped without ../shared).
 bash bench/prep_bench.sh "$(dirname "$fabrica")/fabrica"
+
+# Data parallel at 2 processes against PyTorch DDP (gloo), and the communicator's all-reduce
+# bandwidth against a bare MPI_Allreduce.
+echo "=============================================================================="
+echo "Data parallel: Fabrica (mpirun) vs PyTorch DDP (torchrun, gloo)"
+FABRICA_BENCH="$fabrica" bash bench/distributed_bench.sh
