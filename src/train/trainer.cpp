@@ -133,12 +133,22 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   return loss;
 }
 
-// Mean loss over the evaluation set (no gradients); each rank takes every N-th batch.
+// Mean loss over the evaluation set (no gradients); each rank takes every N-th batch. Every rank
+// runs the same number of forward passes (ZeRO-3 gathers parameters in each): one without a
+// batch of its own in the last round runs a one-token pass with no target, which adds nothing.
 double Trainer::evaluate() {
   if (data_.eval.size() == 0) return NAN;
   double sums[2] = {0, 0};  // loss, targets
-  const int64_t batch = config_.per_device_eval_batch_size;
-  for (int64_t start = batch * group_->rank(); start < data_.eval.size(); start += batch * group_->size()) {
+  const int64_t batch = config_.per_device_eval_batch_size, ranks = group_->size();
+  const int64_t batches = (data_.eval.size() + batch - 1) / batch, rounds = (batches + ranks - 1) / ranks;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t start = (round * ranks + group_->rank()) * batch;
+    if (start >= data_.eval.size()) {
+      Tensor none = Tensor::zeros({1, 1}, DType::i64, MemoryCategory::activations);
+      none.data<int64_t>()[0] = -100;
+      model_->loss_sum(Tensor::zeros({1, 1}, DType::i64, MemoryCategory::activations), none);
+      continue;
+    }
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(data_.eval.size(), start + batch); ++i) idx.push_back(i);
     Batch b = collate(data_.eval, idx, data_.pad_id, config_.neat_packing);

@@ -1,6 +1,7 @@
 // Data parallel and ZeRO-1/2/3 against one process: the same global batch gives the same per-step
-// losses (1e-5 relative over 20 fp32 steps), ZeRO-3 ranks each hold about 1/N of the model states,
-// and a checkpoint saved by N ranks resumes on fewer with the uninterrupted run's losses.
+// losses (1e-5 relative over 20 fp32 steps, evaluating on the way with fewer eval batches than
+// ranks), ZeRO-3 ranks each hold about 1/N of the model states, and a checkpoint saved by N ranks
+// resumes on fewer with the uninterrupted run's losses.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,7 +61,8 @@ TrainConfig config_for(const std::string& model, const std::string& output, int6
                                 "\nmax_steps: 20\nper_device_train_batch_size: " + std::to_string(batch) +
                                 "\ngradient_accumulation_steps: 2\nlearning_rate: 1.0e-2\nlr_scheduler_type: cosine\n"
                                 "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\nsave_steps: 0\nseed: 5\n"
-                                "ddp_bucket_size: 0.01\n" + extra,
+                                "ddp_bucket_size: 0.01\neval_strategy: steps\neval_steps: 10\n"
+                                "per_device_eval_batch_size: 4\n" + extra,
                             "test.yaml");
 }
 
