@@ -7,6 +7,7 @@
 # Usage: multinode_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 fabrica=$(realpath "$1")
+e2e_dir=$(cd "$(dirname "$0")" && pwd)
 shared=$(realpath "$2" 2>/dev/null || echo "$2")
 if [ ! -f "$shared/data/tokenizers/qwen3/tokenizer.json" ]; then
   echo "SKIP: $shared/data not found"
@@ -48,13 +49,8 @@ exec ip netns exec \$ns unshare --uts /bin/sh -c "hostname fabrica-\$ns; \$*"
 SH
 chmod +x agent.sh
 
-mkdir model
-cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" model/
-cat > model/config.json <<'JSON'
-{"model_type": "qwen3", "vocab_size": 151669, "hidden_size": 32, "intermediate_size": 64,
- "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
- "max_position_embeddings": 256, "tie_word_embeddings": true, "rope_theta": 1000000}
-JSON
+source "$e2e_dir/tiny_model.sh"
+tiny_model model "$shared"
 cat > run.yaml <<YAML
 model_name_or_path: model
 stage: sft

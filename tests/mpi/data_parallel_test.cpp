@@ -8,9 +8,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/rng.h"
 #include "models/hf_model.h"
 #include "mpi/mpi_world.h"
+#include "train/synthetic_data.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -41,21 +41,6 @@ const char* kTinyLlama = R"({"model_type":"llama","vocab_size":64,"hidden_size":
   "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":64,
   "tie_word_embeddings":true})";
 
-TokenSequences synthetic(int64_t samples, uint64_t seed) {
-  Rng rng(seed);
-  TokenSequencesBuilder data;
-  for (int64_t i = 0; i < samples; ++i) {
-    const int64_t n = 6 + int64_t(rng.next_u64() % 20), prompt = int64_t(rng.next_u64() % 4);
-    std::vector<int32_t> ids, labels;
-    for (int64_t t = 0; t < n; ++t) {
-      ids.push_back(int32_t(rng.next_u64() % 64));
-      labels.push_back(t < prompt ? -100 : ids.back());
-    }
-    data.add(ids, labels);
-  }
-  return data.finish();
-}
-
 TrainConfig config_for(const std::string& model, const std::string& output, int64_t batch, const std::string& extra) {
   return parse_train_config("model_name_or_path: " + model + "\nstage: sft\noutput_dir: " + output +
                                 "\nmax_steps: 20\nper_device_train_batch_size: " + std::to_string(batch) +
@@ -68,7 +53,8 @@ TrainConfig config_for(const std::string& model, const std::string& output, int6
 
 std::vector<StepRecord> train(const TrainConfig& c, Communicator* group) {
   auto model = load_model_folder(c.model_name_or_path, {Precision::fp32, false, 64}, uint64_t(c.seed));
-  Trainer trainer(c, std::move(model), TrainData{synthetic(48, 1), synthetic(6, 2), 0}, group);
+  TrainData data{test::synthetic_samples(48, 1), test::synthetic_samples(6, 2), 0};
+  Trainer trainer(c, std::move(model), std::move(data), group);
   trainer.run();
   return trainer.history();
 }

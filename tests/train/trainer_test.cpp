@@ -6,8 +6,8 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "core/rng.h"
 #include "models/hf_model.h"
+#include "train/synthetic_data.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -30,21 +30,6 @@ std::string tiny_model_folder() {
   return dir;
 }
 
-TokenSequences synthetic(int64_t samples, uint64_t seed) {
-  Rng rng(seed);
-  TokenSequencesBuilder data;
-  for (int64_t i = 0; i < samples; ++i) {
-    const int64_t n = 6 + int64_t(rng.next_u64() % 20), prompt = int64_t(rng.next_u64() % 4);
-    std::vector<int32_t> ids, labels;
-    for (int64_t t = 0; t < n; ++t) {
-      ids.push_back(int32_t(rng.next_u64() % 64));
-      labels.push_back(t < prompt ? -100 : ids.back());
-    }
-    data.add(ids, labels);
-  }
-  return data.finish();
-}
-
 TrainConfig config_for(const std::string& output, const std::string& extra = "") {
   return parse_train_config("model_name_or_path: " + tiny_model_folder() + "\nstage: sft\noutput_dir: " + output +
                                 "\nmax_steps: 8\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 2\n"
@@ -56,7 +41,7 @@ TrainConfig config_for(const std::string& output, const std::string& extra = "")
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
   auto model = load_model_folder(c.model_name_or_path, {c.bf16 ? Precision::bf16 : Precision::fp32, false, 64},
                                  uint64_t(c.seed));
-  TrainData data{synthetic(20, 1), synthetic(5, 2), 0};
+  TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(5, 2), 0};
   return std::make_unique<Trainer>(c, std::move(model), std::move(data));
 }
 
