@@ -133,23 +133,30 @@ TEST(DataParallel, BytesSentPerStepAreTheRingFigure) {
   EXPECT_NEAR(double(w.stats().bytes_sent - before) / ring, 1.0, 0.05);
 }
 
-// A ZeRO-3 checkpoint of N ranks resumes on one process (and on 2 when N = 4, under ZeRO-1), with
-// the same global batch: the steps after it repeat the uninterrupted run's losses.
+// A ZeRO-3 checkpoint of N ranks resumes bit for bit on N ranks, and on one process (and on 2 when
+// N = 4, under ZeRO-1) with the same global batch: the steps after it repeat the uninterrupted
+// run's losses.
 TEST(DataParallel, CheckpointsReshardToAnotherWorldSize) {
   Communicator& w = test::world();
   const std::string model = model_folder(kTinyLlama);
   const std::string saved = shared_dir("saved");
   const auto full = train(config_for(model, saved, 2, "zero_stage: 3\nsave_steps: 10\n"), &w);
   ASSERT_EQ(full.size(), 20u);
-  auto check_resumed = [&](Communicator& group, const std::string& name, const std::string& extra) {
+  auto check_resumed = [&](Communicator& group, const std::string& name, const std::string& extra,
+                           bool bitwise = false) {
     const auto c = config_for(model, "/tmp/fabrica-mpi-test-" + std::to_string(w.size()) + "/" + name,
                               2 * w.size() / group.size(),
                               extra + "resume_from_checkpoint: " + saved + "/checkpoint-10\noverwrite_output_dir: true\n");
     const auto resumed = train(c, &group);
     ASSERT_EQ(resumed.size(), 10u) << name;
-    for (const StepRecord& r : resumed)
-      EXPECT_NEAR(r.loss, full[size_t(r.step - 1)].loss, 1e-5 * r.loss) << name << " step " << r.step;
+    for (const StepRecord& r : resumed) {
+      if (bitwise)
+        EXPECT_EQ(r.loss, full[size_t(r.step - 1)].loss) << name << " step " << r.step;
+      else
+        EXPECT_NEAR(r.loss, full[size_t(r.step - 1)].loss, 1e-5 * r.loss) << name << " step " << r.step;
+    }
   };
+  check_resumed(w, "resumed-on-" + std::to_string(w.size()), "zero_stage: 3\n", true);  // exact at the same size
   if (w.rank() == 0) {
     LocalCommunicator alone;
     check_resumed(alone, "resumed-on-1", "");
