@@ -47,8 +47,8 @@ struct Lt {
   std::map<Key, Plan> plans;
   std::mutex mutex;
   Lt() {
+    stream();  // selects this process's device before the handle and the workspace
     FAB_CUBLAS_CHECK(cublasLtCreate(&handle));
-    stream();  // the device is selected before the workspace is allocated
     FAB_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
   }
 };
@@ -110,7 +110,7 @@ void matmul(const MatmulArgs& x) {
   // Alignments in our operands' order: A, B, C.
   const Key key{x.m, x.n, x.k, x.trans_a, x.trans_b, x.dtype, alignment(x.a), alignment(x.b), alignment(x.c)};
   auto it = l.plans.find(key);
-  if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(x, {key}, l)).first;
+  if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(x, key, l)).first;
   const Plan& p = it->second;
   const float alpha = 1.0f, beta = x.accumulate ? 1.0f : 0.0f;
   FAB_CUBLAS_CHECK(cublasLtMatmul(l.handle, p.op, &alpha, x.b, p.a, x.a, p.b, &beta, x.c, p.c, x.c, p.c, &p.algo,
