@@ -1,89 +1,22 @@
-// The CUDA attention kernels (src/kernels/cuda/attention_kernels.cuh) compiled for the CPU, with
-// the CUDA built-ins they use emulated: one OS thread per CUDA thread, std::barrier for
-// __syncthreads and for the warp shuffles, one block at a time (so __shared__ becomes static).
-// This checks their indexing, tiling, causal and document masking and GQA mapping against the
-// CPU kernels on machines without a GPU; it says nothing about speed, races between blocks or the
-// real hardware (tests/gpu/ does that on a GPU). The launch shapes copy attention.cu's.
+// The CUDA attention kernels (src/kernels/cuda/attention_kernels.cuh) compiled for the CPU with
+// CUDA's built-ins emulated (cuda_emulation.h): indexing, tiling, causal and document masking and
+// the GQA mapping against the CPU kernels, where no GPU exists. The launch shapes copy attention.cu's.
 #include <gtest/gtest.h>
 
-#include <barrier>
-#include <climits>
 #include <cmath>
-#include <memory>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "kernels/kernel_table.h"
 #include "test_util.h"
-
-// ---- the emulated built-ins ---------------------------------------------------------------------
-struct EmuDim3 {
-  unsigned x = 1, y = 1, z = 1;
-};
-thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
-
-namespace {
-struct EmuBlock {
-  std::unique_ptr<std::barrier<>> all;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
-  std::vector<float> lanes;
-  std::mutex atomics;
-};
-thread_local EmuBlock* emu_block = nullptr;
-}  // namespace
-
-inline void __syncthreads() { emu_block->all->arrive_and_wait(); }
-
-inline float __shfl_xor_sync(unsigned, float v, int offset) {
-  const unsigned t = threadIdx.x, warp = t / 32;
-  emu_block->lanes[t] = v;
-  emu_block->warps[warp]->arrive_and_wait();
-  const float other = emu_block->lanes[warp * 32 + ((t % 32) ^ unsigned(offset))];
-  emu_block->warps[warp]->arrive_and_wait();
-  return other;
-}
-
-inline int atomicMin(int* p, int v) {
-  std::lock_guard lock(emu_block->atomics);
-  const int old = *p;
-  if (v < old) *p = v;
-  return old;
-}
-
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static
-#define __launch_bounds__(n)
+#include "kernels/cuda_emulation.h"
 #include "kernels/cuda/attention_kernels.cuh"  // its #pragma unroll: -Wno-unknown-pragmas (CMakeLists)
 
 namespace fab::test {
 namespace {
 
 namespace ak = fab::cuda::attention_kernels;
-
-// Runs kernel(args) over `grid` blocks of `threads` threads, one block after another.
-void emulate(void (*kernel)(ak::Args), EmuDim3 grid, unsigned threads, const ak::Args& args) {
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        EmuBlock block;
-        block.all = std::make_unique<std::barrier<>>(threads);
-        for (unsigned w = 0; w < threads / 32; ++w) block.warps.push_back(std::make_unique<std::barrier<>>(32));
-        block.lanes.resize(threads);
-        std::vector<std::thread> pool;
-        for (unsigned t = 0; t < threads; ++t)
-          pool.emplace_back([&, t] {
-            threadIdx = {t, 0, 0}, blockIdx = {x, y, z}, blockDim = {threads, 1, 1}, gridDim = grid;
-            emu_block = &block;
-            kernel(args);
-          });
-        for (std::thread& t : pool) t.join();
-      }
-}
 
 // attention.cu's choice of template: head_dim rounded up to 32, 64 or 128, over P threads a row.
 using KernelFn = void (*)(ak::Args);
