@@ -69,7 +69,7 @@ say "fabrica_gpu_tests exit code $rc"
 if [ "$rc" != 0 ] || [ "${BENCH:-1}" = 0 ]; then exit "$rc"; fi
 
 say "benchmark: ~1B Llama, batch 4 x seq 2048, bf16 (Fabrica, then PyTorch eager and torch.compile)"
-timeout 150 "$bench" --layers 16 --batch 4 --seq 2048 --steps 5 2>"$out/bench_fabrica.log" | tee "$out/bench.jsonl"
+timeout 170 "$bench" --layers 16 --batch 4 --seq 2048 --steps 5 --max-seconds 100 2>"$out/bench_fabrica.log" | tee "$out/bench.jsonl"
 tail -6 "$out/bench_fabrica.log"
 PYTHONUNBUFFERED=1 timeout 200 python3 bench/gpu_bench.py --layers 16 --batch 4 --seq 2048 --steps 6 \
   2>&1 | tee "$out/bench_torch.log" | grep '^{' | tee -a "$out/bench.jsonl"
