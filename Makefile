@@ -54,7 +54,7 @@ gpu-pack: build
 	strip $(GPU_PACK)/fabrica_gpu_tests $(GPU_PACK)/fabrica_gpu_bench
 	cp -L $$(ldd $(BUILD)/fabrica_gpu_tests | awk '/libgomp/ {print $$3}') $(GPU_PACK)/
 	cp -r /usr/src/googletest/googletest $(GPU_PACK)/googletest
-	@du -sh $(GPU_PACK); echo "carry [\"$(GPU_PACK)\"], run: bash scripts/gpu_check.sh (see that script)"
+	@du -sh $(GPU_PACK); echo "device run: command \"BENCH=1 bash scripts/gpu_check.sh\", carry [\"$(GPU_PACK)\"], timeout_s 480"
 
 bench: deps build
 	@bash bench/setup_peer.sh
