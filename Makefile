@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build deps test bench demo clean fuzz
+.PHONY: all build deps test bench demo clean fuzz test-gpu gpu-pack
 
 all: build
 
@@ -38,6 +38,23 @@ test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
 	  && echo "fuzz: safetensors header, tokenizer.json / tokenizer.model + encode, dataset readers: 10 s each, no failure" \
 	  || (tail -40 $(BUILD)/fuzz.log; exit 1)
+
+# GPU tests: every CUDA kernel against the CPU kernel, and a short training run on the device.
+# Without a GPU (or without CUDA in the build) they print a skip line.
+test-gpu: build
+	@if [ -x $(BUILD)/fabrica_gpu_tests ]; then $(BUILD)/fabrica_gpu_tests; \
+	else echo "test-gpu: skipped, this build has no CUDA backend (nvcc was not found)"; fi
+
+# What scripts/gpu_check.sh needs on the GPU machine, in build-gpu/ (carried by the device tool).
+GPU_PACK = build-gpu
+gpu-pack: build
+	@test -x $(BUILD)/fabrica_gpu_tests || { echo "gpu-pack: this build has no CUDA backend"; exit 1; }
+	rm -rf $(GPU_PACK) && mkdir -p $(GPU_PACK)
+	cp $(BUILD)/fabrica_gpu_tests $(BUILD)/fabrica_gpu_bench $(GPU_PACK)/
+	strip $(GPU_PACK)/fabrica_gpu_tests $(GPU_PACK)/fabrica_gpu_bench
+	cp -L $$(ldd $(BUILD)/fabrica_gpu_tests | awk '/libgomp/ {print $$3}') $(GPU_PACK)/
+	cp -r /usr/src/googletest/googletest $(GPU_PACK)/googletest
+	@du -sh $(GPU_PACK); echo "device run: command \"BENCH=1 bash scripts/gpu_check.sh\", carry [\"$(GPU_PACK)\"], timeout_s 480"
 
 bench: deps build
 	@bash bench/setup_peer.sh

@@ -113,7 +113,7 @@ int run_env() {
   std::cout << "gemm: " << fab::cpu::onednn_description() << "\n";
   std::cout << "mpi: " << fab::mpi_library_version() << "\n";
   const fab::Backend& cuda = fab::backend(fab::DeviceKind::cuda);
-  std::cout << "cuda: " << (cuda.available() ? "available" : cuda.name()) << "\n";
+  std::cout << "cuda: " << (cuda.available() ? "available, " : "") << cuda.name() << "\n";
   return 0;
 }
 

@@ -14,8 +14,8 @@ class CpuBackend final : public Backend {
   bool available() const override { return true; }
   Allocator& allocator() override { return allocator_; }
   void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
-    FAB_CHECK(dst_device.kind == DeviceKind::cpu && src_device.kind == DeviceKind::cpu,
-              "cpu backend copies host memory only ({} -> {})", src_device.str(), dst_device.str());
+    if (dst_device.kind != DeviceKind::cpu || src_device.kind != DeviceKind::cpu)
+      return cuda_backend().copy(dst, dst_device, src, src_device, bytes);  // to or from a device
     std::memcpy(dst, src, bytes);
   }
   void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
@@ -25,28 +25,11 @@ class CpuBackend final : public Backend {
   HostAllocator allocator_;
 };
 
-// Stands in for CUDA in builds without it: every use fails with a message that says so.
-class CudaStubBackend final : public Backend {
- public:
-  std::string name() const override { return "cuda (not built)"; }
-  bool available() const override { return false; }
-  Allocator& allocator() override { fail(); }
-  void copy(void*, Device, const void*, Device, size_t) override { fail(); }
-  void fill_zero(void*, size_t) override { fail(); }
-  const KernelTable& kernels() const override { fail(); }
-
- private:
-  [[noreturn]] static void fail() {
-    throw UserError("this Fabrica was built without CUDA; rebuild with the CUDA toolkit (nvcc) on PATH");
-  }
-};
-
 }  // namespace
 
 Backend& backend(DeviceKind kind) {
   static CpuBackend cpu;
-  static CudaStubBackend cuda;
-  return kind == DeviceKind::cpu ? static_cast<Backend&>(cpu) : static_cast<Backend&>(cuda);
+  return kind == DeviceKind::cpu ? static_cast<Backend&>(cpu) : cuda_backend();
 }
 
 }  // namespace fab

@@ -1,7 +1,8 @@
 #pragma once
 // The narrow backend interface: memory, copies and the table of compute kernels of one device
-// kind. The CPU backend is always present; the CUDA slot holds a stub until the CUDA backend is
-// built, so CPU-only builds compile and say clearly that CUDA is missing. Another accelerator
+// kind. The CPU backend is always present. The CUDA slot holds the CUDA backend when the build
+// found nvcc (src/kernels/cuda/), else a stub (src/core/cuda_stub_backend.cpp), so CPU-only builds
+// compile and say clearly that CUDA is missing. Another accelerator
 // plugs in by implementing this class and its KernelTable.
 #include <string>
 
@@ -26,5 +27,8 @@ class Backend {
 };
 
 Backend& backend(DeviceKind kind);
+// The CUDA backend of this build: the real one, or the stub when built without CUDA. Its
+// available() is false, with the reason in name(), when the build or the machine lacks CUDA.
+Backend& cuda_backend();
 
 }  // namespace fab

@@ -1,0 +1,93 @@
+#pragma once
+// CUDA's few built-ins that our kernels use, emulated on the CPU: one OS thread per CUDA thread,
+// std::barrier for __syncthreads and for the warp shuffles, one block at a time (so __shared__
+// can be static), atomics under a mutex. Include this, then a kernels header
+// (src/kernels/cuda/*_kernels.cuh), then call emulate(). It checks indexing, tiling, masking and
+// reductions against the CPU kernels where no GPU exists; it says nothing about speed, races
+// between blocks or the hardware itself (tests/gpu/ runs the real thing).
+#include <barrier>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "core/dtype.h"
+
+// ---- the emulated built-ins ---------------------------------------------------------------------
+struct EmuDim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+inline thread_local EmuDim3 threadIdx, blockIdx, blockDim, gridDim;
+
+struct EmuBlock {
+  std::unique_ptr<std::barrier<>> all;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<double> lanes;  // wide enough for the float and double shuffles
+  std::mutex atomics;
+};
+inline thread_local EmuBlock* emu_block = nullptr;
+
+inline void __syncthreads() { emu_block->all->arrive_and_wait(); }
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int offset) {
+  const unsigned t = threadIdx.x, warp = t / 32;
+  emu_block->lanes[t] = double(v);
+  emu_block->warps[warp]->arrive_and_wait();
+  const T other = T(emu_block->lanes[warp * 32 + ((t % 32) ^ unsigned(offset))]);
+  emu_block->warps[warp]->arrive_and_wait();
+  return other;
+}
+
+inline float atomicAdd(float* p, float v) {
+  std::lock_guard lock(emu_block->atomics);
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
+
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+struct EmuBf16 {
+  uint16_t bits;
+};
+inline EmuBf16 __float2bfloat16_rn(float x) { return {fab::to_bf16(x).bits}; }
+inline uint16_t __bfloat16_as_ushort(EmuBf16 h) { return h.bits; }
+
+inline int atomicMin(int* p, int v) {
+  std::lock_guard lock(emu_block->atomics);
+  const int old = *p;
+  if (v < old) *p = v;
+  return old;
+}
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(n)
+
+// Runs kernel(args) over `grid` blocks of `threads` threads, one block after another.
+template <typename... Params, typename... Args>
+void emulate(void (*kernel)(Params...), EmuDim3 grid, unsigned threads, Args... args) {
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        EmuBlock block;
+        block.all = std::make_unique<std::barrier<>>(threads);
+        for (unsigned w = 0; w < threads / 32; ++w) block.warps.push_back(std::make_unique<std::barrier<>>(32));
+        block.lanes.resize(threads);
+        std::vector<std::thread> pool;
+        for (unsigned t = 0; t < threads; ++t)
+          pool.emplace_back([&, t] {
+            threadIdx = {t, 0, 0}, blockIdx = {x, y, z}, blockDim = {threads, 1, 1}, gridDim = grid;
+            emu_block = &block;
+            kernel(args...);
+          });
+        for (std::thread& t : pool) t.join();
+      }
+}
+
