@@ -9,8 +9,13 @@
 namespace fab::tok {
 
 SpmTokenizer::SpmTokenizer(std::string_view model, const std::string& source, const TokenizerConfig& config)
-    : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
-  const auto status = sp_->LoadFromSerializedProto(model);
+    : source_(source), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  sentencepiece::util::Status status;
+  try {  // libsentencepiece throws on some malformed models (an empty piece, say)
+    status = sp_->LoadFromSerializedProto(model);
+  } catch (const std::exception& e) {
+    throw UserError(format("{}: not a valid SentencePiece model ({})", source, e.what()));
+  }
   FAB_USER_CHECK(status.ok(), "{}: not a valid SentencePiece model ({})", source, status.ToString());
   FAB_USER_CHECK(sp_->GetPieceSize() > 0, "{}: not a valid SentencePiece model (no pieces)", source);
   const TokenizerConfig completed = with_model_defaults(config);
@@ -69,7 +74,7 @@ void SpmTokenizer::encode_into(std::string_view text, std::vector<int32_t>& ids)
       continue;
     }
     const auto status = sp_->Encode(segment.text, &piece_ids);
-    FAB_CHECK(status.ok(), "SentencePiece failed to encode text: {}", status.ToString());
+    FAB_USER_CHECK(status.ok(), "{}: SentencePiece cannot encode with this model ({})", source_, status.ToString());
     ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
   }
 }

@@ -23,7 +23,8 @@ namespace fab::tok {
 class SpmTokenizer final : public TokenizerBackend {
  public:
   // `model`: the bytes of a .model file, named `source` in errors: a file that is not a
-  // SentencePiece model gives a fab::UserError.
+  // SentencePiece model gives a fab::UserError, and so does a model that loads but then cannot
+  // encode (a damaged file can be both).
   SpmTokenizer(std::string_view model, const std::string& source, const TokenizerConfig& config);
   ~SpmTokenizer() override;
 
@@ -40,6 +41,7 @@ class SpmTokenizer final : public TokenizerBackend {
   void add_tokens(const TokenizerConfig& config);
   bool adds_dummy_prefix() const;
 
+  std::string source_;  // the model file, for errors
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   AddedVocabulary added_;
   SpecialIds special_;
