@@ -9,6 +9,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "kernels/cuda/cublaslt_library.h"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/kernels.h"
 
@@ -16,7 +17,7 @@
   do {                                                                                                \
     const cublasStatus_t fab_cublas_status_ = (call);                                                 \
     FAB_CHECK(fab_cublas_status_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt call {} failed: {} ({})", #call, \
-              cublasLtGetStatusName(fab_cublas_status_), cublasLtGetStatusString(fab_cublas_status_)); \
+              cublaslt().GetStatusName(fab_cublas_status_), cublaslt().GetStatusString(fab_cublas_status_)); \
   } while (0)
 
 namespace fab::cuda {
@@ -48,7 +49,7 @@ struct Lt {
   std::mutex mutex;
   Lt() {
     stream();  // selects this process's device before the handle and the workspace
-    FAB_CUBLAS_CHECK(cublasLtCreate(&handle));
+    FAB_CUBLAS_CHECK(cublaslt().Create(&handle));
     FAB_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
   }
 };
@@ -61,36 +62,36 @@ Lt& lt() {
 Plan make_plan(const MatmulArgs& x, const Key& key, Lt& l) {
   const cudaDataType_t in = x.dtype == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
   Plan p;
-  FAB_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  FAB_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = x.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's A is our B
   const cublasOperation_t op_b = x.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  FAB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-  FAB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+  FAB_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  FAB_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   // Stored shapes, column-major: our B is (K, N) row-major = (N, K) col-major, or (N, K) row-major
   // = (K, N) col-major when transposed; likewise A.
-  FAB_CUBLAS_CHECK(x.trans_b ? cublasLtMatrixLayoutCreate(&p.a, in, x.k, x.n, x.k)
-                             : cublasLtMatrixLayoutCreate(&p.a, in, x.n, x.k, x.n));
-  FAB_CUBLAS_CHECK(x.trans_a ? cublasLtMatrixLayoutCreate(&p.b, in, x.m, x.k, x.m)
-                             : cublasLtMatrixLayoutCreate(&p.b, in, x.k, x.m, x.k));
-  FAB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, x.n, x.m, x.n));
+  FAB_CUBLAS_CHECK(x.trans_b ? cublaslt().MatrixLayoutCreate(&p.a, in, x.k, x.n, x.k)
+                             : cublaslt().MatrixLayoutCreate(&p.a, in, x.n, x.k, x.n));
+  FAB_CUBLAS_CHECK(x.trans_a ? cublaslt().MatrixLayoutCreate(&p.b, in, x.m, x.k, x.m)
+                             : cublaslt().MatrixLayoutCreate(&p.b, in, x.k, x.m, x.k));
+  FAB_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p.c, CUDA_R_32F, x.n, x.m, x.n));
   cublasLtMatmulPreference_t pref;
-  FAB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  FAB_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pref));
   const uint64_t ws = kWorkspaceBytes;
   const uint32_t align_a = uint32_t(std::get<6>(key)), align_b = uint32_t(std::get<7>(key)),
                  align_c = uint32_t(std::get<8>(key));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b, sizeof align_b);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a, sizeof align_a);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c);
+  cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b, sizeof align_b);
+  cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a, sizeof align_a);
+  cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c);
+  cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(l.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st = cublaslt().MatmulAlgoGetHeuristic(l.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublaslt().MatmulPreferenceDestroy(pref);
   FAB_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0,
             "cuBLASLt has no algorithm for {} GEMM M={} N={} K={} trans_a={} trans_b={} (alignments {}/{}/{}): {}",
             dtype_name(x.dtype), x.m, x.n, x.k, x.trans_a, x.trans_b, align_b, align_a, align_c,
-            cublasLtGetStatusString(st));
+            cublaslt().GetStatusString(st));
   p.algo = result.algo;
   return p;
 }
@@ -113,7 +114,7 @@ void matmul(const MatmulArgs& x) {
   if (it == l.plans.end()) it = l.plans.emplace(key, make_plan(x, key, l)).first;
   const Plan& p = it->second;
   const float alpha = 1.0f, beta = x.accumulate ? 1.0f : 0.0f;
-  FAB_CUBLAS_CHECK(cublasLtMatmul(l.handle, p.op, &alpha, x.b, p.a, x.a, p.b, &beta, x.c, p.c, x.c, p.c, &p.algo,
+  FAB_CUBLAS_CHECK(cublaslt().Matmul(l.handle, p.op, &alpha, x.b, p.a, x.a, p.b, &beta, x.c, p.c, x.c, p.c, &p.algo,
                                   l.workspace, kWorkspaceBytes, stream()));
 }
 
