@@ -125,6 +125,9 @@ struct MpiGroup {
   std::vector<int64_t> arrived, inbox;
   std::vector<MPI_Request> arrival_recvs;
   std::deque<std::pair<MPI_Request, std::unique_ptr<int64_t>>> arrival_sends;
+  // Where a reduce-scatter receives its peer's chunk: kept between collectives, so its pages are
+  // not faulted in again for every bucket.
+  std::vector<char> incoming;
 
   void open(MPI_Comm comm) {
     MPI_Comm_dup(comm, &data);
@@ -244,13 +247,15 @@ struct MpiGroup {
   template <typename T>
   void reduce_scatter(T* buffer, int64_t n) {
     const int left = mod(rank - 1), right = mod(rank + 1);
-    std::vector<T> incoming(size_t(chunk_range(n, size, 0).second + 1));
+    const size_t largest_chunk = size_t(chunk_range(n, size, 0).second + 1) * sizeof(T);
+    if (incoming.size() < largest_chunk) incoming.resize(largest_chunk);
+    T* received = reinterpret_cast<T*>(incoming.data());
     for (int s = 0; s + 1 < size; ++s) {
       const auto [sb, se] = chunk_range(n, size, mod(rank - s - 1));
       const auto [rb, re] = chunk_range(n, size, mod(rank - s - 2));
-      exchange(buffer + sb, se - sb, right, incoming.data(), re - rb, left, kRingTag);
+      exchange(buffer + sb, se - sb, right, received, re - rb, left, kRingTag);
       T* dst = buffer + rb;
-      for (int64_t i = 0; i < re - rb; ++i) dst[i] += incoming[size_t(i)];
+      for (int64_t i = 0; i < re - rb; ++i) dst[i] += received[i];
     }
   }
 
