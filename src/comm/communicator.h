@@ -69,8 +69,6 @@ class Communicator {
   // A sub-group: ranks with the same color, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
   virtual CommStats stats() const = 0;
-  // Seconds a collective may take before the job is stopped.
-  virtual void set_timeout(double seconds) = 0;
 };
 
 // Chunk i of n elements cut into `parts`: [first, second). Chunks differ by at most one element.
@@ -91,7 +89,6 @@ class LocalCommunicator final : public Communicator {
   void barrier(const std::string&) override {}
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<LocalCommunicator>(); }
   CommStats stats() const override { return stats_; }
-  void set_timeout(double) override {}
 
  private:
   CommHandle finished();

@@ -307,8 +307,6 @@ MpiCommunicator::~MpiCommunicator() {
 int MpiCommunicator::rank() const { return group_->rank; }
 int MpiCommunicator::size() const { return group_->size; }
 
-void MpiCommunicator::set_timeout(double seconds) { group_->timeout = seconds; }
-
 CommStats MpiCommunicator::stats() const {
   std::lock_guard lock(group_->stats_mutex);
   CommStats s = group_->stats;

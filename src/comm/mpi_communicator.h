@@ -31,7 +31,6 @@ class MpiCommunicator final : public Communicator {
   void barrier(const std::string& what) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   CommStats stats() const override;
-  void set_timeout(double seconds) override;
 
  private:
   explicit MpiCommunicator(std::unique_ptr<MpiGroup> group);

@@ -300,6 +300,4 @@ CommStats NcclCommunicator::stats() const {
   return out;
 }
 
-void NcclCommunicator::set_timeout(double seconds) { s_->timeout = seconds; }
-
 }  // namespace fab

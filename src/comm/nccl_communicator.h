@@ -39,7 +39,6 @@ class NcclCommunicator final : public Communicator {
   void barrier(const std::string& what) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   CommStats stats() const override;
-  void set_timeout(double seconds) override;
 
   struct State;
 

@@ -106,6 +106,8 @@ TEST(Collectives, MeshGroupsReduceWithinThemselves) {
   EXPECT_EQ(r, expected);
   EXPECT_EQ(mesh.group("tp").size(), 2);
   EXPECT_EQ(mesh.group("tp").rank(), w.rank() % 2);
+  EXPECT_EQ(mesh.coordinate("tp"), w.rank() % 2);
+  EXPECT_EQ(mesh.coordinate("dp"), w.rank() / 2);
 }
 
 }  // namespace
