@@ -1,10 +1,9 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
-#include <mutex>
 #include <new>
-#include <unordered_map>
-#include <vector>
+
+#include "core/block_cache.h"
 
 namespace fab {
 
@@ -57,58 +56,25 @@ void Allocator::reset_peaks() {
   total_peak_ = total_live_.load();
 }
 
-// Blocks keyed by their rounded size; `sizes` remembers each live block's size for release.
-struct HostAllocator::Cache {
-  std::mutex mutex;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks;
-  std::unordered_map<void*, size_t> sizes;
-  size_t cached = 0;
-};
-
-HostAllocator::HostAllocator() : cache_(std::make_unique<Cache>()) {}
+HostAllocator::HostAllocator() : cache_(std::make_unique<BlockCache>()) {}
 
 HostAllocator::~HostAllocator() { release_cached(); }
 
-size_t HostAllocator::cached_bytes() const {
-  std::lock_guard lock(cache_->mutex);
-  return cache_->cached;
-}
+size_t HostAllocator::cached_bytes() const { return cache_->cached_bytes(); }
 
 void HostAllocator::release_cached() {
-  Cache& c = *cache_;
-  std::lock_guard lock(c.mutex);
-  for (auto& [size, blocks] : c.free_blocks)
-    for (void* p : blocks) std::free(p);
-  c.free_blocks.clear();
-  c.cached = 0;
+  cache_->drain([](void* p, size_t) { std::free(p); });
 }
 
 void* HostAllocator::raw_allocate(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
-  Cache& c = *cache_;
-  std::lock_guard lock(c.mutex);
-  auto it = c.free_blocks.find(rounded);
-  void* p = nullptr;
-  if (it != c.free_blocks.end() && !it->second.empty()) {
-    p = it->second.back();
-    it->second.pop_back();
-    c.cached -= rounded;
-  } else {
-    p = std::aligned_alloc(64, rounded);
-    if (!p) throw std::bad_alloc();
-  }
-  c.sizes[p] = rounded;
+  if (void* p = cache_->take(rounded)) return p;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  cache_->track(p, rounded);
   return p;
 }
 
-void HostAllocator::raw_release(void* ptr) {
-  Cache& c = *cache_;
-  std::lock_guard lock(c.mutex);
-  auto it = c.sizes.find(ptr);
-  const size_t size = it->second;
-  c.sizes.erase(it);
-  c.free_blocks[size].push_back(ptr);
-  c.cached += size;
-}
+void HostAllocator::raw_release(void* ptr) { cache_->put(ptr); }
 
 }  // namespace fab

@@ -46,6 +46,8 @@ class Allocator {
 // for reuse by size: a training step allocates the same activation sizes every step, and handing
 // large blocks back to the OS (glibc munmaps them) made every step page-fault them in again.
 // Accounting (live/peak per category) counts what is in use, not what is cached.
+class BlockCache;
+
 class HostAllocator final : public Allocator {
  public:
   HostAllocator();
@@ -58,8 +60,7 @@ class HostAllocator final : public Allocator {
   void raw_release(void* ptr) override;
 
  private:
-  struct Cache;
-  std::unique_ptr<Cache> cache_;
+  std::unique_ptr<BlockCache> cache_;
 };
 
 }  // namespace fab

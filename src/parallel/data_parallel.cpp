@@ -136,19 +136,19 @@ double DataParallel::clip_grad_norm(double max_norm) {
   ProfileScope profile("clip_grad_norm");
   const KernelTable& k = cpu_kernels();
   if (options_.zero_stage == 0) return fab::clip_grad_norm(params_, max_norm);
+  // This rank's reduced gradients: its chunks of the flat buffer (ZeRO-1), or the shard accumulator.
+  auto shard_grads = [this](const Bucket& b) {
+    return options_.zero_stage >= 2 ? shard_grads_.data<float>() + b.shard_offset
+                                    : params_.grads().data<float>() + b.own_begin;
+  };
   // Each rank's share of the squared norm, then the sum over the group.
   double squares = 0;
-  float* grads = options_.zero_stage >= 2 ? shard_grads_.data<float>() : params_.grads().data<float>();
-  for (const Bucket& b : buckets_) {
-    const int64_t at = options_.zero_stage >= 2 ? b.shard_offset : b.own_begin;
-    squares += k.sum_squares(grads + at, b.own_end - b.own_begin);
-  }
+  for (const Bucket& b : buckets_) squares += k.sum_squares(shard_grads(b), b.own_end - b.own_begin);
   group_.all_reduce(&squares, 1, "gradient norm").wait();
   const double norm = std::sqrt(squares);
   const double coef = max_norm / (norm + 1e-6);
   if (max_norm > 0 && coef < 1.0)
-    for (const Bucket& b : buckets_)
-      k.scale(grads + (options_.zero_stage >= 2 ? b.shard_offset : b.own_begin), b.own_end - b.own_begin, float(coef));
+    for (const Bucket& b : buckets_) k.scale(shard_grads(b), b.own_end - b.own_begin, float(coef));
   return norm;
 }
 

@@ -162,6 +162,7 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
     s.sampler.epoch = j.at("sampler_epoch").get<int64_t>();
     s.sampler.position = j.at("sampler_position").get<int64_t>();
     s.losses = j.at("losses").get<std::vector<double>>();
+    s.world_size = j.value("world_size", int64_t(1));
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw UserError(format("{}/trainer_state.json: {}", dir, e.what()));

@@ -17,6 +17,7 @@ struct TrainerState {
   int64_t global_step = 0;  // optimizer steps done
   Sampler::State sampler;
   std::vector<double> losses;  // one per optimizer step (plots, metrics)
+  int64_t world_size = 1;      // data-parallel ranks of the run that saved it (the sampler position is per rank)
 };
 
 // Collective over the data-parallel group: every rank calls it.

@@ -255,9 +255,7 @@ void Trainer::save(int64_t step) {
 // the epoch's samples, so it scales by N / M.
 void Trainer::resume(const std::string& checkpoint) {
   state_ = load_checkpoint(checkpoint, *dp_);
-  std::ifstream in(fs::path(checkpoint) / "trainer_state.json");
-  const auto saved = nlohmann::json::parse(in, nullptr, false);
-  const int64_t saved_world = saved.is_object() ? saved.value("world_size", int64_t(1)) : 1;
+  const int64_t saved_world = state_.world_size;
   if (saved_world != group_->size()) {
     const int64_t consumed = state_.sampler.position * saved_world;
     state_.sampler.position = consumed / group_->size();

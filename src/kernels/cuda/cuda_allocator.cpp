@@ -1,9 +1,6 @@
 #include "kernels/cuda/cuda_allocator.h"
 
-#include <mutex>
-#include <unordered_map>
-#include <vector>
-
+#include "core/block_cache.h"
 #include "kernels/cuda/cuda_util.h"
 
 namespace fab::cuda {
@@ -29,57 +26,27 @@ std::string memory_summary(const Allocator& a, size_t cached) {
 
 }  // namespace
 
-struct CudaAllocator::Cache {
-  mutable std::mutex mutex;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks;
-  std::unordered_map<void*, size_t> sizes;  // every block from cudaMalloc not yet freed
-  size_t cached = 0, reserved = 0;
-};
-
-CudaAllocator::CudaAllocator() : cache_(std::make_unique<Cache>()) {}
+CudaAllocator::CudaAllocator() : cache_(std::make_unique<BlockCache>()) {}
 
 // At exit the CUDA context may already be gone: free what is cached, ignore errors.
 CudaAllocator::~CudaAllocator() {
-  for (auto& [size, blocks] : cache_->free_blocks)
-    for (void* p : blocks) cudaFree(p);
+  cache_->drain([](void* p, size_t) { cudaFree(p); });
 }
 
-size_t CudaAllocator::cached_bytes() const {
-  std::lock_guard lock(cache_->mutex);
-  return cache_->cached;
-}
+size_t CudaAllocator::cached_bytes() const { return cache_->cached_bytes(); }
 
-size_t CudaAllocator::reserved_bytes() const {
-  std::lock_guard lock(cache_->mutex);
-  return cache_->reserved;
-}
+size_t CudaAllocator::reserved_bytes() const { return reserved_.load(); }
 
 void CudaAllocator::release_cached() {
-  Cache& c = *cache_;
-  std::lock_guard lock(c.mutex);
-  for (auto& [size, blocks] : c.free_blocks)
-    for (void* p : blocks) {
-      FAB_CUDA_CHECK(cudaFree(p));
-      c.sizes.erase(p);
-      c.reserved -= size;
-    }
-  c.free_blocks.clear();
-  c.cached = 0;
+  cache_->drain([this](void* p, size_t size) {
+    FAB_CUDA_CHECK(cudaFree(p));
+    reserved_ -= size;
+  });
 }
 
 void* CudaAllocator::raw_allocate(size_t bytes) {
   const size_t rounded = round_size(bytes);
-  Cache& c = *cache_;
-  {
-    std::lock_guard lock(c.mutex);
-    auto it = c.free_blocks.find(rounded);
-    if (it != c.free_blocks.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      c.cached -= rounded;
-      return p;
-    }
-  }
+  if (void* p = cache_->take(rounded)) return p;
   stream();  // selects this process's device before the first cudaMalloc
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, rounded);
@@ -93,19 +60,11 @@ void* CudaAllocator::raw_allocate(size_t bytes) {
     throw Error(format("cudaMalloc of {} MiB failed ({}); {}", rounded >> 20, cudaGetErrorString(err),
                        memory_summary(*this, cached_bytes())));
   }
-  std::lock_guard lock(c.mutex);
-  c.sizes[p] = rounded;
-  c.reserved += rounded;
+  cache_->track(p, rounded);
+  reserved_ += rounded;
   return p;
 }
 
-void CudaAllocator::raw_release(void* ptr) {
-  Cache& c = *cache_;
-  std::lock_guard lock(c.mutex);
-  auto it = c.sizes.find(ptr);
-  FAB_CHECK(it != c.sizes.end(), "release of a pointer this CUDA allocator did not hand out");
-  c.free_blocks[it->second].push_back(ptr);
-  c.cached += it->second;
-}
+void CudaAllocator::raw_release(void* ptr) { cache_->put(ptr); }
 
 }  // namespace fab::cuda

@@ -4,9 +4,14 @@
 // cudaFree synchronise the device. Every kernel runs on one stream, so a block released on the
 // host can be handed out again at once: any later use is ordered after the earlier kernels.
 // Accounting (live/peak per category, Allocator) counts what is in use, not what is cached.
+#include <atomic>
 #include <memory>
 
 #include "core/allocator.h"
+
+namespace fab {
+class BlockCache;
+}
 
 namespace fab::cuda {
 
@@ -23,8 +28,8 @@ class CudaAllocator final : public Allocator {
   void raw_release(void* ptr) override;
 
  private:
-  struct Cache;
-  std::unique_ptr<Cache> cache_;
+  std::unique_ptr<BlockCache> cache_;
+  std::atomic<size_t> reserved_{0};
 };
 
 }  // namespace fab::cuda
