@@ -4,7 +4,7 @@
     python3 tests/data/spm_parity.py build/reference
 
 trains a Llama-2-style BPE model on the LLaMA-Factory demo data ($FAB_SHARED_DIR/data/llamafactory,
-default ../shared), English and Chinese: byte fallback, split digits, identity normalization, no
+default ../shared; the repository's own text where that is absent), English and Chinese: byte fallback, split digits, identity normalization, no
 removal of extra whitespace, a dummy prefix, <unk>=0 <s>=1 </s>=2 and one user-defined symbol. It
 writes build/reference/spm/tokenizer.model, a Llama-2-style tokenizer_config.json (with two added
 tokens after the model's vocabulary) and build/reference/spm_parity.json.
@@ -43,6 +43,18 @@ def training_lines(folder):
         if line.strip():
             lines.extend(s for s in strings_in(json.loads(line)) if s.strip())
     return [line for text in lines for line in text.splitlines() if line.strip()]
+
+
+def repository_lines():
+    """Without the shared data (a clone on its own): the repository's own sources and docs, plus
+    the tricky multilingual texts, which give the 8000 pieces too."""
+    lines = [t for text in tricky_texts() for t in text.splitlines() if t.strip()]
+    for pattern in ("**/*.md", "src/**/*.cpp", "src/**/*.h", "tests/**/*.py"):
+        for path in sorted(pyref.REPO.glob(pattern)):
+            if "build" in path.parts or ".venv" in path.parts:
+                continue
+            lines.extend(line for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return lines
 
 
 def train(lines, out_dir):
@@ -93,9 +105,12 @@ def spm_texts():
 def main():
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else pyref.REPO / "build" / "reference")
     data = Path(os.environ.get("FAB_SHARED_DIR", pyref.REPO.parent / "shared")) / "data" / "llamafactory"
-    if not data.exists():
-        sys.exit(f"spm_parity: {data} not found (the training text)")
-    sp = train(training_lines(data), out_dir / "spm")
+    if data.exists():
+        lines = training_lines(data)
+    else:
+        print(f"spm_parity: {data} not found: training on the repository's own text instead", file=sys.stderr)
+        lines = repository_lines()
+    sp = train(lines, out_dir / "spm")
     added = write_config(sp, out_dir / "spm")
     texts = tricky_texts() + spm_texts() + corpus_texts(data, 300) + random_texts(300, seed=4321)
     special_ids = {i for i, special in added.values() if special}
