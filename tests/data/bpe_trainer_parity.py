@@ -5,7 +5,8 @@ and Fabrica's own tokenizer.
                                              [--vocab-size 8000] [--lines 600]
 
 Without --tokenizer it trains one (vocab 8000) on the LLaMA-Factory demo data in
-$FAB_SHARED_DIR/data/llamafactory (default: the repository's ../shared), then encodes a few hundred
+$FAB_SHARED_DIR/data/llamafactory (default: the repository's ../shared; where that is absent, on the
+repository's own text), then encodes a few hundred
 lines (alpaca_en_demo instruction/input/output, alpaca_zh_demo, plus hand-written edge cases) with
 HF's Tokenizer.from_file(tokenizer.json) and with `fabrica tokenize --tokenizer DIR --input FILE`,
 and checks that the ids are identical (with and without add_special_tokens) and that HF decodes
@@ -24,6 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
 import pyref  # noqa: E402
+from tokenizer_parity_texts import repository_texts  # noqa: E402
 
 
 EDGE_CASES = [
@@ -96,7 +98,12 @@ def main():
     pyref.ensure("tokenizers")  # else installs it in build/pyref/.venv and re-runs this script there
     from tokenizers import Tokenizer
 
-    texts = field_texts(shared_data_dir())
+    data = shared_data_dir()
+    if data.exists():
+        texts = field_texts(data)
+    else:
+        print(f"bpe_trainer_parity: {data} not found: training on the repository's own text instead")
+        texts = EDGE_CASES + repository_texts(REPO)
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer_dir = Path(args.tokenizer) if args.tokenizer else train(args.trainer or args.fabrica, texts,
                                                                           args.vocab_size, tmp)

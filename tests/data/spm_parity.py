@@ -27,7 +27,8 @@ pyref.ensure("sentencepiece")
 
 import sentencepiece as spm  # noqa: E402
 
-from tokenizer_parity_texts import corpus_texts, random_texts, strings_in, tricky_texts  # noqa: E402
+from tokenizer_parity_texts import (corpus_texts, random_texts, repository_texts, strings_in,  # noqa: E402
+                                    tricky_texts)
 
 VOCAB_SIZE = 8000
 USER_SYMBOL = "<tool>"  # matched by SentencePiece itself
@@ -43,18 +44,6 @@ def training_lines(folder):
         if line.strip():
             lines.extend(s for s in strings_in(json.loads(line)) if s.strip())
     return [line for text in lines for line in text.splitlines() if line.strip()]
-
-
-def repository_lines():
-    """Without the shared data (a clone on its own): the repository's own sources and docs, plus
-    the tricky multilingual texts, which give the 8000 pieces too."""
-    lines = [t for text in tricky_texts() for t in text.splitlines() if t.strip()]
-    for pattern in ("**/*.md", "src/**/*.cpp", "src/**/*.h", "tests/**/*.py"):
-        for path in sorted(pyref.REPO.glob(pattern)):
-            if "build" in path.parts or ".venv" in path.parts:
-                continue
-            lines.extend(line for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-    return lines
 
 
 def train(lines, out_dir):
@@ -109,7 +98,7 @@ def main():
         lines = training_lines(data)
     else:
         print(f"spm_parity: {data} not found: training on the repository's own text instead", file=sys.stderr)
-        lines = repository_lines()
+        lines = [t for text in tricky_texts() + repository_texts(pyref.REPO) for t in text.splitlines() if t.strip()]
     sp = train(lines, out_dir / "spm")
     added = write_config(sp, out_dir / "spm")
     texts = tricky_texts() + spm_texts() + corpus_texts(data, 300) + random_texts(300, seed=4321)

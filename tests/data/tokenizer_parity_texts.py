@@ -75,6 +75,18 @@ def corpus_texts(folder, count):
     return [s if len(s) < 4000 else s[:4000] for s in picked]
 
 
+def repository_texts(repo):
+    """Where the shared LLaMA-Factory data is absent (a clone on its own): the repository's own docs,
+    sources and test scripts, a line each -- enough text to train an 8000-token tokenizer."""
+    texts = []
+    for pattern in ("**/*.md", "src/**/*.cpp", "src/**/*.h", "tests/**/*.py"):
+        for path in sorted(Path(repo).glob(pattern)):
+            if "build" in path.parts or ".venv" in path.parts:
+                continue
+            texts.extend(line for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return texts
+
+
 def random_texts(count, seed):
     """Random strings over an alphabet of things tokenizers trip on."""
     pieces = [" ", "  ", "\n", "\r\n", "\t", "\u00a0", "\u3000", "'", "'s", "'T", "'re", "'LL", "ſ", "a", "Z",
