@@ -77,8 +77,8 @@ struct KernelTable {
 
   // Cross-entropy of one chunk of rows. The gradient scale * (softmax - onehot) (zero rows where
   // label == -100) replaces the logits in place, or, when grad_bf16 is not null, goes there in
-  // bf16 (what bf16 mode's GEMMs read) and the logits are left as they were. Returns the sum of
-  // the rows' losses.
+  // bf16 (what bf16 mode's GEMMs read) and the logits are scratch (the CPU kernel leaves the
+  // exponentials there). Returns the sum of the rows' losses.
   double (*cross_entropy_chunk)(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale,
                                 bf16* grad_bf16);
 

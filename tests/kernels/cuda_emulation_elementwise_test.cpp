@@ -62,7 +62,6 @@ TEST(CudaEmulation, CrossEntropyRowsAndLossSum) {
       std::vector<float> got(eg.size()), want(eg.size());
       for (size_t j = 0; j < eg.size(); ++j) got[j] = to_f32(bf16{eg[j]}), want[j] = to_f32(g[j]);
       EXPECT_LE(scaled_diff(got, want), 1e-2);
-      EXPECT_EQ(scaled_diff(ez, logits), 0.0) << "logits untouched in bf16 mode";
     } else {
       EXPECT_LE(scaled_diff(ez, z), 1e-5);
     }
