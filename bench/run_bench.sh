@@ -12,6 +12,8 @@
 #   BENCH_WARMUP   untimed steps             (default 2)
 #   BENCH_STEPS    timed steps               (default 8)
 #   BENCH_THREADS  compute threads per side  (default 2)
+#   BENCH_ROUNDS   rounds of (Fabrica, PyTorch) runs, alternating; the table shows each side's
+#                  median round and every round's ratio (default 3: this machine is noisy)
 #   PEAK_GFLOPS    peak FLOP/s for MFU, in GFLOP/s (default 315: 2 cores x the
 #                  measured fp32 FMA peak of this machine; used for bf16 too)
 set -euo pipefail
@@ -24,6 +26,7 @@ precisions="${PRECISIONS:-fp32 bf16}"
 warmup="${BENCH_WARMUP:-2}"
 steps="${BENCH_STEPS:-8}"
 threads="${BENCH_THREADS:-2}"
+rounds="${BENCH_ROUNDS:-3}"
 peak_gflops="${PEAK_GFLOPS:-315}"
 
 if [ ! -x "$fabrica" ]; then
@@ -60,9 +63,11 @@ run_one() {
 }
 
 args=(--warmup "$warmup" --steps "$steps" --threads "$threads")
-for p in $precisions; do
-  run_one "fabrica $p" "$fabrica" --precision "$p" "${args[@]}"
-  run_one "pytorch $p" "$peer_py" bench/torch_peer.py --precision "$p" "${args[@]}"
+for round in $(seq 1 "$rounds"); do
+  for p in $precisions; do
+    run_one "round $round: fabrica $p" "$fabrica" --precision "$p" "${args[@]}"
+    run_one "round $round: pytorch $p" "$peer_py" bench/torch_peer.py --precision "$p" "${args[@]}"
+  done
 done
 
 cpu="$(lscpu 2>/dev/null | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
@@ -73,7 +78,7 @@ if [ -n "$(git status --porcelain 2>/dev/null | head -n 1)" ]; then commit="$com
 BENCH_CPU="${cpu:-unknown}" BENCH_NPROC="$(nproc)" BENCH_ISA="${isa% }" \
 BENCH_DATE="$(date -u '+%Y-%m-%d %H:%M:%S UTC')" BENCH_COMMIT="$commit" \
 BENCH_PRECISIONS="$precisions" BENCH_WARMUP="$warmup" BENCH_STEPS="$steps" \
-BENCH_THREADS="$threads" PEAK_GFLOPS="$peak_gflops" \
+BENCH_THREADS="$threads" BENCH_ROUNDS="$rounds" PEAK_GFLOPS="$peak_gflops" \
 "$fmt_py" - "$results" <<'PY'
 import json, os, sys
 
@@ -88,7 +93,7 @@ threads = int(os.environ["BENCH_THREADS"])
 precisions = os.environ["BENCH_PRECISIONS"].split()
 keys = ["impl", "precision", "threads", "tokens_per_s", "step_ms", "peak_rss_mb", "final_loss"]
 
-rows, bad = {}, []
+runs, bad = {}, []
 with open(sys.argv[1]) as f:
     for line in f:
         try:
@@ -102,16 +107,20 @@ with open(sys.argv[1]) as f:
             continue
         if r["threads"] != threads:
             bad.append(f"{r['impl']} {r['precision']}: ran with {r['threads']} threads, asked for {threads}")
-        rows[(r["precision"], r["impl"])] = r
+        runs.setdefault((r["precision"], r["impl"]), []).append(r)
+rounds = int(os.environ["BENCH_ROUNDS"])
 for p in precisions:
     for impl in ("fabrica", "pytorch"):
-        if (p, impl) not in rows:
-            bad.append(f"no result for {impl} {p}")
+        if len(runs.get((p, impl), [])) != rounds:
+            bad.append(f"{len(runs.get((p, impl), []))} results for {impl} {p}, expected {rounds}")
 if bad:
     for b in bad:
         print("run_bench:", b, file=sys.stderr)
     sys.exit(1)
 
+# Each side's median round by throughput (its own step time, RSS and loss); runs alternate
+# Fabrica, PyTorch within a round, so a round's ratio compares runs made seconds apart.
+rows = {key: sorted(rs, key=lambda r: r["tokens_per_s"])[len(rs) // 2] for key, rs in runs.items()}
 torch_versions = sorted({r.get("torch", "?") for (p, i), r in rows.items() if i == "pytorch"})
 e = os.environ
 print()
@@ -120,7 +129,8 @@ print(f"Fabrica vs PyTorch: Llama-style decoder training step (forward, backward
 print(f"  model    hidden {C}, {L} layers, {H} heads x {D}, {KV} kv heads, intermediate {I}, "
       f"vocab {V}, untied")
 print(f"  batch    {B} x {T} tokens; --warmup {e['BENCH_WARMUP']} --steps {e['BENCH_STEPS']} "
-      f"--threads {threads}; each side in its own process")
+      f"--threads {threads}; each side in its own process;")
+print(f"           {rounds} rounds alternating Fabrica and PyTorch; each side's median round shown")
 print(f"  machine  {e['BENCH_CPU']}, nproc {e['BENCH_NPROC']}"
       + (f" ({e['BENCH_ISA']})" if e.get("BENCH_ISA") else ""))
 print(f"  date     {e['BENCH_DATE']}")
@@ -138,7 +148,10 @@ for p in precisions:
               f"{100 * mfu:>5.1f}%  {r['peak_rss_mb']:>11.1f}  {r['final_loss']:>10.4f}")
     tp = fa["tokens_per_s"] / pt["tokens_per_s"] if pt["tokens_per_s"] else float("nan")
     mem = fa["peak_rss_mb"] / pt["peak_rss_mb"] if pt["peak_rss_mb"] else float("nan")
+    per_round = [f.get("tokens_per_s") / t.get("tokens_per_s")
+                 for f, t in zip(runs[(p, "fabrica")], runs[(p, "pytorch")])]
     print(f"{'':<9}  Fabrica/PyTorch: tokens/s x{tp:.2f}, peak RSS x{mem:.2f}")
+    print(f"{'':<9}  tokens/s ratio in each round: " + ", ".join(f"x{r:.2f}" for r in per_round))
     print("-" * len(hdr))
 
 imp = sorted({r["import_rss_mb"] for (p, i), r in rows.items() if i == "pytorch" and "import_rss_mb" in r})
