@@ -25,6 +25,8 @@ std::string_view role_name(Role role) {
   return "?";
 }
 
+std::string ExampleOrigin::where() const { return file ? RecordSource{*file, index}.where() : std::string(); }
+
 std::vector<std::string> split_dataset_names(std::string_view names) {
   std::vector<std::string> out;
   size_t start = 0;

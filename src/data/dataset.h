@@ -7,6 +7,7 @@
 // "_system", "_tools"), loader.py (_load_single_dataset: file types, num_samples, max_samples;
 // _get_merged_dataset: stage check and concatenation). Differences are called out where they occur.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +31,14 @@ struct Message {
 //             before it when false), as LLaMA-Factory builds it
 // A sharegpt record that LLaMA-Factory skips as "abnormal" keeps empty prompt and response here
 // too, so max_samples counts it and the preprocessors drop it, exactly as there.
+// Where an example came from, for error messages: the file (shared by its examples) and the
+// record's 0-based index in it.
+struct ExampleOrigin {
+  std::shared_ptr<const std::string> file;
+  int64_t index = 0;
+  std::string where() const;  // "file: record N", or "" when unknown
+};
+
 struct Example {
   std::vector<Message> prompt;
   std::vector<Message> response;
@@ -42,6 +51,8 @@ struct Example {
   bool pretokenized = false;
   std::vector<int32_t> input_ids;
   std::vector<int32_t> labels;
+
+  ExampleOrigin origin;
 };
 
 // The dataset_info.json entry of one dataset (LLaMA-Factory's DatasetAttr). A column or tag that

@@ -90,8 +90,11 @@ LoadedDataset load_single_dataset(const DatasetAttr& attr_in, const DatasetOptio
   LoadedDataset out;
   out.datasets.push_back(attr);
   out.records = static_cast<int64_t>(records.size());
+  std::shared_ptr<const std::string> file;
   for (const RawRecord& record : select_records(std::move(records), attr, options)) {
     ConvertResult converted = convert_record(record, attr);
+    if (!file || *file != record.source.file) file = std::make_shared<const std::string>(record.source.file);
+    converted.example.origin = {file, record.source.index};
     if (!converted.broken_reason.empty()) {
       ++out.broken;
       if (out.warnings.size() < kMaxWarnings)

@@ -31,6 +31,19 @@ void count(PreprocessStats* stats, const TokenizedSample& sample) {
   stats->tokens += static_cast<int64_t>(sample.input_ids.size());
 }
 
+// fn(), with a UserError from the template or the tokenizer prefixed by the example's file and
+// record: "data/x.json: record 7: invalid JSON in tool description: ...".
+template <typename Fn>
+auto naming_the_record(const Example& example, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const UserError& e) {
+    const std::string where = example.origin.where();
+    if (where.empty()) throw;
+    throw UserError(fab::format("{}: {}", where, e.what()));
+  }
+}
+
 std::vector<Message> conversation(const Example& example) {
   std::vector<Message> messages = example.prompt;
   messages.insert(messages.end(), example.response.begin(), example.response.end());
@@ -136,7 +149,8 @@ SupervisedOutcome supervised_outcome(const ChatTemplate& chat, const Example& ex
     outcome.sample = {example.input_ids, example.labels};
   } else if (example.prompt.size() % 2 == 1 && example.response.size() == 1) {
     outcome.kept = true;
-    outcome.sample = encode_supervised_example(chat, example, options, &outcome.truncated);
+    outcome.sample = naming_the_record(
+        example, [&] { return encode_supervised_example(chat, example, options, &outcome.truncated); });
   }  // else LLaMA-Factory's "Dropped invalid example"
   return outcome;
 }
@@ -211,7 +225,7 @@ TokenizedDataset preprocess_pretrain(const std::vector<Example>& examples, const
   auto text_ids = [&](size_t i) {
     const Example& example = examples[i];
     if (example.pretokenized || example.prompt.empty()) return std::vector<int32_t>();
-    return encoder.encode(bos_text + example.prompt[0].content + eos_text);
+    return naming_the_record(example, [&] { return encoder.encode(bos_text + example.prompt[0].content + eos_text); });
   };
 
   TokenizedDataset out;
@@ -280,7 +294,8 @@ PairwiseDataset preprocess_pairwise(const std::vector<Example>& examples, const 
   check_cutoff(cutoff_len);
   std::vector<std::pair<std::optional<PairwiseSample>, bool>> outcomes = parallel_map(examples.size(), [&](size_t i) {
     bool truncated = false;
-    std::optional<PairwiseSample> sample = encode_pairwise_example(chat, examples[i], cutoff_len, &truncated);
+    std::optional<PairwiseSample> sample =
+        naming_the_record(examples[i], [&] { return encode_pairwise_example(chat, examples[i], cutoff_len, &truncated); });
     return std::pair{std::move(sample), truncated};
   });
   PairwiseDataset out;

@@ -77,6 +77,24 @@ TEST(Preprocess, SupervisedCountsSkipsTruncationAndPassesPretokenised) {
   EXPECT_EQ(out.stats.tokens, 4 + 3 + 8);
 }
 
+// A template or tokenizer error names the dataset file and record it came from.
+TEST(Preprocess, ErrorsNameTheFileAndRecord) {
+  FakeEncoder enc;
+  ChatTemplate chat(get_template("qwen"), enc);
+  Example good = two_turns(), bad = two_turns();
+  bad.tools = R"([{"name": "get_weather")";  // cut short
+  bad.origin = {std::make_shared<const std::string>("data/tools.json"), 7};
+  try {
+    preprocess_supervised({good, bad}, chat, {64});
+    FAIL() << "no error for the broken tools JSON";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("data/tools.json: record 7: invalid JSON in tool description", 0), 0u)
+        << e.what();
+  }
+  bad.origin = {};  // an example made in code: the message as it was
+  EXPECT_THROW(preprocess_supervised({bad}, chat, {64}), UserError);
+}
+
 TEST(Preprocess, PretrainPacksPerBatchAndDropsTheTail) {
   FakeEncoder enc;
   ChatTemplate chat(get_template("empty"), enc);

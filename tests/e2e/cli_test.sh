@@ -104,6 +104,16 @@ expect_exit2 "missing model folder" "$fabrica" train run.yaml output_dir=out-bad
 expect_exit2 "stage not implemented" "$fabrica" train run.yaml output_dir=out-bad stage=dpo
 expect_exit2 "unknown key" "$fabrica" train run.yaml output_dir=out-bad learnig_rate=1
 expect_exit2 "unwritable output_dir" "$fabrica" train run.yaml output_dir=/proc/out-bad
+# A record whose tools JSON is cut short: the message names the file and the record.
+mkdir -p bad_data
+echo '{"toolset": {"file_name": "tools.json", "formatting": "sharegpt", "columns": {"messages": "conversations", "tools": "tools"}}}' >bad_data/dataset_info.json
+cat >bad_data/tools.json <<'JSON'
+[{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
+ {"conversations": [{"from": "human", "value": "weather?"}, {"from": "gpt", "value": "sunny"}],
+  "tools": "[{\"name\": \"get_weather\""}]
+JSON
+expect_exit2 "broken tools JSON in a record" "$fabrica" train run.yaml output_dir=out-bad dataset=toolset dataset_dir=bad_data
+grep -q "bad_data/tools.json: record 1: invalid JSON in tool description" err.txt || fail "the message does not name the record: $(cat err.txt)"
 rc=0; "$fabrica" train run.yaml >/dev/null 2>err.txt || rc=$?
 [ "$rc" -eq 2 ] || fail "existing output_dir without overwrite: exit $rc"
 echo "ok: existing output_dir without overwrite_output_dir -> $(head -c 120 err.txt)"
