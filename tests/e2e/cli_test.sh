@@ -4,40 +4,23 @@
 # reload and generate; bad input exits 2 and writes nothing.
 # Usage: cli_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
-fabrica=$(realpath "$1")
-e2e_dir=$(cd "$(dirname "$0")" && pwd)
-shared=$(realpath "$2" 2>/dev/null || echo "$2")
-if [ ! -f "$shared/data/tokenizers/qwen3/tokenizer.json" ]; then
-  echo "SKIP: $shared/data not found"
-  exit 0
-fi
+source "$(dirname "$0")/common.sh"
+e2e_begin "$@"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 export FABRICA_CACHE="$work/cache"
 
-source "$e2e_dir/tiny_model.sh"
-tiny_model model "$shared"
-cat > run.yaml <<YAML
-model_name_or_path: model
-stage: sft
-dataset: identity,alpaca_en_demo
-dataset_dir: $shared/data/llamafactory
-template: qwen3_nothink
+tiny_model model
+{ sft_config; cat <<YAML; } > run.yaml
 cutoff_len: 96
 max_samples: 16
 output_dir: out
-per_device_train_batch_size: 4
-gradient_accumulation_steps: 2
-learning_rate: 5.0e-3
-lr_scheduler_type: cosine
 warmup_steps: 1
 max_steps: 6
 save_steps: 3
-logging_steps: 1
 YAML
 
-fail() { echo "FAIL: $*"; exit 1; }
 expect_exit2() {  # expect_exit2 WHAT CMD...: exit code 2, one message, nothing new in out-bad
   local what=$1; shift
   local rc=0

@@ -5,40 +5,23 @@
 # a hung rank stops the job within ddp_timeout naming it, and a killed rank stops it too.
 # Usage: distributed_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
-fabrica=$(realpath "$1")
-e2e_dir=$(cd "$(dirname "$0")" && pwd)
-shared=$(realpath "$2" 2>/dev/null || echo "$2")
-if [ ! -f "$shared/data/tokenizers/qwen3/tokenizer.json" ]; then
-  echo "SKIP: $shared/data not found"
-  exit 0
-fi
+source "$(dirname "$0")/common.sh"
+e2e_begin "$@"
 work=$(mktemp -d)
 trap 'pkill -KILL -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
 cd "$work"
 export FABRICA_CACHE="$work/cache" OMP_NUM_THREADS=1
 
-source "$e2e_dir/tiny_model.sh"
-tiny_model model "$shared"
-cat > run.yaml <<YAML
-model_name_or_path: model
-stage: sft
-dataset: identity,alpaca_en_demo
-dataset_dir: $shared/data/llamafactory
-template: qwen3_nothink
+tiny_model model
+{ sft_config; cat <<YAML; } > run.yaml
 cutoff_len: 64
 max_samples: 40
-per_device_train_batch_size: 4
-gradient_accumulation_steps: 2
-learning_rate: 5.0e-3
-lr_scheduler_type: cosine
 warmup_steps: 2
 max_steps: 20
 save_steps: 0
-logging_steps: 1
 ddp_bucket_size: 1
 YAML
 
-fail() { echo "FAIL: $*"; exit 1; }
 same_losses() {  # same_losses REF_DIR DIR: per-step losses within 1e-5 relative
   python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "losses of $2 differ from $1"
 import json, sys

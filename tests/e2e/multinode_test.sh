@@ -6,13 +6,8 @@
 # Skipped, saying why, where namespaces cannot be made (not root, no iproute2).
 # Usage: multinode_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
-fabrica=$(realpath "$1")
-e2e_dir=$(cd "$(dirname "$0")" && pwd)
-shared=$(realpath "$2" 2>/dev/null || echo "$2")
-if [ ! -f "$shared/data/tokenizers/qwen3/tokenizer.json" ]; then
-  echo "SKIP: $shared/data not found"
-  exit 0
-fi
+source "$(dirname "$0")/common.sh"
+e2e_begin "$@"
 ns_a=fab-a-$$ ns_b=fab-b-$$
 if ! ip netns add $ns_a 2>/dev/null; then
   echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
@@ -49,26 +44,14 @@ exec ip netns exec \$ns unshare --uts /bin/sh -c "hostname fabrica-\$ns; \$*"
 SH
 chmod +x agent.sh
 
-source "$e2e_dir/tiny_model.sh"
-tiny_model model "$shared"
-cat > run.yaml <<YAML
-model_name_or_path: model
-stage: sft
-dataset: identity,alpaca_en_demo
-dataset_dir: $shared/data/llamafactory
-template: qwen3_nothink
+tiny_model model
+{ sft_config; cat <<YAML; } > run.yaml
 cutoff_len: 64
 max_samples: 40
-per_device_train_batch_size: 4
-gradient_accumulation_steps: 2
-learning_rate: 5.0e-3
-lr_scheduler_type: cosine
 warmup_steps: 2
 max_steps: 10
 save_steps: 0
-logging_steps: 1
 YAML
-fail() { echo "FAIL: $*"; exit 1; }
 
 "$fabrica" train run.yaml output_dir=one >one.log 2>&1 || { cat one.log; fail "single process"; }
 "$fabrica" init --hosts 10.77.0.1,10.77.0.2 --nproc-per-node 2 --iface 10.77.0.0/24 --rsh-agent "$work/agent.sh" \

@@ -1,0 +1,43 @@
+# Sourced by the end-to-end scripts (after `set -euo pipefail`): their shared setup.
+
+# e2e_begin FABRICA_BINARY SHARED_DIR: sets $fabrica and $shared (absolute paths); without the
+# shared tokenizers the whole script is skipped (exit 0), saying why.
+e2e_begin() {
+  fabrica=$(realpath "$1")
+  shared=$(realpath "$2" 2>/dev/null || echo "$2")
+  if [ ! -f "$shared/data/tokenizers/qwen3/tokenizer.json" ]; then
+    echo "SKIP: $shared/data not found"
+    exit 0
+  fi
+}
+
+fail() { echo "FAIL: $*"; exit 1; }
+
+# tiny_model DIR: a config-only model folder (a tiny Qwen3 trained from scratch) with the real
+# Qwen3 tokenizer.
+tiny_model() {
+  mkdir -p "$1"
+  cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" "$1/"
+  cat > "$1/config.json" <<'JSON'
+{"model_type": "qwen3", "vocab_size": 151669, "hidden_size": 32, "intermediate_size": 64,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+ "max_position_embeddings": 256, "tie_word_embeddings": true, "rope_theta": 1000000}
+JSON
+}
+
+# sft_config: the keys every script's run.yaml shares (sft of the tiny model on LLaMA-Factory's
+# identity and alpaca_en_demo samples); each script appends its own.
+sft_config() {
+  cat <<YAML
+model_name_or_path: model
+stage: sft
+dataset: identity,alpaca_en_demo
+dataset_dir: $shared/data/llamafactory
+template: qwen3_nothink
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 2
+learning_rate: 5.0e-3
+lr_scheduler_type: cosine
+logging_steps: 1
+YAML
+}
