@@ -24,13 +24,6 @@ struct Message {
   std::string content;
 };
 
-// One aligned example (LLaMA-Factory's converter output).
-//   prompt:   user/observation and assistant/function turns, 2T-1 messages when valid
-//   response: 1 message for supervised data; chosen then rejected for ranking data; for KTO data
-//             the response plus an empty assistant message (after it when kto_tag is true,
-//             before it when false), as LLaMA-Factory builds it
-// A sharegpt record that LLaMA-Factory skips as "abnormal" keeps empty prompt and response here
-// too, so max_samples counts it and the preprocessors drop it, exactly as there.
 // Where an example came from, for error messages: the file (shared by its examples) and the
 // record's 0-based index in it.
 struct ExampleOrigin {
@@ -39,6 +32,13 @@ struct ExampleOrigin {
   std::string where() const;  // "file: record N", or "" when unknown
 };
 
+// One aligned example (LLaMA-Factory's converter output).
+//   prompt:   user/observation and assistant/function turns, 2T-1 messages when valid
+//   response: 1 message for supervised data; chosen then rejected for ranking data; for KTO data
+//             the response plus an empty assistant message (after it when kto_tag is true,
+//             before it when false), as LLaMA-Factory builds it
+// A sharegpt record that LLaMA-Factory skips as "abnormal" keeps empty prompt and response here
+// too, so max_samples counts it and the preprocessors drop it, exactly as there.
 struct Example {
   std::vector<Message> prompt;
   std::vector<Message> response;

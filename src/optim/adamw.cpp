@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/backend.h"
@@ -60,11 +61,14 @@ double clip_grad_norm(ParamBuffer& params, double max_norm) {
   const KernelTable& k = backend(params.grads().device().kind).kernels();
   Tensor& g = params.grads();
   const double norm = std::sqrt(k.sum_squares(g.data<float>(), g.numel()));
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) k.scale(g.data<float>(), g.numel(), float(coef));
-  }
+  const double coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0) k.scale(g.data<float>(), g.numel(), float(coef));
   return norm;
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  return std::min(1.0, max_norm / (norm + 1e-6));
 }
 
 }  // namespace fab

@@ -57,4 +57,8 @@ std::vector<OptimizerSegment> whole_parameters(const ParamBuffer& params);
 // max_norm / (norm + 1e-6), as torch.nn.utils.clip_grad_norm_. Returns the norm before clipping.
 double clip_grad_norm(ParamBuffer& params, double max_norm);
 
+// The factor clip_grad_norm scales gradients of global norm `norm` by: max_norm / (norm + 1e-6)
+// when that is below 1 and max_norm > 0, else 1.
+double clip_coefficient(double norm, double max_norm);
+
 }  // namespace fab

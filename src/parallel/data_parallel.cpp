@@ -42,6 +42,8 @@ DataParallel::~DataParallel() {
   for (Bucket& b : buckets_) b.pending.wait();
 }
 
+const KernelTable& DataParallel::kernels() const { return backend(params_.grads().device().kind).kernels(); }
+
 // Units in backward order (head, last layer, ..., embedding), cut into buckets of at least
 // bucket_bytes; consecutive units are neighbours in the flat buffers, so a bucket is one range.
 void DataParallel::make_buckets() {
@@ -117,9 +119,8 @@ void DataParallel::retire(Bucket& b) {
   b.pending.wait();
   if (!b.needs_retire) return;
   b.needs_retire = false;
-  const float* reduced = params_.grads().data<float>() + b.own_begin;
-  float* shard = shard_grads_.data<float>() + b.shard_offset;
-  for (int64_t i = 0; i < b.own_end - b.own_begin; ++i) shard[i] += reduced[i];
+  kernels().accumulate(params_.grads().data<float>() + b.own_begin, shard_grads_.data<float>() + b.shard_offset,
+                       b.own_end - b.own_begin);
   zero_and_release(params_.grads().data<float>() + b.begin, size_t(b.end - b.begin) * sizeof(float));
 }
 
@@ -134,7 +135,7 @@ void DataParallel::finish_gradients() {
 
 double DataParallel::clip_grad_norm(double max_norm) {
   ProfileScope profile("clip_grad_norm");
-  const KernelTable& k = cpu_kernels();
+  const KernelTable& k = kernels();
   if (options_.zero_stage == 0) return fab::clip_grad_norm(params_, max_norm);
   // This rank's reduced gradients: its chunks of the flat buffer (ZeRO-1), or the shard accumulator.
   auto shard_grads = [this](const Bucket& b) {
@@ -146,8 +147,8 @@ double DataParallel::clip_grad_norm(double max_norm) {
   for (const Bucket& b : buckets_) squares += k.sum_squares(shard_grads(b), b.own_end - b.own_begin);
   group_.all_reduce(&squares, 1, "gradient norm").wait();
   const double norm = std::sqrt(squares);
-  const double coef = max_norm / (norm + 1e-6);
-  if (max_norm > 0 && coef < 1.0)
+  const double coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0)
     for (const Bucket& b : buckets_) k.scale(shard_grads(b), b.own_end - b.own_begin, float(coef));
   return norm;
 }

@@ -86,6 +86,7 @@ class DataParallel final : public ModelHooks {
   void launch_gradient_bucket(Bucket& b);
   void retire(Bucket& b);
   void wait_all_buckets();
+  const KernelTable& kernels() const;  // the gradients' backend
   // ZeRO-3 parameter units.
   void gather(int unit, bool wait);
   void release(int unit);
