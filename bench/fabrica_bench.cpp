@@ -3,7 +3,8 @@
 // PyTorch peer (bench/torch_peer.py) does the same work; bench/run_bench.sh compares them.
 // Under mpirun with --data-parallel, the ranks share the batch of 8 through DataParallel (ZeRO
 // stage --zero); --allreduce-mb N instead times the communicator's all-reduce of N MB against a
-// bare MPI_Allreduce (bench/distributed_bench.sh runs both).
+// bare MPI_Allreduce (bench/distributed_bench.sh runs both). --fma-peak prints the measured fp32
+// FMA peak of the machine (bench/fma_peak.h), the denominator of MFU.
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -14,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/fma_peak.h"
 #include "core/backend.h"
 #include "core/rng.h"
+#include "kernels/kernel_table.h"
 #include "models/decoder.h"
 #include "comm/world.h"
 #include "parallel/data_parallel.h"
@@ -32,6 +35,7 @@ struct Flags {
   bool data_parallel = false;
   int zero = 0;
   double allreduce_mb = 0;
+  bool fma_peak = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -53,9 +57,10 @@ Flags parse(int argc, char** argv) {
     else if (a == "--data-parallel") f.data_parallel = true;
     else if (a == "--zero") f.zero = std::stoi(next());
     else if (a == "--allreduce-mb") f.allreduce_mb = std::stod(next());
+    else if (a == "--fma-peak") f.fma_peak = true;
     else {
       std::fprintf(stderr, "usage: fabrica_bench [--precision fp32|bf16] [--warmup N] [--steps N] [--threads N] [--recompute]\n"
-                           "                     [--data-parallel [--zero N]] [--allreduce-mb N]\n");
+                           "                     [--data-parallel [--zero N]] [--allreduce-mb N] [--fma-peak]\n");
       std::exit(2);
     }
   }
@@ -96,6 +101,12 @@ int main(int argc, char** argv) {
   using namespace fab;
   const Flags flags = parse(argc, argv);
   omp_set_num_threads(flags.threads);
+  if (flags.fma_peak) {  // the fp32 FMA peak of the vectors our kernels use (FAB_CPU_ISA applies)
+    const bool avx512 = std::string(cpu_kernels().isa) == "avx512";
+    std::printf("{\"impl\":\"fabrica\",\"fma_peak_gflops\":%.1f,\"isa\":\"%s\",\"threads\":%d}\n",
+                bench::measured_fma_peak_gflops(avx512, flags.threads), cpu_kernels().isa, flags.threads);
+    return 0;
+  }
   WorldInfo info = world_from_environment();
   std::unique_ptr<Communicator> world = join_world(info, 600);
   if (flags.allreduce_mb > 0) {

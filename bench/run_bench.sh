@@ -14,8 +14,9 @@
 #   BENCH_THREADS  compute threads per side  (default 2)
 #   BENCH_ROUNDS   rounds of (Fabrica, PyTorch) runs, alternating; the table shows each side's
 #                  median round and every round's ratio (default 3: this machine is noisy)
-#   PEAK_GFLOPS    peak FLOP/s for MFU, in GFLOP/s (default 315: 2 cores x the
-#                  measured fp32 FMA peak of this machine; used for bf16 too)
+#   PEAK_GFLOPS    peak FLOP/s for MFU, in GFLOP/s (default: measured here and now by
+#                  `fabrica_bench --fma-peak`, the fp32 FMA peak of BENCH_THREADS threads in
+#                  the vectors the kernels use, AVX-512 or AVX2; used for bf16 too)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +28,7 @@ warmup="${BENCH_WARMUP:-2}"
 steps="${BENCH_STEPS:-8}"
 threads="${BENCH_THREADS:-2}"
 rounds="${BENCH_ROUNDS:-3}"
-peak_gflops="${PEAK_GFLOPS:-315}"
+peak_gflops="${PEAK_GFLOPS:-}"
 
 if [ ! -x "$fabrica" ]; then
   echo "run_bench: $fabrica not found or not executable (build it first: make bench)" >&2
@@ -35,6 +36,13 @@ if [ ! -x "$fabrica" ]; then
 fi
 
 bench/setup_peer.sh
+peak_source="given as PEAK_GFLOPS"
+if [ -z "$peak_gflops" ]; then
+  peak_json="$("$fabrica" --fma-peak --threads "$threads")"
+  peak_gflops="$(printf '%s' "$peak_json" | sed -n 's/.*"fma_peak_gflops":\([0-9.]*\).*/\1/p')"
+  peak_source="measured: $threads threads x a register-only $(printf '%s' "$peak_json" | sed -n 's/.*"isa":"\([a-z0-9]*\)".*/\1/p') FMA loop"
+  echo "run_bench: fp32 FMA peak $peak_gflops GFLOP/s ($peak_source)"
+fi
 peer_py="bench/.venv/bin/python"
 fmt_py="$(command -v python3 || echo "$peer_py")"
 
@@ -63,10 +71,14 @@ run_one() {
 }
 
 args=(--warmup "$warmup" --steps "$steps" --threads "$threads")
+# FAB_CPU_ISA=avx2 (with ONEDNN_MAX_CPU_ISA=AVX2) shows on an AVX-512 host what an AVX2 host runs;
+# the peer is capped the same way (ATen's kernels; its oneDNN reads ONEDNN_MAX_CPU_ISA itself).
+peer_env=()
+[ "${FAB_CPU_ISA:-}" = avx2 ] && peer_env=(env ATEN_CPU_CAPABILITY=avx2)
 for round in $(seq 1 "$rounds"); do
   for p in $precisions; do
     run_one "round $round: fabrica $p" "$fabrica" --precision "$p" "${args[@]}"
-    run_one "round $round: pytorch $p" "$peer_py" bench/torch_peer.py --precision "$p" "${args[@]}"
+    run_one "round $round: pytorch $p" "${peer_env[@]}" "$peer_py" bench/torch_peer.py --precision "$p" "${args[@]}"
   done
 done
 
@@ -78,7 +90,7 @@ if [ -n "$(git status --porcelain 2>/dev/null | head -n 1)" ]; then commit="$com
 BENCH_CPU="${cpu:-unknown}" BENCH_NPROC="$(nproc)" BENCH_ISA="${isa% }" \
 BENCH_DATE="$(date -u '+%Y-%m-%d %H:%M:%S UTC')" BENCH_COMMIT="$commit" \
 BENCH_PRECISIONS="$precisions" BENCH_WARMUP="$warmup" BENCH_STEPS="$steps" \
-BENCH_THREADS="$threads" BENCH_ROUNDS="$rounds" PEAK_GFLOPS="$peak_gflops" \
+BENCH_THREADS="$threads" BENCH_ROUNDS="$rounds" PEAK_GFLOPS="$peak_gflops" PEAK_SOURCE="$peak_source" \
 "$fmt_py" - "$results" <<'PY'
 import json, os, sys
 
@@ -154,6 +166,9 @@ for p in precisions:
     print(f"{'':<9}  tokens/s ratio in each round: " + ", ".join(f"x{r:.2f}" for r in per_round))
     print("-" * len(hdr))
 
+if "fp32" in precisions and "bf16" in precisions:
+    print(f"Fabrica bf16/fp32 tokens/s: x{rows[('bf16', 'fabrica')]['tokens_per_s'] / rows[('fp32', 'fabrica')]['tokens_per_s']:.2f}"
+          f" (kernels: {rows[('bf16', 'fabrica')].get('kernels', '?')})")
 imp = sorted({r["import_rss_mb"] for (p, i), r in rows.items() if i == "pytorch" and "import_rss_mb" in r})
 print(f"MFU = tokens/s x FLOPs/token / peak FLOP/s")
 print(f"  FLOPs/token = 6*N + 12*L*T*C = 6*{N:,} + 12*{L}*{T}*{C} = {FLOPS_PER_TOKEN:,} "
@@ -164,8 +179,8 @@ print(f"      gate, up, down; the untied lm_head). The embedding lookup is not a
 print(f"      RMSNorm weights are not counted.")
 print(f"  12*L*T*C = forward+backward FLOPs of QK^T and P*V per token with the causal mask")
 print(f"      ignored (full T x T), the PaLM/Chinchilla convention.")
-print(f"  peak = PEAK_GFLOPS = {peak / 1e9:g} GFLOP/s: 2 cores x the measured fp32 FMA peak;")
-print(f"      the same fp32 peak is used for bf16 rows (override with PEAK_GFLOPS=...).")
+print(f"  peak = {peak / 1e9:g} GFLOP/s, the fp32 FMA peak ({e['PEAK_SOURCE']});")
+print(f"      MFU is each precision's fraction of it; the same fp32 peak is used for bf16 rows.")
 print(f"peak RSS = getrusage ru_maxrss of each process (whole process, incl. libraries).")
 if imp:
     print(f"  The PyTorch process is already at {max(imp):.0f} MB right after `import torch`")

@@ -1,5 +1,5 @@
 // fabrica: the command-line front. Maps errors to exit codes: 2 for bad input (UserError), 1 for
-// internal errors.
+// a library's failure (LibraryError, printed as it is) and for internal errors.
 #include <omp.h>
 
 #include <cstring>
@@ -111,6 +111,7 @@ int run_env() {
   if (__builtin_cpu_supports("avx512bf16")) std::cout << " avx512bf16";
   std::cout << "\nopenmp threads: " << omp_get_max_threads() << "\n";
   std::cout << "gemm: " << fab::cpu::onednn_description() << "\n";
+  std::cout << "bf16 gemm: " << fab::cpu::bf16_gemm_description() << "\n";
   std::cout << "mpi: " << fab::mpi_library_version() << "\n";
   const fab::Backend& cuda = fab::backend(fab::DeviceKind::cuda);
   std::cout << "cuda: " << (cuda.available() ? "available, " : "") << cuda.name() << "\n";
@@ -159,6 +160,9 @@ int main(int argc, char** argv) {
   } catch (const std::filesystem::filesystem_error& e) {  // a path the user gave
     std::cerr << "fabrica: " << e.what() << "\n";
     return 2;
+  } catch (const fab::LibraryError& e) {
+    std::cerr << "fabrica: " << e.what() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "fabrica: internal error: " << e.what() << "\n";
     return 1;

@@ -19,6 +19,13 @@ class UserError : public Error {
   using Error::Error;
 };
 
+// A third-party library (oneDNN, MPI, ...) failed on work a run asked of it: the message says what
+// was being done, the library's own words, and what to try. Not a Fabrica bug report.
+class LibraryError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 inline void format_into(std::ostringstream& out, std::string_view fmt) { out << fmt; }
 

@@ -1,13 +1,14 @@
 # Sourced by the end-to-end scripts (after `set -euo pipefail`): their shared setup.
 
 # e2e_begin FABRICA_BINARY SHARED_DIR: sets $fabrica and $shared (absolute paths); without the
-# shared tokenizers the whole script is skipped (exit 0), saying why.
+# shared tokenizers the whole script is skipped, saying why, with exit code 77 (CTest's
+# SKIP_RETURN_CODE: the summary counts it as skipped, not passed).
 e2e_begin() {
   fabrica=$(realpath "$1")
   shared=$(realpath "$2" 2>/dev/null || echo "$2")
   if [ ! -f "$shared/data/tokenizers/qwen3/tokenizer.json" ]; then
     echo "SKIP: $shared/data not found"
-    exit 0
+    exit 77
   fi
 }
 

@@ -1,5 +1,6 @@
-// fabrica_gpu_tests: on a machine without a usable GPU it says so and exits 0 (nothing to test);
-// FAB_REQUIRE_GPU=1 turns that into a failure (scripts/gpu_check.sh sets it on the GPU machine).
+// fabrica_gpu_tests: on a machine without a usable GPU it says so and exits 77, which CTest counts
+// as skipped (SKIP_RETURN_CODE); FAB_REQUIRE_GPU=1 turns that into a failure (scripts/gpu_check.sh
+// sets it on the GPU machine).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -14,7 +15,7 @@ int main(int argc, char** argv) {
     const char* require = std::getenv("FAB_REQUIRE_GPU");
     const bool required = require && *require && *require != '0';
     std::printf("fabrica_gpu_tests: SKIPPED, no usable CUDA device (%s)\n", required ? "FAB_REQUIRE_GPU is set: failing" : "nothing to test here");
-    return required ? 1 : 0;
+    return required ? 1 : 77;
   }
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();

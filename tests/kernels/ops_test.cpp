@@ -326,6 +326,43 @@ TEST_P(Ops, MatmulAllTranspositionsAndAccumulate) {
     }
 }
 
+// bf16 GEMM: inputs in bf16, products accumulated in fp32, output fp32, in all four layouts, on
+// whichever path this CPU takes (oneDNN's bf16 matmul, or widening to f32 where oneDNN has none:
+// ONEDNN_MAX_CPU_ISA=AVX2 forces that one). Large enough that the widening runs on every thread.
+TEST_P(Ops, Bf16MatmulAccumulatesRoundedInputsInFp32) {
+  const int64_t m = 300, n = 70, kk = 256;
+  Floats a = random_floats(m * kk, 7), b = random_floats(kk * n, 8);
+  std::vector<bf16> a16(a.size()), b16(b.size()), at16(a.size()), bt16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = to_bf16(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b16[i] = to_bf16(b[i]);
+  Floats expected(size_t(m * n), 0.0f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < kk; ++p)
+        s += double(to_f32(a16[size_t(i * kk + p)])) * double(to_f32(b16[size_t(p * n + j)]));
+      expected[size_t(i * n + j)] = float(s);
+    }
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t p = 0; p < kk; ++p) at16[size_t(p * m + i)] = a16[size_t(i * kk + p)];
+  for (int64_t p = 0; p < kk; ++p)
+    for (int64_t j = 0; j < n; ++j) bt16[size_t(j * kk + p)] = b16[size_t(p * n + j)];
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      Floats c(size_t(m * n), 1.0f);
+      MatmulArgs args;
+      args.a = ta ? at16.data() : a16.data();
+      args.b = tb ? bt16.data() : b16.data();
+      args.c = c.data();
+      args.m = m, args.n = n, args.k = kk;
+      args.trans_a = ta, args.trans_b = tb, args.accumulate = true;
+      args.dtype = DType::bf16;
+      k_->matmul(args);
+      for (float& x : c) x -= 1.0f;
+      expect_close(c, expected, 1e-5, "bf16 matmul trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb));
+    }
+}
+
 TEST_P(Ops, AdamWMatchesTorchFormula) {
   const int64_t n = 1000;
   Floats p = random_floats(n, 5), g = random_floats(n, 6), m(size_t(n), 0.0f), v(size_t(n), 0.0f);

@@ -158,6 +158,28 @@ TEST_P(DecoderReference, Bf16TrainingTracksFp32Trajectory) {
   }
 }
 
+// 40 AdamW steps at a high constant rate on one repeated batch, bf16 against fp32 (itself checked
+// against PyTorch above): the loss falls far, and bf16 must follow it down. A bf16 compute copy
+// that stopped being refreshed by the optimizer would leave bf16's loss near where it started.
+TEST_P(DecoderReference, Bf16FollowsFp32AsTheLossFallsFar) {
+  Reference r(GetParam());
+  std::vector<double> losses[2];
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    auto model = make_model(r, precision);
+    AdamW opt(model->params(), {0.9f, 0.95f, 1e-8f, 0.0f});
+    for (int step = 0; step < 40; ++step) {
+      double norm = 0;
+      losses[precision == Precision::bf16].push_back(train_step(*model, opt, r, 0, 1e-2, &norm));
+    }
+  }
+  const std::vector<double>&fp32 = losses[0], &bf16 = losses[1];
+  ASSERT_LT(fp32.back(), 0.2 * fp32.front()) << "the fp32 run should memorise its batch";
+  for (size_t step = 0; step < fp32.size(); ++step)
+    EXPECT_NEAR(bf16[step], fp32[step], 0.05 * fp32.front()) << "bf16 loss of step " << step;
+  std::printf("[ LOSSES   ] fp32 %.4f -> %.4f, bf16 %.4f -> %.4f\n", fp32.front(), fp32.back(), bf16.front(),
+              bf16.back());
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, DecoderReference, ::testing::Values("llama", "qwen2", "qwen3"));
 
 }  // namespace

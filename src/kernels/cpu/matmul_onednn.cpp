@@ -2,6 +2,11 @@
 // have it; oneDNN picks the ISA itself). Matmul primitives are created once per shape and cached:
 // creation costs far more than a small GEMM.
 //
+// bf16 on CPUs where oneDNN has no bf16 matmul (oneDNN 2.6 needs AVX-512; plain AVX2 machines such
+// as AMD Zen 3 have none): probed once, on the first bf16 GEMM. There the bf16 operands are widened
+// to f32 in scratch (exact: a bf16 is the top half of a float) and the f32 primitive runs, so the
+// numerics are those of the native path: inputs rounded to bf16, products accumulated in fp32.
+//
 // Measured on the training shapes (2 Sapphire Rapids cores, best of 30, cache-hot):
 //  * Every f32 GEMM uses the matmul primitive. dnnl_sgemm was 7-19% faster on the forward shapes,
 //    but in oneDNN 2.6 it corrupted the heap (abort in free() inside dnnl_sgemm's parallel
@@ -19,10 +24,12 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "core/error.h"
+#include "core/profiler.h"
 
 namespace fab::cpu {
 namespace {
@@ -41,6 +48,7 @@ struct OneDnn {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, Cached> cache;
+  std::vector<float> widened_a, widened_b;  // the widening path's f32 copies of bf16 operands
   std::mutex mutex;
 };
 
@@ -54,7 +62,7 @@ memory::data_type to_dnnl(DType t) {
   return t == DType::f32 ? memory::data_type::f32 : memory::data_type::bf16;
 }
 
-Cached make_primitive(const MatmulArgs& x, OneDnn& dnn) {
+Cached make_primitive(const MatmulArgs& x, const dnnl::engine& engine) {
   const auto dt = to_dnnl(x.dtype);
   // Logical shapes A (M, K), B (K, N); a transposed operand is described by swapped strides.
   memory::desc a({x.m, x.k}, dt, x.trans_a ? memory::dims{1, x.m} : memory::dims{x.k, 1});
@@ -68,24 +76,57 @@ Cached make_primitive(const MatmulArgs& x, OneDnn& dnn) {
   }
   const bool pack_b = x.dtype == DType::bf16 && x.trans_b;
   memory::desc b_layout = pack_b ? memory::desc({x.k, x.n}, dt, memory::format_tag::any) : b;
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b_layout, c), attr, dnn.engine);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b_layout, c), attr, engine);
   Cached p{dnnl::matmul(pd), a, b, c, {}, {}};
   if (pack_b && pd.weights_desc() != b) {
-    p.packed_b = memory(pd.weights_desc(), dnn.engine);
-    p.pack_b = dnnl::reorder(dnnl::reorder::primitive_desc(dnn.engine, b, dnn.engine, pd.weights_desc()));
+    p.packed_b = memory(pd.weights_desc(), engine);
+    p.pack_b = dnnl::reorder(dnnl::reorder::primitive_desc(engine, b, engine, pd.weights_desc()));
   }
   return p;
 }
 
-}  // namespace
+// Whether this CPU's oneDNN has a bf16 matmul: asked once, with the two layouts training uses
+// (B transposed and packed; B plain, accumulating).
+bool onednn_has_bf16_matmul() {
+  static const bool has = [] {
+    dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    MatmulArgs probe;
+    probe.m = probe.n = probe.k = 32;
+    probe.dtype = DType::bf16;
+    try {
+      probe.trans_b = true;
+      make_primitive(probe, engine);
+      probe.trans_b = false;
+      probe.accumulate = true;
+      make_primitive(probe, engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
 
-void matmul(const MatmulArgs& x) {
-  if (x.m == 0 || x.n == 0) return;
-  OneDnn& dnn = onednn();
-  std::lock_guard lock(dnn.mutex);
+// out[i] = the f32 value of in[i]: exact, a bf16 is the upper 16 bits of a float.
+void widen(const void* in, int64_t n, std::vector<float>& out) {
+  if (out.size() < size_t(n)) out.resize(size_t(n));
+  const uint16_t* src = static_cast<const uint16_t*>(in);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data());
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (int64_t i = 0; i < n; ++i) dst[i] = uint32_t(src[i]) << 16;
+}
+
+std::string describe(const MatmulArgs& x) {
+  const std::string_view t = dtype_name(x.dtype);
+  return format("C ({}, {}) f32 {} A ({}, {}) {}{} x B ({}, {}) {}{}", x.m, x.n, x.accumulate ? "+=" : "=", x.m,
+                x.k, t, x.trans_a ? " transposed" : "", x.k, x.n, t, x.trans_b ? " transposed" : "");
+}
+
+// The GEMM itself, on oneDNN's primitive for the operands' dtype. Caller holds dnn.mutex.
+void run_primitive(const MatmulArgs& x, OneDnn& dnn) {
   Key key{x.m, x.n, x.k, x.trans_a, x.trans_b, x.accumulate, x.dtype};
   auto it = dnn.cache.find(key);
-  if (it == dnn.cache.end()) it = dnn.cache.emplace(key, make_primitive(x, dnn)).first;
+  if (it == dnn.cache.end()) it = dnn.cache.emplace(key, make_primitive(x, dnn.engine)).first;
   Cached& p = it->second;
   memory a(p.a, dnn.engine, const_cast<void*>(x.a));
   memory b(p.b, dnn.engine, const_cast<void*>(x.b));
@@ -96,6 +137,38 @@ void matmul(const MatmulArgs& x) {
   }
   p.primitive.execute(dnn.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   dnn.stream.wait();
+}
+
+}  // namespace
+
+void matmul(const MatmulArgs& x) {
+  if (x.m == 0 || x.n == 0) return;
+  OneDnn& dnn = onednn();
+  const bool widen_bf16 = x.dtype == DType::bf16 && !onednn_has_bf16_matmul();
+  std::lock_guard lock(dnn.mutex);
+  try {
+    if (!widen_bf16) return run_primitive(x, dnn);
+    {
+      ProfileScope profile("bf16 widen");
+      widen(x.a, x.m * x.k, dnn.widened_a);
+      widen(x.b, x.k * x.n, dnn.widened_b);
+    }
+    MatmulArgs f32 = x;
+    f32.a = dnn.widened_a.data();
+    f32.b = dnn.widened_b.data();
+    f32.dtype = DType::f32;
+    run_primitive(f32, dnn);
+  } catch (const dnnl::error& e) {
+    throw LibraryError(format("oneDNN matmul {} failed: {} (status {}); `fabrica env` shows the oneDNN version "
+                              "and ISA; with bf16: true, try bf16: false",
+                              describe(x), e.what(), int(e.status)));
+  }
+}
+
+std::string bf16_gemm_description() {
+  return onednn_has_bf16_matmul() ? "oneDNN bf16 matmul"
+                                  : "bf16 operands widened to f32, oneDNN f32 matmul (this oneDNN has no bf16 "
+                                    "matmul for the CPU)";
 }
 
 std::string onednn_description() {
