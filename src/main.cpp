@@ -16,6 +16,7 @@
 #include "config/train_config.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/stop_signals.h"
 #include "kernels/cpu/matmul_onednn.h"
 
 namespace {
@@ -122,6 +123,7 @@ int run_env() {
 
 int main(int argc, char** argv) {
   try {
+    fab::start_signal_watcher();  // before any other thread exists (core/stop_signals.h)
     if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
       print_usage();
       return argc < 2 ? 2 : 0;

@@ -11,8 +11,10 @@
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
+#include "core/stop_signals.h"
 
 extern char** environ;
 
@@ -44,15 +46,6 @@ std::vector<std::string> mpirun_command(const TrainConfig& config, const Cluster
   return cmd;
 }
 
-namespace {
-
-volatile sig_atomic_t g_child = 0;
-extern "C" void forward_stop(int) {
-  if (g_child > 0) ::kill(pid_t(g_child), SIGUSR1);
-}
-
-}  // namespace
-
 int run_launcher(const std::vector<std::string>& command) {
   std::vector<char*> argv;
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -61,37 +54,49 @@ int run_launcher(const std::vector<std::string>& command) {
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // the terminal's Ctrl-C stays with us
   posix_spawnattr_setpgroup(&attr, 0);
+  unblock_stop_signals_in_children(&attr);
   pid_t pid = 0;
   const int error = posix_spawnp(&pid, argv[0], nullptr, &attr, argv.data(), environ);
   posix_spawnattr_destroy(&attr);
   FAB_USER_CHECK(error == 0, "cannot start {}: {} (install OpenMPI: apt-get install openmpi-bin)", command[0],
                  std::strerror(error));
-  g_child = pid;
-  struct sigaction action {};
-  action.sa_handler = forward_stop;
-  sigemptyset(&action.sa_mask);
-  struct sigaction old_int, old_term;
-  sigaction(SIGINT, &action, &old_int);
-  sigaction(SIGTERM, &action, &old_term);
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  {
+    // The first SIGINT/SIGTERM reaches mpirun as SIGUSR1, which it passes to every worker (their
+    // trainers stop after the step, save and exit); later ones are not passed on, since mpirun
+    // itself dies of a SIGUSR1 that comes while the job is ending. Runs on the signal watcher.
+    bool forwarded = false;
+    StopSignalHandler forward([pid, &forwarded](int) {
+      if (!std::exchange(forwarded, true)) ::kill(pid, SIGUSR1);
+    });
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
-  g_child = 0;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 namespace {
+
+// Writes all n bytes (write may take fewer, or be interrupted); false on an error.
+bool write_all(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    const ssize_t done = ::write(fd, data, n);
+    if (done < 0 && errno == EINTR) continue;
+    if (done <= 0) return false;
+    data += done, n -= size_t(done);
+  }
+  return true;
+}
 
 // Copies everything written to `from` into `console` (when >= 0) and `log`.
 void tee(int from, int console, int log) {
   char buffer[4096];
   for (;;) {
     const ssize_t n = ::read(from, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
-    if (console >= 0 && ::write(console, buffer, size_t(n)) < 0) console = -1;
-    if (::write(log, buffer, size_t(n)) < 0) return;
+    if (console >= 0 && !write_all(console, buffer, size_t(n))) console = -1;
+    if (!write_all(log, buffer, size_t(n))) return;
   }
 }
 

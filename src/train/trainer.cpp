@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/stop_signals.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
 #include "monitor/loss_plot.h"
@@ -27,24 +27,13 @@ namespace fs = std::filesystem;
 namespace {
 
 std::atomic<int> g_stop_signal{0};
-extern "C" void request_stop(int signal) { g_stop_signal = signal; }
 
-// SIGINT/SIGTERM finish the current step, then the trainer saves and returns.
+// SIGINT/SIGTERM (and SIGUSR1, what the launcher forwards through mpirun when it gets Ctrl-C)
+// finish the current step, then the trainer saves and returns. The signal is taken on the
+// watcher thread (core/stop_signals.h), never on a thread that computes.
 struct StopOnSignal {
-  void (*old_int)(int), (*old_term)(int);
-  void (*old_usr1)(int);
-  // SIGUSR1: what the launcher forwards through mpirun when it gets Ctrl-C.
-  StopOnSignal()
-      : old_int(std::signal(SIGINT, request_stop)),
-        old_term(std::signal(SIGTERM, request_stop)),
-        old_usr1(std::signal(SIGUSR1, request_stop)) {
-    g_stop_signal = 0;
-  }
-  ~StopOnSignal() {
-    std::signal(SIGINT, old_int);
-    std::signal(SIGTERM, old_term);
-    std::signal(SIGUSR1, old_usr1);
-  }
+  StopSignalHandler handler{[](int signal) { g_stop_signal = signal; }};
+  StopOnSignal() { g_stop_signal = 0; }
 };
 
 LrSchedule make_schedule(const TrainConfig& c, int64_t total, int64_t warmup) {

@@ -72,8 +72,8 @@ PY
   || fail "generate"
 echo "ok: exported, reloaded and generated: $(head -c 80 gen.txt)"
 
-# SIGINT finishes the current step, saves a checkpoint and exits cleanly. (This check found a heap
-# corruption in oneDNN 2.6's dnnl_sgemm when a signal arrives mid-step; Fabrica no longer uses it.)
+# SIGINT finishes the current step, saves a checkpoint and exits cleanly (signal_test.sh sends
+# stop signals at random moments, many times).
 "$fabrica" train run.yaml output_dir=interrupted max_steps=100000 save_steps=0 >int.log 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do grep -q "^step" int.log 2>/dev/null && break; sleep 0.2; done

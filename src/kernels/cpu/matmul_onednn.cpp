@@ -8,9 +8,11 @@
 // numerics are those of the native path: inputs rounded to bf16, products accumulated in fp32.
 //
 // Measured on the training shapes (2 Sapphire Rapids cores, best of 30, cache-hot):
-//  * Every f32 GEMM uses the matmul primitive. dnnl_sgemm was 7-19% faster on the forward shapes,
-//    but in oneDNN 2.6 it corrupted the heap (abort in free() inside dnnl_sgemm's parallel
-//    region) in about one training run in ten when a signal (SIGINT) arrived mid-step.
+//  * Every f32 GEMM uses the matmul primitive. dnnl_sgemm was 7-19% faster on the forward shapes.
+//    It was dropped when it corrupted the heap in about one run in ten when SIGINT arrived
+//    mid-step; the cause was a signal handler running on a thread inside oneDNN's jit GEMM (the
+//    matmul primitive on AVX2 uses it too), and stop signals are now taken on a watcher thread
+//    of their own (core/stop_signals.h), so that is no reason against dnnl_sgemm any more.
 //  * bf16 with a transposed B (the forward pass, weights stored (N, K)): the AMX kernel wants B in
 //    its own blocked (VNNI) layout, and packing it on the fly from the (N, K) layout is slow. We
 //    let the primitive choose the weight layout (format_tag::any) and reorder B into it on every
