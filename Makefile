@@ -17,7 +17,8 @@ build: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Reference fixtures from PyTorch (Debian's python3-torch, system python3).
-$(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/reference/safetensors_io.py
+$(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/reference/safetensors_io.py \
+    tests/reference/rope_transformers.json
 	/usr/bin/python3 tests/reference/make_reference.py $(BUILD)/reference
 
 # Tokenizer parity fixture from Hugging Face `tokenizers` (PyPI, in build/pyref/.venv).

@@ -154,10 +154,7 @@ int run_export(int argc, char** argv) {
   auto model = load_model_folder(from, {});
   save_model_folder(*model, to);
   const std::string tokenizer_dir = args.get("tokenizer-from", from);
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"}) {
-    const fs::path src = fs::path(tokenizer_dir) / name;
-    if (fs::exists(src)) fs::copy_file(src, fs::path(to) / name, fs::copy_options::overwrite_existing);
-  }
+  copy_tokenizer_and_template_files(tokenizer_dir, to);
   std::printf("exported %s to %s\n", from.c_str(), to.c_str());
   return 0;
 }

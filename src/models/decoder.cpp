@@ -37,7 +37,14 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
   params_.allocate(options_.precision == Precision::bf16);
   bind_parameters();
   const int64_t max_len = options_.max_seq_len ? options_.max_seq_len : config_.max_position_embeddings;
-  rope_ = RopeTable::make(config_.head_dim, config_.rope_theta, max_len);
+  // Dynamic NTK scaling changes the frequencies per batch once a sequence is longer than
+  // max_position_embeddings (transformers' dynamic_rope_update); up to there they are the default.
+  FAB_USER_CHECK(config_.rope_scaling.type != "dynamic" || max_len <= config_.max_position_embeddings,
+                 "dynamic RoPE scaling past max_position_embeddings ({}) is not supported: sequences of up to {} "
+                 "tokens were asked for (lower cutoff_len)",
+                 config_.max_position_embeddings, max_len);
+  const RopeFrequencies freq = rope_frequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
+  rope_ = RopeTable::make(freq.inv_freq, freq.attention_scaling, max_len);
 }
 
 void DecoderModel::register_parameters() {

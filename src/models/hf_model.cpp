@@ -56,4 +56,13 @@ void save_model_folder(const DecoderModel& model, const std::string& folder, siz
   fs::rename(tmp, config);
 }
 
+void copy_tokenizer_and_template_files(const std::string& from, const std::string& to) {
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                           "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
+                           "generation_config.json"}) {
+    const fs::path src = fs::path(from) / name;
+    if (fs::exists(src)) fs::copy_file(src, fs::path(to) / name, fs::copy_options::overwrite_existing);
+  }
+}
+
 }  // namespace fab

@@ -23,4 +23,9 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
 void save_model_folder(const DecoderModel& model, const std::string& folder,
                        size_t max_shard_bytes = size_t(5) << 30);
 
+// Copies the files of a model folder that are not weights or config.json and that transformers
+// reads beside them (tokenizer files, chat_template.jinja, generation_config.json, ...), those
+// `from` has, into `to`.
+void copy_tokenizer_and_template_files(const std::string& from, const std::string& to);
+
 }  // namespace fab

@@ -72,7 +72,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
                  c.num_attention_heads, c.num_key_value_heads);
   c.max_position_embeddings = optional<int64_t>(j, "max_position_embeddings", c.max_position_embeddings, source);
   c.rms_norm_eps = optional<double>(j, "rms_norm_eps", c.rms_norm_eps, source);
-  c.rope_theta = optional<double>(j, "rope_theta", c.rope_theta, source);
+  parse_rope(j, source, c.max_position_embeddings, &c.rope_theta, &c.rope_scaling);
   c.initializer_range = optional<double>(j, "initializer_range", c.initializer_range, source);
   c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false, source);
   c.attention_bias = c.model_type == "qwen2" || optional<bool>(j, "attention_bias", false, source);
@@ -80,9 +80,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   if (c.model_type == "mistral") c.sliding_window = optional<int64_t>(j, "sliding_window", 0, source);
   const std::string act = optional<std::string>(j, "hidden_act", "silu", source);
   FAB_USER_CHECK(act == "silu", "{}: hidden_act \"{}\" is not supported (expected silu)", source, act);
-  FAB_USER_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null(),
-                 "{}: rope_scaling {} is not supported yet", source,
-                 j.contains("rope_scaling") ? j["rope_scaling"].dump() : "");
+  c.source_json = text;
   return c;
 }
 
@@ -95,6 +93,14 @@ ModelConfig load_model_config(const std::string& path) {
 }
 
 std::string model_config_to_json(const ModelConfig& c) {
+  if (!c.source_json.empty()) {
+    // The source's keys as they were (eos/pad ids, rope_parameters, architectures, ...); the
+    // weights written beside it are fp32.
+    json j = json::parse(c.source_json);
+    if (j.contains("dtype")) j["dtype"] = "float32";  // transformers 5's name for torch_dtype
+    else j["torch_dtype"] = "float32";
+    return j.dump(2);
+  }
   static const std::map<std::string, std::string> kArchitecture = {{"llama", "LlamaForCausalLM"},
                                                                     {"mistral", "MistralForCausalLM"},
                                                                     {"qwen2", "Qwen2ForCausalLM"},

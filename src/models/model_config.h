@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "models/rope_scaling.h"
+
 namespace fab {
 
 struct ModelConfig {
@@ -18,10 +20,14 @@ struct ModelConfig {
   int64_t sliding_window = 0;  // mistral; 0 = none
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;  // rope_parameters / rope_scaling of config.json
   double initializer_range = 0.02;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (always on for qwen2)
   bool qk_norm = false;         // qwen3: RMSNorm on each head of q and k
+  // The config.json this came from (empty when built in code): an exported folder writes it
+  // back with only what training changed, so every key transformers reads keeps its meaning.
+  std::string source_json;
 
   // Number of parameters (tied embeddings counted once).
   int64_t num_parameters() const;

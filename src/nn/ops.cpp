@@ -42,22 +42,26 @@ void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, 
 
 }  // namespace
 
-RopeTable RopeTable::make(int64_t head_dim, double theta, int64_t max_positions) {
-  // As transformers: inv_freq = 1 / theta^(arange(0, d, 2) / d) in fp32; angle = pos * inv_freq in fp32.
-  const int64_t half = head_dim / 2;
+std::vector<float> RopeTable::default_inv_freq(int64_t head_dim, double theta) {
+  std::vector<float> f(size_t(head_dim / 2));
+  for (int64_t j = 0; j < head_dim / 2; ++j)
+    f[size_t(j)] = 1.0f / float(std::pow(theta, double(float(2 * j) / float(head_dim))));
+  return f;
+}
+
+RopeTable RopeTable::make(const std::vector<float>& inv_freq, float attention_scaling, int64_t max_positions) {
+  // As transformers: angle = pos * inv_freq in fp32; cos and sin times the attention scaling.
+  const int64_t half = int64_t(inv_freq.size());
   RopeTable t;
-  t.head_dim = head_dim;
+  t.head_dim = 2 * half;
   t.cos = Tensor::empty({max_positions, half}, DType::f32, MemoryCategory::parameters);
   t.sin = Tensor::empty({max_positions, half}, DType::f32, MemoryCategory::parameters);
-  for (int64_t j = 0; j < half; ++j) {
-    float exponent = float(2 * j) / float(head_dim);
-    float inv_freq = 1.0f / float(std::pow(theta, double(exponent)));
+  for (int64_t j = 0; j < half; ++j)
     for (int64_t p = 0; p < max_positions; ++p) {
-      float angle = float(p) * inv_freq;
-      t.cos.data<float>()[p * half + j] = std::cos(angle);
-      t.sin.data<float>()[p * half + j] = std::sin(angle);
+      const float angle = float(p) * inv_freq[size_t(j)];
+      t.cos.data<float>()[p * half + j] = std::cos(angle) * attention_scaling;
+      t.sin.data<float>()[p * half + j] = std::sin(angle) * attention_scaling;
     }
-  }
   return t;
 }
 

@@ -24,7 +24,10 @@ struct Linear {
 struct RopeTable {
   Tensor cos, sin;
   int64_t head_dim = 0;
-  static RopeTable make(int64_t head_dim, double theta, int64_t max_positions);
+  // cos/sin of position * inv_freq (head_dim / 2 frequencies), times attention_scaling.
+  static RopeTable make(const std::vector<float>& inv_freq, float attention_scaling, int64_t max_positions);
+  // The unscaled frequencies, inv_freq_j = 1 / theta^(2j / head_dim) in fp32 (as transformers).
+  static std::vector<float> default_inv_freq(int64_t head_dim, double theta);
 };
 
 Var embedding(Tape& tape, const Tensor& ids, const Var& table);

@@ -25,6 +25,8 @@ class Sampler {
   };
   State state() const { return state_; }
   void restore(const State& s);
+  // Epochs done as a fraction (2.25: a quarter into the third), what HF logs as `epoch`.
+  double epochs_done() const { return double(state_.epoch) + double(state_.position) / double(per_rank_); }
 
  private:
   void make_order();

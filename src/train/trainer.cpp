@@ -209,9 +209,7 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
   if (!main_) return;
   nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
                       {"lr", r.lr},              {"grad_norm", r.grad_norm},
-                      {"tokens_per_s", r.tokens_per_s}, {"mfu", mfu(r.tokens_per_s)}, {"epoch", double(state_.sampler.epoch) +
-                                                              double(state_.sampler.position) /
-                                                                  double(std::max<int64_t>(1, data_.train.size()))}};
+                      {"tokens_per_s", r.tokens_per_s}, {"mfu", mfu(r.tokens_per_s)}, {"epoch", sampler_->epochs_done()}};
   j.update(parallel);
   std::string eval_text;
   if (std::isfinite(eval_loss)) {
@@ -328,11 +326,7 @@ void Trainer::finish() {
     write_loss_plot((fs::path(config_.output_dir) / "training_loss.svg").string(), steps, losses,
                     "training loss of " + config_.output_dir);
   }
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                           "vocab.json", "merges.txt", "generation_config.json"}) {
-    const fs::path src = fs::path(config_.model_name_or_path) / name;
-    if (fs::exists(src)) fs::copy_file(src, fs::path(config_.output_dir) / name, fs::copy_options::overwrite_existing);
-  }
+  copy_tokenizer_and_template_files(config_.model_name_or_path, config_.output_dir);
 }
 
 }  // namespace fab

@@ -44,6 +44,7 @@ b = {j["step"]: j for j in map(json.loads, open("resumed/metrics.jsonl"))}
 for step in (4, 5, 6):
     assert a[step]["loss"] == b[step]["loss"], (step, a[step]["loss"], b[step]["loss"])
     assert a[step]["grad_norm"] == b[step]["grad_norm"], step
+assert 0 < a[1]["epoch"] < a[3]["epoch"] < a[6]["epoch"], [a[s]["epoch"] for s in a]  # a fraction, every step
 print("ok: resumed steps 4-6 have bitwise-equal loss and grad_norm")
 PY
 cmp out/model.safetensors resumed/model.safetensors || fail "final weights differ after resume"

@@ -43,7 +43,7 @@ class OpsDecoder {
       values_bf16_ = Tensor::empty({total_}, DType::bf16, MemoryCategory::parameters, device);
       kernels().to_bf16(values_.data<float>(), values_bf16_.data<bf16>(), total_);
     }
-    RopeTable host_rope = RopeTable::make(D, 10000.0, c.seq);
+    RopeTable host_rope = RopeTable::make(RopeTable::default_inv_freq(D, 10000.0), 1.0f, c.seq);
     rope_ = {on_device(host_rope.cos), on_device(host_rope.sin), D};
   }
 

@@ -182,5 +182,35 @@ TEST_P(DecoderReference, Bf16FollowsFp32AsTheLossFallsFar) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DecoderReference, ::testing::Values("llama", "qwen2", "qwen3"));
 
+// llama3 (transformers-4 rope_scaling) and yarn (transformers-5 rope_parameters) RoPE against
+// PyTorch with the frequencies transformers computes for them (make_reference.py's SCALED_ROPE):
+// logits, loss, every gradient, and 5 AdamW steps.
+class ScaledRope : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ScaledRope, MatchesPyTorchWithTransformersFrequencies) {
+  Reference r(GetParam());
+  EXPECT_NE(r.config.rope_scaling.type, "default");
+  auto model = make_model(r, Precision::fp32);
+  Tensor ids = r.ref.tensor("input_ids"), labels = r.ref.tensor("labels");
+  test::expect_close(model->logits(ids), r.ref.tensor("logits"), 1e-5, "logits");
+  const int64_t n = DecoderModel::count_targets(labels);
+  const double ref_loss = r.ref.tensor("loss").data<float>()[0];
+  EXPECT_NEAR(model->forward_backward(ids, labels, 1.0f / float(n)) / double(n), ref_loss, 1e-5 * ref_loss);
+  for (const ParamInfo& p : model->params().params())
+    test::expect_close(model->params().grads().view(p.offset, p.shape), r.ref.tensor("grad." + p.name), 1e-4,
+                       "grad." + p.name);
+  auto trained = make_model(r, Precision::fp32);
+  AdamW opt(trained->params(), {0.9f, 0.95f, 1e-8f, 0.0f});
+  const float* ref_losses = r.ref.tensor("train.losses").data<float>();
+  for (int step = 0; step < 5; ++step) {
+    trained->params().grads().zero_();
+    const double loss = trained->forward_backward(ids, labels, 1.0f / float(n)) / double(n);
+    opt.step(1e-2f);
+    EXPECT_NEAR(loss, ref_losses[step], 1e-5 * ref_losses[step]) << "loss of step " << step;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ScaledRope, ::testing::Values("llama_llama3", "qwen2_yarn"));
+
 }  // namespace
 }  // namespace fab

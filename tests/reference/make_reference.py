@@ -144,13 +144,19 @@ def rms_norm(x, weight, eps):
     return weight * h.to(input_dtype)
 
 
-def rope_cos_sin(seq_len, head_dim, theta):
-    """cos/sin of shape (T, head_dim), HF default rope (attention_scaling = 1)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def rope_cos_sin(seq_len, head_dim, cfg):
+    """cos/sin of shape (T, head_dim): HF default rope, or the frequencies and attention scaling
+    transformers computed for a scaled-RoPE config (cfg["_rope"], from rope_transformers.json)."""
+    if "_rope" in cfg:
+        inv_freq, scaling = torch.tensor(cfg["_rope"]["inv_freq"], dtype=torch.float32), cfg["_rope"]["scaling"]
+    else:
+        theta = cfg["rope_theta"]
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        scaling = 1.0
     pos = torch.arange(seq_len, dtype=torch.int64).float()
     freqs = (inv_freq[:, None] @ pos[None, :]).transpose(0, 1)  # (T, D/2)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+    return emb.cos() * scaling, emb.sin() * scaling
 
 
 def rotate_half(x):
@@ -275,7 +281,7 @@ def forward(cfg, params, input_ids):
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     eps = cfg["rms_norm_eps"]
     scale = hd ** -0.5
-    cos, sin = rope_cos_sin(t, hd, cfg["rope_theta"])
+    cos, sin = rope_cos_sin(t, hd, cfg)
     x = F.embedding(input_ids, params["model.embed_tokens.weight"])
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -629,7 +635,7 @@ def make_ops(out_dir, seed=1234):
     theta = 10000.0
     x = rn(2, 5, 3, 8).requires_grad_(True)
     dy = rn(2, 5, 3, 8)
-    cos, sin = rope_cos_sin(5, 8, theta)
+    cos, sin = rope_cos_sin(5, 8, {"rope_theta": theta})
     y = apply_rope_bhtd(x.transpose(1, 2), cos, sin).transpose(1, 2)
     y.backward(dy)
     t.update({"rope.x": x.detach(), "rope.y": y.detach().contiguous(), "rope.dy": dy, "rope.dx": x.grad})
@@ -700,6 +706,53 @@ def make_ops(out_dir, seed=1234):
     return t
 
 
+# Scaled RoPE: the llama and qwen2 models with llama3 / yarn RoPE (transformers-4 rope_scaling and
+# transformers-5 rope_parameters forms), their frequencies as transformers computed them
+# (rope_transformers.json, written by make_rope_reference.py). Logits, loss, every gradient and
+# 5 AdamW steps at a constant rate without clipping.
+SCALED_ROPE = {"llama_llama3": ("llama", "reference_llama_llama3"), "qwen2_yarn": ("qwen2", "reference_qwen2_yarn")}
+
+
+def make_scaled_rope_fixtures(name, base, case_name, seed, out_dir):
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rope_transformers.json")) as f:
+        case = next(c for c in json.load(f)["cases"] if c["name"] == case_name)
+    cfg = {k: v for k, v in CONFIGS[base].items() if k not in ("rope_theta", "rope_scaling")}
+    for key in ("rope_theta", "rope_scaling", "rope_parameters"):
+        if key in case["config"]:
+            cfg[key] = case["config"][key]
+    d = os.path.join(out_dir, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    cfg = dict(cfg, _rope={"inv_freq": case["inv_freq"], "scaling": case["attention_scaling"]})
+    names = param_names(cfg)
+    init = init_params(cfg, seed)
+    save_file(init, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    g = torch.Generator().manual_seed(seed + 1000)
+    ids, labels = make_batch0(cfg, g)
+    params = {n: init[n].clone().requires_grad_(True) for n in names}
+    logits = forward(cfg, params, ids)
+    loss = token_loss_sum(logits, labels) / num_targets(labels)
+    loss.backward()
+    ref = {"input_ids": ids, "labels": labels, "logits": logits.detach().clone(), "loss": loss.detach().reshape(1)}
+    for n in names:
+        ref["grad." + n] = params[n].grad.detach().clone()
+    params = {n: init[n].clone().requires_grad_(True) for n in names}
+    opt = torch.optim.AdamW([params[n] for n in names], lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+                            foreach=False)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad(set_to_none=True)
+        l = token_loss_sum(forward(cfg, params, ids), labels) / num_targets(labels)
+        l.backward()
+        opt.step()
+        losses.append(float(l))
+    ref["train.losses"] = torch.tensor(losses, dtype=torch.float32)
+    save_file(ref, os.path.join(d, "reference.safetensors"))
+    return losses
+
+
 # --------------------------------------------------------------------------------------
 
 def main(argv):
@@ -724,6 +777,9 @@ def main(argv):
         print(f"  clipped       = {sum(clipped)}/{len(clipped)} steps {clipped}")
         print(f"  lrs           = {[float('%.6g' % x) for x in s['lrs']]}")
         print(f"  noisy final   = {s['noisy']}")
+    for i, (name, (base, case)) in enumerate(SCALED_ROPE.items()):
+        losses = make_scaled_rope_fixtures(name, base, case, seed=77 + i, out_dir=out_dir)
+        print(f"[{name}] scaled RoPE ({case}): losses {[round(x, 5) for x in losses]}")
     print(f"done in {time.time() - t0:.2f}s -> {out_dir}")
     return 0
 

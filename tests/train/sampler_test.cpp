@@ -46,5 +46,16 @@ TEST(Sampler, RanksShareEachEpochWithoutOverlap) {
   EXPECT_EQ(epoch_of(odd), (std::vector<int64_t>{1, 3, 0}));
 }
 
+TEST(Sampler, EpochsDoneCountsTheFractionOfTheEpoch) {
+  Sampler s(10, 4, 1, true);
+  EXPECT_EQ(s.epochs_done(), 0.0);
+  s.next_batch();
+  EXPECT_DOUBLE_EQ(s.epochs_done(), 0.4);
+  s.next_batch(), s.next_batch();  // the short last batch ends the epoch
+  EXPECT_DOUBLE_EQ(s.epochs_done(), 1.0);
+  s.next_batch();
+  EXPECT_DOUBLE_EQ(s.epochs_done(), 1.4);
+}
+
 }  // namespace
 }  // namespace fab
