@@ -1,5 +1,7 @@
 #include "core/allocator.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <new>
 
@@ -62,14 +64,33 @@ HostAllocator::~HostAllocator() { release_cached(); }
 
 size_t HostAllocator::cached_bytes() const { return cache_->cached_bytes(); }
 
-void HostAllocator::release_cached() {
-  cache_->drain([](void* p, size_t) { std::free(p); });
+namespace {
+
+// Blocks of 1 MiB and more are mapped and unmapped directly: freed, they go back to the system at
+// once. Through malloc they would raise glibc's dynamic mmap threshold and come from the heap
+// afterwards, where blocks of ever new sizes fragment it and it never shrinks.
+constexpr size_t kMappedBlock = size_t(1) << 20;
+
+void* system_allocate(size_t bytes) {
+  if (bytes < kMappedBlock) return std::aligned_alloc(64, bytes);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
 }
 
+void system_free(void* p, size_t bytes) {
+  if (bytes < kMappedBlock) std::free(p);
+  else ::munmap(p, bytes);
+}
+
+}  // namespace
+
+void HostAllocator::release_cached() { cache_->drain(system_free); }
+
 void* HostAllocator::raw_allocate(size_t bytes) {
-  const size_t rounded = (bytes + 63) / 64 * 64;
+  const size_t rounded = BlockCache::size_class(bytes);
   if (void* p = cache_->take(rounded)) return p;
-  void* p = std::aligned_alloc(64, rounded);
+  cache_->make_room(rounded, system_free);
+  void* p = system_allocate(rounded);
   if (!p) throw std::bad_alloc();
   cache_->track(p, rounded);
   return p;

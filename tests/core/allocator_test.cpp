@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "core/allocator.h"
 #include "core/backend.h"
+#include "core/block_cache.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace fab {
@@ -44,6 +49,38 @@ TEST(Backend, CudaWithoutADeviceIsAUserError) {
   Backend& cuda = backend(DeviceKind::cuda);
   if (cuda.available()) GTEST_SKIP() << "a CUDA device is present (" << cuda.name() << ")";
   EXPECT_THROW(Tensor::empty({4}, DType::f32, MemoryCategory::temporaries, Device::cuda(0)), UserError);
+}
+
+// Variable-length SFT: every step allocates buffers sized by its batch length, then frees them.
+// What the allocator holds (in use + cached) must not grow with the number of distinct lengths:
+// after 200 steps it is within 15% of what it held once the longest batch had been seen.
+TEST(HostAllocator, HeldMemoryStaysFlatOverManyDistinctSizes) {
+  HostAllocator alloc;
+  Rng lengths(11);
+  auto step = [&](int64_t length) {
+    std::vector<std::pair<void*, size_t>> blocks;
+    for (size_t per_token : {4096u, 11264u, 1024u, 32768u, 4096u})  // activations of a few ops
+      blocks.emplace_back(alloc.allocate(size_t(length) * per_token, MemoryCategory::activations),
+                          size_t(length) * per_token);
+    for (auto& [p, bytes] : blocks) alloc.release(p, bytes, MemoryCategory::activations);
+  };
+  step(512);  // the longest batch comes early, as in SFT with cutoff_len
+  for (int s = 1; s < 20; ++s) step(16 + int64_t(lengths.next_u64() % 497));
+  const size_t held_after_20 = alloc.cached_bytes();
+  for (int s = 20; s < 200; ++s) step(16 + int64_t(lengths.next_u64() % 497));
+  EXPECT_LE(alloc.cached_bytes(), held_after_20 * 115 / 100)
+      << "held " << alloc.cached_bytes() << " bytes after 200 steps, " << held_after_20 << " after 20";
+  EXPECT_EQ(alloc.total().live, 0u);  // the accounting is of the bytes asked for, and all came back
+  EXPECT_EQ(alloc.total().peak, size_t(512) * (4096 + 11264 + 1024 + 32768 + 4096));
+}
+
+TEST(BlockCache, SizeClassesWasteAtMostAQuarter) {
+  for (size_t bytes : {1ul, 64ul, 65ul, 300ul, 1000ul, 4097ul, 123457ul, 1ul << 20, (1ul << 20) + 1, 3000001ul}) {
+    const size_t c = BlockCache::size_class(bytes);
+    EXPECT_GE(c, bytes);
+    EXPECT_EQ(c % 64, 0u);
+    EXPECT_LE(double(c), std::max(64.0, 1.25 * double(bytes) + 64)) << bytes;
+  }
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 //    slower for dW, where B is a large activation), so it stays plain.
 #include "kernels/cpu/matmul_onednn.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -42,20 +43,45 @@ using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, DType>;
 struct Cached {
   dnnl::matmul primitive;
   memory::desc a, b, c;
-  dnnl::reorder pack_b;  // set when B is reordered into the primitive's layout on each call
-  memory packed_b;       // destination of that reorder (guarded by the mutex, like the cache)
+  dnnl::reorder pack_b;    // set when B is reordered into the primitive's layout on each call
+  memory::desc packed_b;   // that layout
+  uint64_t last_use = 0;
 };
+
+// Variable-length batches make a new M for every GEMM at every new length. The primitives are
+// kept for the kMaxPrimitives shapes used last, and the buffer a packed weight is reordered into
+// exists once per layout, shared by every M (with bf16 on AMX it is a copy of the weight: 311 MB
+// for Qwen3-0.6B's lm-head, which was once per M).
+constexpr size_t kMaxPrimitives = 256;
 
 struct OneDnn {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::map<Key, Cached> cache;
+  uint64_t uses = 0;
+  std::vector<std::pair<memory::desc, memory>> packed_buffers;  // by layout
   std::vector<float> widened_a, widened_b;  // the widening path's f32 copies of bf16 operands
   std::mutex mutex;
 };
 
+// The buffer for weights packed in `layout`, made on first use. Caller holds dnn.mutex.
+memory& packed_buffer(const memory::desc& layout, OneDnn& dnn) {
+  for (auto& [desc, buffer] : dnn.packed_buffers)
+    if (desc == layout) return buffer;
+  dnn.packed_buffers.emplace_back(layout, memory(layout, dnn.engine));
+  return dnn.packed_buffers.back().second;
+}
+
+// The cached primitive for `key`, made (and the least recently used one dropped past
+// kMaxPrimitives) when missing. Caller holds dnn.mutex.
+Cached& primitive_for(const Key& key, const MatmulArgs& x, OneDnn& dnn);
+
 OneDnn& onednn() {
-  static OneDnn instance;
+  static OneDnn& instance = [] () -> OneDnn& {
+    dnnl::set_primitive_cache_capacity(int(kMaxPrimitives));  // oneDNN's own cache: no more than ours
+    static OneDnn dnn;
+    return dnn;
+  }();
   return instance;
 }
 
@@ -81,7 +107,7 @@ Cached make_primitive(const MatmulArgs& x, const dnnl::engine& engine) {
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b_layout, c), attr, engine);
   Cached p{dnnl::matmul(pd), a, b, c, {}, {}};
   if (pack_b && pd.weights_desc() != b) {
-    p.packed_b = memory(pd.weights_desc(), engine);
+    p.packed_b = pd.weights_desc();
     p.pack_b = dnnl::reorder(dnnl::reorder::primitive_desc(engine, b, engine, pd.weights_desc()));
   }
   return p;
@@ -124,18 +150,29 @@ std::string describe(const MatmulArgs& x) {
                 x.k, t, x.trans_a ? " transposed" : "", x.k, x.n, t, x.trans_b ? " transposed" : "");
 }
 
+Cached& primitive_for(const Key& key, const MatmulArgs& x, OneDnn& dnn) {
+  auto it = dnn.cache.find(key);
+  if (it == dnn.cache.end()) {
+    if (dnn.cache.size() >= kMaxPrimitives)
+      dnn.cache.erase(std::min_element(dnn.cache.begin(), dnn.cache.end(), [](const auto& l, const auto& r) {
+        return l.second.last_use < r.second.last_use;
+      }));
+    it = dnn.cache.emplace(key, make_primitive(x, dnn.engine)).first;
+  }
+  it->second.last_use = ++dnn.uses;
+  return it->second;
+}
+
 // The GEMM itself, on oneDNN's primitive for the operands' dtype. Caller holds dnn.mutex.
 void run_primitive(const MatmulArgs& x, OneDnn& dnn) {
-  Key key{x.m, x.n, x.k, x.trans_a, x.trans_b, x.accumulate, x.dtype};
-  auto it = dnn.cache.find(key);
-  if (it == dnn.cache.end()) it = dnn.cache.emplace(key, make_primitive(x, dnn.engine)).first;
-  Cached& p = it->second;
+  Cached& p = primitive_for({x.m, x.n, x.k, x.trans_a, x.trans_b, x.accumulate, x.dtype}, x, dnn);
   memory a(p.a, dnn.engine, const_cast<void*>(x.a));
   memory b(p.b, dnn.engine, const_cast<void*>(x.b));
   memory c(p.c, dnn.engine, x.c);
   if (p.pack_b) {
-    p.pack_b.execute(dnn.stream, b, p.packed_b);
-    b = p.packed_b;
+    memory& packed = packed_buffer(p.packed_b, dnn);
+    p.pack_b.execute(dnn.stream, b, packed);
+    b = packed;
   }
   p.primitive.execute(dnn.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   dnn.stream.wait();

@@ -48,6 +48,10 @@ void* CudaAllocator::raw_allocate(size_t bytes) {
   const size_t rounded = round_size(bytes);
   if (void* p = cache_->take(rounded)) return p;
   stream();  // selects this process's device before the first cudaMalloc
+  cache_->make_room(rounded, [this](void* block, size_t size) {
+    FAB_CUDA_CHECK(cudaFree(block));
+    reserved_ -= size;
+  });
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, rounded);
   if (err == cudaErrorMemoryAllocation) {  // give the cache back and try once more
