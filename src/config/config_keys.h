@@ -70,6 +70,10 @@
   X(eval_steps, eval_steps, int64_t, 0, Supported, "Evaluate every N steps (eval_strategy: steps)")                               \
   X(resume_from_checkpoint, resume_from_checkpoint, std::string, "", Supported, "true (latest in output_dir) or a checkpoint folder")          \
   X(flash_attn, flash_attn, std::string, "auto", Accepted, "Accepted; attention is always Fabrica's fused kernel")                 \
+  X(disable_shuffling, disable_shuffling, bool, false, Supported, "true keeps the dataset order (sets shuffle: false)")         \
+  X(disable_gradient_checkpointing, disable_gradient_checkpointing, bool, false, Supported, "true turns recompute_layers off. LLaMA-Factory checkpoints gradients unless this is set; Fabrica's recompute_layers defaults to off (a step's activations fit a CPU's memory, and recompute costs a third more compute)") \
+  X(include_num_input_tokens_seen, include_num_input_tokens_seen, bool, false, Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
+  X(use_cpu, use_cpu, bool, false, Accepted, "Accepted; Fabrica trains on the CPU")                                             \
   /* Fabrica's own keys */                                                                                            \
   X(shuffle, shuffle, bool, true, Own, "Shuffle samples each epoch (false keeps dataset order)")                                \
   X(threads, threads, int64_t, 0, Own, "Compute threads (0: every core)")                                               \

@@ -238,6 +238,8 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
   if (problems.lines.empty()) check_values(c, source, problems);
   if (c.neat_packing) c.packing = true;  // as LLaMA-Factory's DataArguments
+  if (c.disable_shuffling) c.shuffle = false;
+  if (c.disable_gradient_checkpointing) c.recompute_layers = false;
   if (!problems.lines.empty()) {
     std::string message = problems.lines[0];
     for (size_t i = 1; i < problems.lines.size(); ++i) message += "\n" + problems.lines[i];

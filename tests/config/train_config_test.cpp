@@ -133,5 +133,16 @@ TEST(TrainConfig, DocsAreGeneratedFromTheSchema) {
   EXPECT_EQ(text.str(), config_reference_markdown()) << "docs/CONFIG.md is stale: run build/fabrica config-reference > docs/CONFIG.md";
 }
 
+// LLaMA-Factory keys from its docs and examples: mapped to what they mean here, or accepted.
+TEST(TrainConfig, LlamaFactoryOnlyKeysAreKnown) {
+  const TrainConfig c = parse_train_config(
+      "disable_shuffling: true\nrecompute_layers: true\ndisable_gradient_checkpointing: true\n"
+      "include_num_input_tokens_seen: true\nuse_cpu: true\n",
+      "run.yaml");
+  EXPECT_FALSE(c.shuffle);
+  EXPECT_FALSE(c.recompute_layers);
+  EXPECT_EQ(c.accepted_keys, (std::vector<std::string>{"include_num_input_tokens_seen", "use_cpu"}));
+}
+
 }  // namespace
 }  // namespace fab
