@@ -9,6 +9,7 @@
 #include "models/hf_model.h"
 #include "train/synthetic_data.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -34,8 +35,8 @@ TrainConfig config_for(const std::string& output, const std::string& extra = "")
   return parse_train_config("model_name_or_path: " + tiny_model_folder() + "\nstage: sft\noutput_dir: " + output +
                                 "\nmax_steps: 8\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 2\n"
                                 "learning_rate: 1.0e-2\nlr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 1\n"
-                                "weight_decay: 0.1\nsave_steps: 3\nseed: 5\n" + extra,
-                            "test.yaml");
+                                "weight_decay: 0.1\nsave_steps: 3\nseed: 5\n",
+                            "test.yaml", test::as_overrides(extra));
 }
 
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
