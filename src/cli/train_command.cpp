@@ -2,6 +2,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -115,6 +116,15 @@ PreparedData prepare_on_node(const TrainConfig& c, const Tokenizer& tokenizer, c
   return data;
 }
 
+// The longest sequence of the run: positions (the RoPE table) are made for it rather than for
+// cutoff_len, which may be far longer than any sample (1e9 asked for a table of 1e9 positions).
+int64_t longest_sequence(const PreparedData& data) {
+  int64_t longest = 2;
+  for (const TokenSequences* set : {&data.train, &data.eval})
+    for (int64_t i = 0; i < set->size(); ++i) longest = std::max(longest, set->length(i));
+  return longest;
+}
+
 int train_worker(const TrainConfig& c, WorldInfo world) {
   if (c.threads == 0 && world.local_size > 1)
     omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / world.local_size));
@@ -129,7 +139,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   DecoderOptions options;
   options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = c.recompute_layers;
-  options.max_seq_len = c.cutoff_len;
+  options.max_seq_len = std::min(c.cutoff_len, longest_sequence(data));
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),
