@@ -103,7 +103,7 @@ int launch(const TrainConfig& c, int argc, char** argv) {
   std::printf("launching %d workers: %s ...\n", cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots(),
               command[0].c_str());
   std::fflush(stdout);
-  return run_launcher(command);
+  return run_launcher(command, (fs::path(c.output_dir) / "logs").string());
 }
 
 // Each node's first worker tokenizes; the others then read its cache.
