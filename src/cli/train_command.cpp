@@ -80,6 +80,14 @@ void check_writable(const std::string& path) {
 
 namespace {
 
+// resume_from_checkpoint given as a folder must be a checkpoint, found before data and model load.
+void check_resume_path(const std::string& resume) {
+  for (const char* word : {"", "true", "True", "false", "False"})
+    if (resume == word) return;
+  FAB_USER_CHECK(fs::exists(fs::path(resume) / "trainer_state.json"),
+                 "resume_from_checkpoint {}: not a checkpoint folder (expected a trainer_state.json there)", resume);
+}
+
 // The checks that must pass before anything is written.
 void check_run_config(const TrainConfig& c) {
   FAB_USER_CHECK(!c.model_name_or_path.empty(), "model_name_or_path is required");
@@ -88,6 +96,7 @@ void check_run_config(const TrainConfig& c) {
                  c.model_name_or_path);
   FAB_USER_CHECK(!c.output_dir.empty(), "output_dir is required");
   check_writable(c.output_dir);
+  check_resume_path(c.resume_from_checkpoint);
   const bool resuming = !c.resume_from_checkpoint.empty() && c.resume_from_checkpoint != "false";
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
                  "output_dir {} already holds a run: set overwrite_output_dir: true or resume_from_checkpoint: true",
