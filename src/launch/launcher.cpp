@@ -50,7 +50,7 @@ std::vector<std::string> mpirun_command(const TrainConfig& config, const Cluster
 
 namespace {
 
-// Starts `argv` in a process group of its own (the terminal's Ctrl-C stays with us), with no
+// Starts `command` in a process group of its own (the terminal's Ctrl-C stays with us), with no
 // signal blocked, and with SIGTERM sent to it when this process dies, even by SIGKILL
 // (PR_SET_PDEATHSIG, which posix_spawn cannot set): mpirun then ends the workers. Between fork
 // and exec only async-signal-safe calls; an exec failure comes back through a pipe.
@@ -97,7 +97,8 @@ std::map<std::string, uintmax_t> rank_log_sizes(const std::string& log_dir) {
 }
 
 // After a failed run: the collective timeouts the other ranks logged (rank 0's output is on the
-// console already), so the console names a hung rank whichever rank noticed it.
+// console already), so the console names a hung rank whichever rank noticed it. The lines are
+// MpiCommunicator's "fabrica: rank R: collective '...' ... did not finish within T s: ...".
 void print_logged_timeouts(const std::string& log_dir, const std::map<std::string, uintmax_t>& sizes_before) {
   for (const auto& [path, size] : rank_log_sizes(log_dir)) {
     if (fs::path(path).filename() == "rank-0.log") continue;
