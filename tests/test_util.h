@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -24,6 +26,18 @@ inline double scaled_error(const float* a, const float* b, int64_t n) {
     scale = std::fmax(scale, std::fabs(double(b[i])));
   }
   return diff / scale;
+}
+
+// "key: value" lines as key=value overrides: a test's extra settings replace its base config's
+// (a YAML text may not set a key twice).
+inline std::vector<std::string> as_overrides(const std::string& yaml_lines) {
+  std::vector<std::string> out;
+  std::istringstream in(yaml_lines);
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(": ");
+    if (colon != std::string::npos) out.push_back(line.substr(0, colon) + "=" + line.substr(colon + 2));
+  }
+  return out;
 }
 
 inline void expect_close(const Tensor& actual, const Tensor& expected, double tolerance, const std::string& what) {

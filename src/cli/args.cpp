@@ -1,5 +1,6 @@
 #include "cli/args.h"
 
+#include <cmath>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -38,6 +39,19 @@ double Args::get_number(const std::string& name, double fallback) const {
   const double v = std::strtod(it->second.c_str(), &end);
   FAB_USER_CHECK(end && *end == '\0' && !it->second.empty(), "--{} expects a number, got \"{}\"", name, it->second);
   return v;
+}
+
+double Args::get_number(const std::string& name, double fallback, double min, double max) const {
+  const double v = get_number(name, fallback);
+  FAB_USER_CHECK(v >= min && v <= max, "--{} must be from {} to {}, got \"{}\"", name, min, max, get(name));
+  return v;
+}
+
+int64_t Args::get_integer(const std::string& name, int64_t fallback, int64_t min, int64_t max) const {
+  const double v = get_number(name, double(fallback));
+  FAB_USER_CHECK(v == std::trunc(v) && v >= double(min) && v <= double(max),
+                 "--{} must be an integer from {} to {}, got \"{}\"", name, min, max, get(name));
+  return int64_t(v);
 }
 
 }  // namespace fab

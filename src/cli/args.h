@@ -1,6 +1,7 @@
 #pragma once
 // A small command-line reader: positional words, `--flag value` options and `--switch`es, with
 // one clear message for anything unknown or missing.
+#include <cstdint>
 #include <map>
 #include <set>
 #include <string>
@@ -17,6 +18,9 @@ class Args {
   bool has(const std::string& name) const { return values_.count(name) != 0; }
   std::string get(const std::string& name, const std::string& fallback = "") const;
   double get_number(const std::string& name, double fallback) const;
+  // A number that must lie in [min, max] (and be an integer for get_integer).
+  double get_number(const std::string& name, double fallback, double min, double max) const;
+  int64_t get_integer(const std::string& name, int64_t fallback, int64_t min, int64_t max) const;
   bool flag(const std::string& name) const { return switches_.count(name) != 0; }
 
  private:

@@ -1,4 +1,5 @@
 // fabrica tokenize / generate / export.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -57,11 +58,12 @@ std::vector<int32_t> templated_prompt(const Tokenizer& tokenizer, const std::str
 
 SamplingOptions sampling_from(const Args& args, const Tokenizer& tokenizer) {
   SamplingOptions o;
-  o.max_new_tokens = int64_t(args.get_number("max-new-tokens", 128));
-  o.temperature = args.get_number("temperature", 0.0);
-  o.top_p = args.get_number("top-p", 1.0);
-  o.top_k = int64_t(args.get_number("top-k", 0));
-  o.seed = uint64_t(args.get_number("seed", 0));
+  constexpr int64_t kMostTokens = int64_t(1) << 30, kMostSeed = int64_t(1) << 53;
+  o.max_new_tokens = args.get_integer("max-new-tokens", 128, 1, kMostTokens);
+  o.temperature = args.get_number("temperature", 0.0, 0.0, HUGE_VAL);  // NaN fails the range too
+  o.top_p = args.get_number("top-p", 1.0, 0.0, 1.0);
+  o.top_k = args.get_integer("top-k", 0, 0, kMostTokens);
+  o.seed = uint64_t(args.get_integer("seed", 0, 0, kMostSeed));
   if (tokenizer.eos_id()) o.stop_ids.push_back(*tokenizer.eos_id());
   return o;
 }

@@ -2,6 +2,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -79,6 +80,14 @@ void check_writable(const std::string& path) {
 
 namespace {
 
+// resume_from_checkpoint given as a folder must be a checkpoint, found before data and model load.
+void check_resume_path(const std::string& resume) {
+  for (const char* word : {"", "true", "True", "false", "False"})
+    if (resume == word) return;
+  FAB_USER_CHECK(fs::exists(fs::path(resume) / "trainer_state.json"),
+                 "resume_from_checkpoint {}: not a checkpoint folder (expected a trainer_state.json there)", resume);
+}
+
 // The checks that must pass before anything is written.
 void check_run_config(const TrainConfig& c) {
   FAB_USER_CHECK(!c.model_name_or_path.empty(), "model_name_or_path is required");
@@ -87,6 +96,7 @@ void check_run_config(const TrainConfig& c) {
                  c.model_name_or_path);
   FAB_USER_CHECK(!c.output_dir.empty(), "output_dir is required");
   check_writable(c.output_dir);
+  check_resume_path(c.resume_from_checkpoint);
   const bool resuming = !c.resume_from_checkpoint.empty() && c.resume_from_checkpoint != "false";
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
                  "output_dir {} already holds a run: set overwrite_output_dir: true or resume_from_checkpoint: true",
@@ -102,7 +112,7 @@ int launch(const TrainConfig& c, int argc, char** argv) {
   std::printf("launching %d workers: %s ...\n", cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots(),
               command[0].c_str());
   std::fflush(stdout);
-  return run_launcher(command);
+  return run_launcher(command, (fs::path(c.output_dir) / "logs").string());
 }
 
 // Each node's first worker tokenizes; the others then read its cache.
@@ -113,6 +123,15 @@ PreparedData prepare_on_node(const TrainConfig& c, const Tokenizer& tokenizer, c
   comm.barrier("data prepared");
   if (world.local_rank != 0) data = prepare_data(c, tokenizer);
   return data;
+}
+
+// The longest sequence of the run: positions (the RoPE table) are made for it rather than for
+// cutoff_len, which may be far longer than any sample (1e9 asked for a table of 1e9 positions).
+int64_t longest_sequence(const PreparedData& data) {
+  int64_t longest = 2;
+  for (const TokenSequences* set : {&data.train, &data.eval})
+    for (int64_t i = 0; i < set->size(); ++i) longest = std::max(longest, set->length(i));
+  return longest;
 }
 
 int train_worker(const TrainConfig& c, WorldInfo world) {
@@ -129,7 +148,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   DecoderOptions options;
   options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = c.recompute_layers;
-  options.max_seq_len = c.cutoff_len;
+  options.max_seq_len = std::min(c.cutoff_len, longest_sequence(data));
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),

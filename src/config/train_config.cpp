@@ -4,12 +4,14 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
 #include "core/error.h"
+#include "optim/lr_schedule.h"
 
 namespace fab {
 namespace {
@@ -77,7 +79,7 @@ std::string read_value(const YAML::Node& node, bool& out) {
 std::string read_value(const YAML::Node& node, int64_t& out) {
   try {
     const double d = node.as<double>();
-    if (d != double(int64_t(d))) return "expected an integer";
+    if (!(std::fabs(d) < 0x1p63) || d != std::trunc(d)) return "expected an integer (below 9.2e18 in magnitude)";
     out = int64_t(d);
     return "";
   } catch (const YAML::Exception&) {
@@ -87,7 +89,7 @@ std::string read_value(const YAML::Node& node, int64_t& out) {
 std::string read_value(const YAML::Node& node, double& out) {
   try {
     out = node.as<double>();
-    return "";
+    return std::isfinite(out) ? "" : "expected a finite number";
   } catch (const YAML::Exception&) {
     return "expected a number";
   }
@@ -146,6 +148,25 @@ void apply_key(TrainConfig& c, const std::string& key, const YAML::Node& value, 
   if (!error.empty()) problems.add(format("{}: key \"{}\": {}, got \"{}\"", where, key, error, YAML::Dump(value)));
 }
 
+// The ranges torch, transformers and LLaMA-Factory accept for the numeric settings.
+template <typename Require>
+void check_ranges(const TrainConfig& c, Require& require) {
+  require(c.per_device_eval_batch_size > 0,
+          format("per_device_eval_batch_size must be positive, got {}", c.per_device_eval_batch_size));
+  require(c.adam_beta1 >= 0 && c.adam_beta1 < 1, format("adam_beta1 must be in [0, 1), got {}", c.adam_beta1));
+  require(c.adam_beta2 >= 0 && c.adam_beta2 < 1, format("adam_beta2 must be in [0, 1), got {}", c.adam_beta2));
+  require(c.adam_epsilon >= 0, format("adam_epsilon must be >= 0, got {}", c.adam_epsilon));
+  require(c.weight_decay >= 0, format("weight_decay must be >= 0, got {}", c.weight_decay));
+  require(c.max_grad_norm >= 0, format("max_grad_norm must be >= 0 (0: no clipping), got {}", c.max_grad_norm));
+  require(c.threads >= 0, format("threads must be >= 0 (0: every core), got {}", c.threads));
+  require(c.val_size >= 0, format("val_size must be >= 0 (a fraction below 1 or a count), got {}", c.val_size));
+  require(c.max_samples >= 0, format("max_samples must be >= 0 (0: all), got {}", c.max_samples));
+  require(c.save_steps >= 0, format("save_steps must be >= 0 (0: only at the end), got {}", c.save_steps));
+  require(c.save_total_limit >= 0, format("save_total_limit must be >= 0 (0: keep all), got {}", c.save_total_limit));
+  require(c.eval_steps >= 0, format("eval_steps must be >= 0, got {}", c.eval_steps));
+  require(c.warmup_steps >= 0, format("warmup_steps must be >= 0, got {}", c.warmup_steps));
+}
+
 void check_values(const TrainConfig& c, const std::string& source, Problems& problems) {
   auto require = [&](bool ok, const std::string& text) {
     if (!ok) problems.add(source + ": " + text);
@@ -170,6 +191,12 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   require(c.nproc_per_node >= 1, format("nproc_per_node must be at least 1, got {}", c.nproc_per_node));
   require(c.ddp_timeout > 0, format("ddp_timeout must be positive seconds, got {}", c.ddp_timeout));
   require(c.ddp_bucket_size > 0, format("ddp_bucket_size must be positive (MB), got {}", c.ddp_bucket_size));
+  check_ranges(c, require);
+  try {
+    check_lr_schedule(LrSchedule{.type = c.lr_scheduler_type});
+  } catch (const UserError& e) {
+    problems.add(source + ": " + e.what());
+  }
 }
 
 // LLaMA-Factory's `deepspeed: ds_zN_config.json`: zero_optimization.stage sets zero_stage. The
@@ -217,14 +244,25 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   FAB_USER_CHECK(root.IsMap() || root.IsNull(), "{}: expected a mapping of keys to values", source);
   TrainConfig c;
   Problems problems;
+  std::map<std::string, int> first_line;  // key -> the line that set it
   for (const auto& item : root) {
+    const std::string where = format("{}:{}", source, item.first.Mark().line + 1);
+    if (!item.first.IsScalar()) {
+      problems.add(format("{}: a key must be a plain name, got \"{}\"", where, YAML::Dump(item.first)));
+      continue;
+    }
     const std::string key = item.first.as<std::string>();
-    apply_key(c, key, item.second, format("{}:{}", source, item.first.Mark().line + 1), problems);
+    const auto [seen, is_new] = first_line.emplace(key, item.first.Mark().line + 1);
+    if (!is_new) {
+      problems.add(format("{}: key \"{}\" is set twice (first on line {})", where, key, seen->second));
+      continue;
+    }
+    apply_key(c, key, item.second, where, problems);
   }
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      problems.add(format("override \"{}\": expected key=value", o));
+    if (eq == std::string::npos || eq == 0 || eq + 1 == o.size()) {
+      problems.add(format("override \"{}\": expected key=value with a value", o));
       continue;
     }
     YAML::Node value;

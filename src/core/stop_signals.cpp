@@ -27,7 +27,7 @@ Watcher& watcher() {
 sigset_t stop_signals() {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&set, s);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set, s);
   return set;
 }
 
@@ -80,13 +80,10 @@ StopSignalHandler::~StopSignalHandler() {
   watcher().handler = std::move(previous_);
 }
 
-void unblock_stop_signals_in_children(posix_spawnattr_t* attr) {
+void unblock_stop_signals_here() {
   sigset_t none;
   sigemptyset(&none);
-  posix_spawnattr_setsigmask(attr, &none);
-  short flags = 0;
-  posix_spawnattr_getflags(attr, &flags);
-  posix_spawnattr_setflags(attr, short(flags | POSIX_SPAWN_SETSIGMASK));
+  sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
 }  // namespace fab

@@ -1,5 +1,5 @@
 #pragma once
-// Stop signals (SIGINT, SIGTERM, SIGUSR1) never run a handler on a compute thread.
+// Stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1) never run a handler on a compute thread.
 //
 // Why: a handler that runs on a thread inside oneDNN 2.6's AVX2 f32 GEMM corrupts the heap (seen
 // as "corrupted size vs. prev_size" or a segfault a step after Ctrl-C; reproduced with oneDNN
@@ -12,9 +12,8 @@
 // force, an ordinary function on an ordinary thread; with none in force, the signal does what it
 // would by default (the process ends by it), unless a handler already took one: then the process
 // is saving and exiting on purpose, and later stop signals are ignored (SIGKILL still ends it).
-// Children started with posix_spawn get the mask cleared (unblock_stop_signals_in_children).
-#include <spawn.h>
-
+// A forked child clears the mask before exec (unblock_stop_signals_here). SIGHUP (the terminal
+// went away) stops a run as SIGTERM does.
 #include <functional>
 
 namespace fab {
@@ -35,8 +34,9 @@ class StopSignalHandler {
   std::function<void(int)> previous_;
 };
 
-// Sets attr so the spawned program starts with no signal blocked (posix_spawn otherwise passes
-// on the caller's mask, and a child with SIGINT blocked could not be stopped).
-void unblock_stop_signals_in_children(posix_spawnattr_t* attr);
+// In a child between fork and exec (async-signal-safe): unblocks every signal, so the program
+// it runs does not inherit our blocked stop signals (a child with SIGINT blocked could not be
+// stopped).
+void unblock_stop_signals_here();
 
 }  // namespace fab

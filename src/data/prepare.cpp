@@ -1,6 +1,7 @@
 #include "data/prepare.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -82,6 +83,33 @@ std::pair<std::vector<size_t>, std::vector<size_t>> split_validation(size_t n, d
   return {train, eval};
 }
 
+// LLaMA-Factory warns of every abnormal record it skips: the first few reasons, with their
+// record numbers, and how many more there were.
+void warn_of_abnormal_records(const LoadedDataset& loaded) {
+  for (const std::string& warning : loaded.warnings) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  if (loaded.broken > int64_t(loaded.warnings.size()))
+    std::fprintf(stderr, "warning: %lld more abnormal examples skipped\n",
+                 (long long)(loaded.broken - int64_t(loaded.warnings.size())));
+}
+
+// Reads and tokenises the datasets `names`; none of their records becoming a sample is an error
+// that says where the records went.
+TokenizedDataset load_and_tokenize(const TrainConfig& c, const std::string& names, const DatasetOptions& options,
+                                   const ChatTemplate& chat) {
+  const LoadedDataset loaded = load_datasets(names, options);
+  warn_of_abnormal_records(loaded);
+  TokenizedDataset tokenized = tokenize(c, loaded.examples, chat);
+  const std::string short_of_a_block =
+      tokenized.stats.dropped_tokens > 0
+          ? format(", {} tokens too few for one block of cutoff_len {}", tokenized.stats.dropped_tokens, c.cutoff_len)
+          : "";
+  FAB_USER_CHECK(!tokenized.samples.empty(),
+                 "dataset {}: no samples: {} records read, {} dropped as invalid ({} of them abnormal{}){}", names,
+                 loaded.records, tokenized.stats.skipped, loaded.broken,
+                 loaded.warnings.empty() ? "" : ", the first reasons are above", short_of_a_block);
+  return tokenized;
+}
+
 }  // namespace
 
 PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
@@ -117,12 +145,12 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   template_options.enable_thinking = c.enable_thinking;
   template_options.train_on_prompt = c.train_on_prompt;
   ChatTemplate chat(get_template(c.chat_template.empty() ? "empty" : c.chat_template), encoder, template_options);
-  TokenizedDataset train = tokenize(c, load_datasets(c.dataset, options).examples, chat);
+  TokenizedDataset train = load_and_tokenize(c, c.dataset, options, chat);
   out.stats = train.stats;
   auto [train_pick, eval_pick] = split_validation(train.samples.size(), c.val_size, uint64_t(c.seed));
   out.train = to_sequences(train.samples, train_pick);
   if (!c.eval_dataset.empty()) {
-    TokenizedDataset eval = tokenize(c, load_datasets(c.eval_dataset, options).examples, chat);
+    TokenizedDataset eval = load_and_tokenize(c, c.eval_dataset, options, chat);
     std::vector<size_t> all(eval.samples.size());
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
     out.eval = to_sequences(eval.samples, all);

@@ -189,8 +189,12 @@ int Regex::match(std::string_view text, size_t start, void* match_data, Span& fo
   if (rc < 0) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(rc, message, sizeof(message));
-    throw Error(format("regex \"{}\" failed on a {}-byte text: {}", pattern_, text.size(),
-                       reinterpret_cast<const char*>(message)));
+    const std::string what = format("regex \"{}\" failed on a {}-byte text: {}", pattern_, text.size(),
+                                    reinterpret_cast<const char*>(message));
+    // The pattern comes from the tokenizer's file: one that backtracks without bound is its fault.
+    if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT)
+      throw UserError(what + " (the tokenizer.json pattern backtracks without bound: simplify it)");
+    throw Error(what);
   }
   PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
   found = {ovector[0], ovector[1]};

@@ -119,6 +119,9 @@ std::vector<std::pair<std::string, std::string>> parse_merges(const Field& f) {
   return merges;
 }
 
+// How far the model's ids may run past its token count (holes in the numbering).
+constexpr int64_t kVocabIdSlack = 1 << 20;
+
 std::unique_ptr<BpeModel> parse_model(const Field& f) {
   if (!f.has("type") && !f.has("merges")) f.fail("missing \"type\" (supported: BPE)");
   if (f.has("type") && f.type() != "BPE") f["type"].fail("unsupported model type \"" + f.type() + "\" (supported: BPE)");
@@ -139,9 +142,15 @@ std::unique_ptr<BpeModel> parse_model(const Field& f) {
   if (!vocab_field.value().is_object()) vocab_field.fail("expected an object of token: id");
   Vocab vocab;
   vocab.reserve(vocab_field.value().size());
+  // The id -> token table is sized by the largest id: ids are dense in real vocabularies, so one
+  // far beyond the vocabulary's size is a damaged file (3e8 would take 9.4 GB).
+  const int64_t id_limit = int64_t(vocab_field.value().size()) + kVocabIdSlack;
   for (const auto& [token, id] : vocab_field.value().items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
       vocab_field.fail("token \"" + token + "\" needs a non-negative integer id");
+    if (id.get<int64_t>() >= id_limit)
+      vocab_field.fail(format("token \"{}\" has id {}, far beyond the vocabulary's {} tokens (expected ids below {})",
+                              token, id.get<int64_t>(), vocab_field.value().size(), id_limit));
     vocab[token] = id.get<int32_t>();
   }
   auto merges = parse_merges(f["merges"]);

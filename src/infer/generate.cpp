@@ -40,6 +40,12 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
 std::vector<int32_t> generate(DecoderModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& o,
                               const std::function<void(int32_t)>& on_token) {
   FAB_USER_CHECK(!prompt.empty(), "generate: the prompt is empty");
+  const int64_t context = model.options().max_seq_len ? model.options().max_seq_len
+                                                      : model.config().max_position_embeddings;
+  FAB_USER_CHECK(o.max_new_tokens >= 1 && int64_t(prompt.size()) + o.max_new_tokens <= context,
+                 "max_new_tokens {}: with the prompt's {} tokens, expected at most {} positions in all (the model's "
+                 "max_position_embeddings)",
+                 o.max_new_tokens, prompt.size(), context);
   const int64_t vocab = model.config().vocab_size;
   KvCache cache = model.make_cache(1, int64_t(prompt.size()) + o.max_new_tokens);
   Rng rng(o.seed);

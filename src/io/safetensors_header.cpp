@@ -1,5 +1,8 @@
 // Validation of a safetensors header, kept apart from the file and tensor code so the fuzz target
 // (fuzz/safetensors_header_fuzz.cpp) can link it alone.
+#include <algorithm>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -50,6 +53,21 @@ SafetensorsEntry parse_entry(const std::string& name, const json& value, size_t 
   return e;
 }
 
+// As the safetensors library: no byte belongs to two tensors.
+void check_no_overlap(const std::map<std::string, SafetensorsEntry>& entries, const std::string& source) {
+  std::vector<std::pair<const std::string*, const SafetensorsEntry*>> by_offset;
+  for (const auto& [name, entry] : entries)
+    if (entry.end > entry.begin) by_offset.push_back({&name, &entry});
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const auto& [name, entry] = by_offset[i];
+    const auto& [previous_name, previous] = by_offset[i - 1];
+    FAB_USER_CHECK(entry->begin >= previous->end,
+                   "{}: tensors \"{}\" (data_offsets [{}, {}]) and \"{}\" ([{}, {}]) overlap", source, *previous_name,
+                   previous->begin, previous->end, *name, entry->begin, entry->end);
+  }
+}
+
 }  // namespace
 
 void parse_safetensors_header(const std::string& text, size_t data_bytes, const std::string& source,
@@ -73,6 +91,7 @@ void parse_safetensors_header(const std::string& text, size_t data_bytes, const 
       metadata[k] = v.get<std::string>();
     }
   }
+  check_no_overlap(entries, source);
 }
 
 }  // namespace fab

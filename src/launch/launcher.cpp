@@ -1,8 +1,8 @@
 #include "launch/launcher.h"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -46,25 +48,79 @@ std::vector<std::string> mpirun_command(const TrainConfig& config, const Cluster
   return cmd;
 }
 
-int run_launcher(const std::vector<std::string>& command) {
+namespace {
+
+// Starts `command` in a process group of its own (the terminal's Ctrl-C stays with us), with no
+// signal blocked, and with SIGTERM sent to it when this process dies, even by SIGKILL
+// (PR_SET_PDEATHSIG, which posix_spawn cannot set): mpirun then ends the workers. Between fork
+// and exec only async-signal-safe calls; an exec failure comes back through a pipe.
+pid_t spawn_tied_to_this_process(const std::vector<std::string>& command) {
   std::vector<char*> argv;
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // the terminal's Ctrl-C stays with us
-  posix_spawnattr_setpgroup(&attr, 0);
-  unblock_stop_signals_in_children(&attr);
-  pid_t pid = 0;
-  const int error = posix_spawnp(&pid, argv[0], nullptr, &attr, argv.data(), environ);
-  posix_spawnattr_destroy(&attr);
-  FAB_USER_CHECK(error == 0, "cannot start {}: {} (install OpenMPI: apt-get install openmpi-bin)", command[0],
-                 std::strerror(error));
+  int exec_error_pipe[2];
+  FAB_CHECK(::pipe2(exec_error_pipe, O_CLOEXEC) == 0, "pipe failed: {}", std::strerror(errno));
+  const pid_t launcher = ::getpid();
+  const pid_t pid = ::fork();
+  FAB_CHECK(pid >= 0, "fork failed: {}", std::strerror(errno));
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher) ::_exit(127);  // the launcher died before the line above
+    unblock_stop_signals_here();
+    ::execvp(argv[0], argv.data());
+    const int error = errno;
+    (void)!::write(exec_error_pipe[1], &error, sizeof error);
+    ::_exit(127);
+  }
+  ::close(exec_error_pipe[1]);
+  int error = 0;
+  ssize_t got = 0;
+  while ((got = ::read(exec_error_pipe[0], &error, sizeof error)) < 0 && errno == EINTR) {
+  }
+  ::close(exec_error_pipe[0]);
+  if (got > 0) {
+    ::waitpid(pid, nullptr, 0);
+    throw UserError(format("cannot start {}: {} (install OpenMPI: apt-get install openmpi-bin)", command[0],
+                           std::strerror(error)));
+  }
+  return pid;
+}
+
+// What each rank log holds before the run: only what the run adds is read after it.
+std::map<std::string, uintmax_t> rank_log_sizes(const std::string& log_dir) {
+  std::map<std::string, uintmax_t> sizes;
+  std::error_code error;
+  for (const auto& e : fs::directory_iterator(log_dir, error))
+    if (e.path().filename().string().rfind("rank-", 0) == 0) sizes[e.path().string()] = e.file_size(error);
+  return sizes;
+}
+
+// After a failed run: the collective timeouts the other ranks logged (rank 0's output is on the
+// console already), so the console names a hung rank whichever rank noticed it. The lines are
+// MpiCommunicator's "fabrica: rank R: collective '...' ... did not finish within T s: ...".
+void print_logged_timeouts(const std::string& log_dir, const std::map<std::string, uintmax_t>& sizes_before) {
+  for (const auto& [path, size] : rank_log_sizes(log_dir)) {
+    if (fs::path(path).filename() == "rank-0.log") continue;
+    std::ifstream in(path);
+    const auto before = sizes_before.find(path);
+    in.seekg(std::streamoff(before == sizes_before.end() ? 0 : std::min(before->second, size)));
+    for (std::string line; std::getline(in, line);)
+      if (line.find("did not finish within") != std::string::npos)
+        std::fprintf(stderr, "%s (from %s)\n", line.c_str(), path.c_str());
+  }
+}
+
+}  // namespace
+
+int run_launcher(const std::vector<std::string>& command, const std::string& log_dir) {
+  const auto log_sizes = rank_log_sizes(log_dir);
+  const pid_t pid = spawn_tied_to_this_process(command);
   int status = 0;
   {
-    // The first SIGINT/SIGTERM reaches mpirun as SIGUSR1, which it passes to every worker (their
-    // trainers stop after the step, save and exit); later ones are not passed on, since mpirun
-    // itself dies of a SIGUSR1 that comes while the job is ending. Runs on the signal watcher.
+    // The first SIGINT/SIGTERM/SIGHUP reaches mpirun as SIGUSR1, which it passes to every worker
+    // (their trainers stop after the step, save and exit); later ones are not passed on, since
+    // mpirun itself dies of a SIGUSR1 that comes while the job is ending. Runs on the signal watcher.
     bool forwarded = false;
     StopSignalHandler forward([pid, &forwarded](int) {
       if (!std::exchange(forwarded, true)) ::kill(pid, SIGUSR1);
@@ -72,7 +128,9 @@ int run_launcher(const std::vector<std::string>& command) {
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
   }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (code != 0) print_logged_timeouts(log_dir, log_sizes);
+  return code;
 }
 
 namespace {

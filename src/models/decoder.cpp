@@ -1,5 +1,7 @@
 #include "models/decoder.h"
 
+#include <unistd.h>
+
 #include <cmath>
 
 #include "core/backend.h"
@@ -29,11 +31,25 @@ Tensor shift_labels(const Tensor& labels, int64_t vocab) {
   return out;
 }
 
+// The fp32 weights and gradients (and the bf16 copy) are mapped whole: a config.json whose sizes
+// ask for more than this machine's memory is refused, naming them, before anything is mapped.
+void check_fits_in_memory(const ModelConfig& c, int64_t numel, bool bf16_copy) {
+  const double bytes = double(numel) * (bf16_copy ? 10.0 : 8.0);
+  const double memory = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  constexpr double kGiB = double(1 << 30);
+  FAB_USER_CHECK(bytes <= memory,
+                 "config.json: hidden_size {}, intermediate_size {}, num_hidden_layers {} and vocab_size {} make {} "
+                 "parameters, whose weights and gradients need {} GiB; this machine has {} GiB of memory",
+                 c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size, numel,
+                 std::round(bytes / kGiB), std::round(memory / kGiB));
+}
+
 }  // namespace
 
 DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& options)
     : config_(config), options_(options) {
   register_parameters();
+  check_fits_in_memory(config_, params_.numel(), options_.precision == Precision::bf16);
   params_.allocate(options_.precision == Precision::bf16);
   bind_parameters();
   const int64_t max_len = options_.max_seq_len ? options_.max_seq_len : config_.max_position_embeddings;

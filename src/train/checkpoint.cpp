@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -69,6 +70,17 @@ struct SavedPiece {
   int64_t begin, length, at;  // elements of the parameter; position in the file's moments
 };
 
+// The optimizer steps an optimizer shard records in its metadata: a non-negative integer.
+int64_t steps_taken(const SafetensorsFile& f) {
+  const auto it = f.metadata().find("step");
+  const std::string text = it == f.metadata().end() ? "" : it->second;
+  int64_t step = -1;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), step);
+  FAB_USER_CHECK(error == std::errc() && end == text.data() + text.size() && step >= 0,
+                 "{}: metadata \"step\" must be a non-negative integer, got \"{}\"", f.path(), text);
+  return step;
+}
+
 // Fills this rank's segments of the moments from the pieces saved by every rank of the run that
 // wrote the checkpoint, whatever its world size was.
 void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
@@ -82,6 +94,7 @@ void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
       int64_t at = 0;
       for (const auto& seg : nlohmann::json::parse(f.metadata().at("segments"))) {
         const int64_t begin = seg.at(1).get<int64_t>(), length = seg.at(2).get<int64_t>();
+        FAB_USER_CHECK(begin >= 0 && length >= 0, "segment {} has a negative first element or length", seg.dump());
         pieces[seg.at(0).get<std::string>()].push_back({&f, begin, length, at});
         at += length;
       }
@@ -108,7 +121,21 @@ void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
                    dir.string(), name, covered, s.begin, s.begin + s.length);
     at += s.length;
   }
-  opt.set_steps_taken(std::stoll(files.front().metadata().at("step")));
+  opt.set_steps_taken(steps_taken(files.front()));
+}
+
+// Every number of trainer_state.json in range, and one loss per step taken.
+void check_trainer_state(const TrainerState& s, const std::string& path) {
+  auto require_non_negative = [&](int64_t value, const char* field) {
+    FAB_USER_CHECK(value >= 0, "{}: {} must be >= 0, got {}", path, field, value);
+  };
+  require_non_negative(s.global_step, "global_step");
+  require_non_negative(s.sampler.epoch, "sampler_epoch");
+  require_non_negative(s.sampler.position, "sampler_position");
+  FAB_USER_CHECK(s.world_size >= 1, "{}: world_size must be >= 1, got {}", path, s.world_size);
+  FAB_USER_CHECK(int64_t(s.losses.size()) == s.global_step,
+                 "{}: losses holds {} values but global_step is {} (expected one loss per step)", path,
+                 s.losses.size(), s.global_step);
 }
 
 }  // namespace
@@ -163,6 +190,7 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
     s.sampler.position = j.at("sampler_position").get<int64_t>();
     s.losses = j.at("losses").get<std::vector<double>>();
     s.world_size = j.value("world_size", int64_t(1));
+    check_trainer_state(s, (fs::path(dir) / "trainer_state.json").string());
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw UserError(format("{}/trainer_state.json: {}", dir, e.what()));

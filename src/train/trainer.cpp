@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
 #include "core/stop_signals.h"
@@ -28,7 +29,7 @@ namespace {
 
 std::atomic<int> g_stop_signal{0};
 
-// SIGINT/SIGTERM (and SIGUSR1, what the launcher forwards through mpirun when it gets Ctrl-C)
+// SIGINT/SIGTERM/SIGHUP (and SIGUSR1, what the launcher forwards through mpirun when it gets one)
 // finish the current step, then the trainer saves and returns. The signal is taken on the
 // watcher thread (core/stop_signals.h), never on a thread that computes.
 struct StopOnSignal {
@@ -59,12 +60,40 @@ void truncate_metrics(const std::string& output_dir, int64_t step) {
   std::ofstream(path) << kept;
 }
 
+// The settings that decide which samples each step sees. Resuming with other values goes on
+// training, but no longer as the uninterrupted run would have: a note says what changed.
+void note_changed_settings(const std::string& checkpoint, const TrainConfig& now) {
+  const fs::path path = fs::path(checkpoint) / "train_config.yaml";
+  if (!fs::exists(path)) return;
+  std::string changes;
+  for (const auto& [key, value] : {std::pair{"per_device_train_batch_size", now.per_device_train_batch_size},
+                                   std::pair{"gradient_accumulation_steps", now.gradient_accumulation_steps},
+                                   std::pair{"seed", now.seed}}) {
+    int64_t saved = value;
+    try {
+      saved = YAML::LoadFile(path.string())[key].as<int64_t>(value);
+    } catch (const YAML::Exception& e) {
+      throw UserError(format("{}: {}: expected an integer ({})", path.string(), key, e.what()));
+    }
+    if (saved != value) changes += format("{}{} {} -> {}", changes.empty() ? "" : ", ", key, saved, value);
+  }
+  if (!changes.empty())
+    std::printf("note: resuming with %s: the steps from here see other batches than the interrupted run would have, "
+                "so the result is no longer that run's exactly\n",
+                changes.c_str());
+}
+
 }  // namespace
 
 int64_t count_total_steps(const TrainConfig& c, int64_t batches_per_epoch) {
   if (c.max_steps > 0) return c.max_steps;
   const int64_t per_epoch = std::max<int64_t>(1, batches_per_epoch / c.gradient_accumulation_steps);
-  return int64_t(std::ceil(c.num_train_epochs * double(per_epoch)));
+  const double steps = std::ceil(c.num_train_epochs * double(per_epoch));
+  constexpr double kMostSteps = 0x1p53;  // counted exactly in a double, far beyond any run
+  FAB_USER_CHECK(steps <= kMostSteps,
+                 "num_train_epochs {} gives {} optimizer steps ({} per epoch); expected at most {} (set max_steps)",
+                 c.num_train_epochs, steps, per_epoch, kMostSteps);
+  return int64_t(steps);
 }
 
 Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, Communicator* group)
@@ -89,26 +118,37 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
 
 Trainer::~Trainer() = default;
 
+// The targets and tokens of this rank's next `micro_batches` micro-batches, counted on a copy of
+// the sampler: each batch is collated, counted and dropped, so memory holds one micro-batch
+// however many the step accumulates.
+std::pair<double, double> Trainer::count_step(int64_t micro_batches) const {
+  Sampler ahead = *sampler_;
+  double targets = 0, tokens = 0;
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    const Batch b = collate(data_.train, ahead.next_batch(), data_.pad_id, config_.neat_packing);
+    targets += double(DecoderModel::count_targets(b.labels));
+    tokens += double(b.tokens);
+  }
+  return {targets, tokens};
+}
+
 // One optimizer step: the loss of every micro-batch on every rank is normalised by the target
 // count of the whole global step, as HF does (num_items_in_batch), so accumulation and data
-// parallelism both equal one big batch.
+// parallelism both equal one big batch. Micro-batches are collated when they are used.
 double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens) {
-  std::vector<Batch> micro;
-  double counts[2] = {0, 0};  // targets, tokens: summed over the group
-  for (int64_t m = 0; m < config_.gradient_accumulation_steps; ++m) {
-    micro.push_back(collate(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing));
-    counts[0] += double(DecoderModel::count_targets(micro.back().labels));
-    counts[1] += double(micro.back().tokens);
-  }
+  const int64_t micro_batches = config_.gradient_accumulation_steps;
+  const auto [my_targets, my_tokens] = count_step(micro_batches);
+  double counts[2] = {my_targets, my_tokens};  // summed over the group
   group_->all_reduce(counts, 2, "target count").wait();
   const double targets = counts[0];
   *tokens += int64_t(counts[1]);
-  dp_->begin_step(int64_t(micro.size()));
+  dp_->begin_step(micro_batches);
   double sums[2] = {0, double(g_stop_signal != 0)};  // loss sum, any rank asked to stop
   const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
-  for (size_t m = 0; m < micro.size(); ++m) {
-    dp_->begin_micro_batch(int64_t(m));
-    sums[0] += model_->forward_backward(micro[m].ids, micro[m].labels, scale, {micro[m].positions, micro[m].doc_start});
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    dp_->begin_micro_batch(m);
+    const Batch b = collate(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
+    sums[0] += model_->forward_backward(b.ids, b.labels, scale, {b.positions, b.doc_start});
   }
   dp_->finish_gradients();
   group_->all_reduce(sums, 2, "loss").wait();
@@ -251,6 +291,7 @@ void Trainer::resume(const std::string& checkpoint) {
                   (long long)saved_world, (long long)consumed, group_->size());
   }
   sampler_->restore(state_.sampler);
+  if (main_) note_changed_settings(checkpoint, config_);
   if (main_) truncate_metrics(config_.output_dir, state_.global_step);
   group_->barrier("resumed");
   if (main_) std::printf("resumed from %s at step %lld\n", checkpoint.c_str(), (long long)state_.global_step);

@@ -4,6 +4,7 @@
 // evaluation, metrics.jsonl, atomic checkpoints, exact resume, and the final HF folder.
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -47,6 +48,7 @@ class Trainer {
 
  private:
   double train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
+  std::pair<double, double> count_step(int64_t micro_batches) const;  // (targets, tokens) of the next step
   void log_step(const StepRecord& record, double eval_loss);
   void show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed);
   double mfu(double tokens_per_s) const;

@@ -57,6 +57,34 @@ TEST(TrainConfig, WrongTypesNameTheKey) {
   EXPECT_NE(error_of("a: [\n").find("not valid YAML"), std::string::npos);
 }
 
+bool mentions(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Values torch or transformers would refuse, and values that would divide by zero or overflow.
+TEST(TrainConfig, NumbersOutOfRangeNameTheKey) {
+  EXPECT_PRED2(mentions, error_of("per_device_eval_batch_size: 0\n"), "per_device_eval_batch_size must be positive, got 0");
+  EXPECT_PRED2(mentions, error_of("per_device_eval_batch_size: -2\n"), "per_device_eval_batch_size must be positive");
+  EXPECT_PRED2(mentions, error_of("adam_beta1: -5\n"), "adam_beta1 must be in [0, 1), got -5");
+  EXPECT_PRED2(mentions, error_of("adam_beta2: 1\n"), "adam_beta2 must be in [0, 1), got 1");
+  EXPECT_PRED2(mentions, error_of("threads: -3\n"), "threads must be >= 0");
+  EXPECT_PRED2(mentions, error_of("val_size: -3\n"), "val_size must be >= 0");
+  EXPECT_PRED2(mentions, error_of("save_steps: -1\n"), "save_steps must be >= 0");
+  EXPECT_PRED2(mentions, error_of("warmup_steps: -5\n"), "warmup_steps must be >= 0");
+  EXPECT_PRED2(mentions, error_of("learning_rate: .nan\n"), "key \"learning_rate\": expected a finite number");
+  EXPECT_PRED2(mentions, error_of("num_train_epochs: .inf\n"), "key \"num_train_epochs\": expected a finite number");
+  EXPECT_PRED2(mentions, error_of("max_steps: 1e300\n"), "key \"max_steps\": expected an integer");
+  EXPECT_PRED2(mentions, error_of("seed: -9.3e18\n"), "key \"seed\": expected an integer");
+  EXPECT_PRED2(mentions, error_of("lr_scheduler_type: sawtooth\n"), "run.yaml: lr_scheduler_type \"sawtooth\" is not supported");
+  EXPECT_EQ(error_of("adam_beta1: 0\nadam_beta2: 0.95\nval_size: 0.1\nsave_steps: 0\n"), "accepted");
+}
+
+TEST(TrainConfig, DuplicateComplexAndEmptyKeysAreErrors) {
+  EXPECT_PRED2(mentions, error_of("cutoff_len: 8\nstage: pt\ncutoff_len: 16\n"),
+               "run.yaml:3: key \"cutoff_len\" is set twice (first on line 1)");
+  EXPECT_PRED2(mentions, error_of("? [a, b]\n: 1\n"), "run.yaml:1: a key must be a plain name");
+  EXPECT_PRED2(mentions, error_of("? {a: 1}\n: 1\n"), "a key must be a plain name");
+  EXPECT_PRED2(mentions, error_of("", {"cutoff_len="}), "override \"cutoff_len=\": expected key=value with a value");
+}
+
 TEST(TrainConfig, FeaturesNotYetImplementedSaySo) {
   EXPECT_NE(error_of("lora_rank: 16\n").find("\"lora_rank\" is not implemented in Fabrica yet"), std::string::npos);
   // A feature key set to its default asks for nothing (LLaMA-Factory's examples write these).

@@ -92,6 +92,19 @@ TEST(Tokenizer, RegexRewriteMatchesOniguruma) {
                                          "\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}]\\Q\\s\\E"));
 }
 
+// A pattern from tokenizer.json that backtracks exponentially is the file's fault (a UserError).
+TEST(Tokenizer, ExplodingRegexIsAUserError) {
+  tok::Regex exploding("(a+)+$", false);
+  std::vector<tok::Span> found;
+  try {
+    exploding.find_all(std::string(40, 'a') + "b", found);
+    FAIL() << "matched without hitting PCRE2's limit";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("match limit exceeded"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(a+)+$"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Tokenizer, EmptyMatchesAdvanceLikeOnig) {
   tok::Regex lookahead("(?=x)", false);
   std::vector<tok::Span> found;
@@ -230,6 +243,9 @@ TEST(Tokenizer, BadFilesGiveUserErrors) {
   expect_error(toy_json("", R"([{"id": 1}])"), "added_tokens[0].content: missing");
   expect_error(R"({"version": "2.0", "model": {}})", "unknown tokenizer version");
   expect_error(toy_json(R"(, "dropout": 0.1)"), "model.dropout");
+  // The id -> token table is sized by the largest id (3e8 took 9.4 GB).
+  expect_error(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2000000}, "merges": []}})",
+               "model.vocab: token \"b\" has id 2000000, far beyond the vocabulary's 2 tokens");
 }
 
 TEST(Tokenizer, LoadReadsConfigBesideTheFile) {

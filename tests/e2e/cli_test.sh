@@ -72,6 +72,13 @@ PY
 "$fabrica" generate --model exported --prompt "Who are you?" --template qwen3_nothink --max-new-tokens 8 >gen.txt \
   || fail "generate"
 echo "ok: exported, reloaded and generated: $(head -c 80 gen.txt)"
+expect_exit2 "generate --max-new-tokens 1e11" "$fabrica" generate --model exported --prompt Hi --max-new-tokens 1e11
+grep -q -- "--max-new-tokens must be an integer from 1 to" err.txt || fail "max-new-tokens: $(cat err.txt)"
+expect_exit2 "generate beyond the context" "$fabrica" generate --model exported --prompt Hi --max-new-tokens 100000
+grep -q "max_new_tokens 100000: .*max_position_embeddings" err.txt || fail "context: $(cat err.txt)"
+expect_exit2 "generate --temperature nan" "$fabrica" generate --model exported --prompt Hi --temperature nan
+expect_exit2 "generate --top-p 2" "$fabrica" generate --model exported --prompt Hi --top-p 2
+expect_exit2 "generate --top-k -5" "$fabrica" generate --model exported --prompt Hi --top-k -5
 
 # SIGINT finishes the current step, saves a checkpoint and exits cleanly (signal_test.sh sends
 # stop signals at random moments, many times).
@@ -106,6 +113,15 @@ expect_exit2 "missing model folder" "$fabrica" train run.yaml output_dir=out-bad
 expect_exit2 "stage not implemented" "$fabrica" train run.yaml output_dir=out-bad stage=dpo
 expect_exit2 "unknown key" "$fabrica" train run.yaml output_dir=out-bad learnig_rate=1
 expect_exit2 "unwritable output_dir" "$fabrica" train run.yaml output_dir=/proc/out-bad
+expect_exit2 "resume from a missing folder" "$fabrica" train run.yaml output_dir=out-bad resume_from_checkpoint=nowhere
+grep -q "resume_from_checkpoint nowhere: not a checkpoint folder" err.txt || fail "resume path: $(cat err.txt)"
+# Was SIGFPE (exit 136) with nothing printed.
+expect_exit2 "eval batch size 0" "$fabrica" train run.yaml output_dir=out-bad per_device_eval_batch_size=0 \
+  val_size=0.25 eval_strategy=steps eval_steps=1
+grep -q "per_device_eval_batch_size must be positive" err.txt || fail "eval batch size 0: $(cat err.txt)"
+# Was "training: -9223372036854775808 steps" and an untrained model exported with exit 0.
+expect_exit2 "1e300 epochs" "$fabrica" train run.yaml output_dir=out-bad max_steps=-1 num_train_epochs=1e300
+grep -q "num_train_epochs 1e+300 gives" err.txt || fail "1e300 epochs: $(cat err.txt)"
 # A record whose tools JSON is cut short: the message names the file and the record.
 mkdir -p bad_data
 echo '{"toolset": {"file_name": "tools.json", "formatting": "sharegpt", "columns": {"messages": "conversations", "tools": "tools"}}}' >bad_data/dataset_info.json
@@ -116,6 +132,23 @@ cat >bad_data/tools.json <<'JSON'
 JSON
 expect_exit2 "broken tools JSON in a record" "$fabrica" train run.yaml output_dir=out-bad dataset=toolset dataset_dir=bad_data
 grep -q "bad_data/tools.json: record 1: invalid JSON in tool description" err.txt || fail "the message does not name the record: $(cat err.txt)"
+# Every record abnormal: the reasons with their record numbers, and the count (was "val_size 0
+# leaves no training samples out of 0").
+echo '{"broken": {"file_name": "b.json", "formatting": "sharegpt"}}' >bad_data/dataset_info.json
+echo '[{"conversations": [{"from": "gpt", "value": "x"}]}, {"conversations": [{"from": "human", "value": "x"}]}]' \
+  >bad_data/b.json
+expect_exit2 "only abnormal records" "$fabrica" train run.yaml output_dir=out-bad dataset=broken dataset_dir=bad_data
+grep -q "warning: bad_data/b.json: record 1: skipping abnormal example: invalid message count 1" err.txt \
+  || fail "abnormal records: no reason with the record number: $(cat err.txt)"
+grep -q "no samples: 2 records read, 2 dropped as invalid (2 of them abnormal" err.txt || fail "abnormal: $(cat err.txt)"
+# Sizes that would not fit in memory: refused naming them (was a failed mmap of 386439088000000 bytes).
+mkdir -p huge && cp model/tokenizer* huge/ && sed 's/"hidden_size": 32/"hidden_size": 4000000/' model/config.json >huge/config.json
+expect_exit2 "hidden_size 4e6" "$fabrica" train run.yaml output_dir=out-bad model_name_or_path=huge
+grep -q "config.json: hidden_size 4000000, .* GiB of memory" err.txt || fail "hidden_size 4e6: $(cat err.txt)"
+# cutoff_len far beyond every sample: positions are made for the longest sample (was std::bad_alloc).
+"$fabrica" train run.yaml output_dir=out-cutoff cutoff_len=1e9 max_steps=1 save_steps=0 >cutoff.log 2>&1 \
+  || { cat cutoff.log; fail "cutoff_len 1e9"; }
+echo "ok: cutoff_len 1e9 trains"
 rc=0; "$fabrica" train run.yaml >/dev/null 2>err.txt || rc=$?
 [ "$rc" -eq 2 ] || fail "existing output_dir without overwrite: exit $rc"
 echo "ok: existing output_dir without overwrite_output_dir -> $(head -c 120 err.txt)"

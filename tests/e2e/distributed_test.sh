@@ -2,7 +2,8 @@
 # Distributed training through the `fabrica` command: nproc_per_node starts the workers through
 # mpirun; ZeRO-2 at 2 ranks and ZeRO-3 at 4 reproduce one process's losses over 20 fp32 steps;
 # every rank logs to output_dir/logs; Ctrl-C saves a checkpoint that resumes on another world size;
-# a hung rank stops the job within ddp_timeout naming it, and a killed rank stops it too.
+# a hung rank (1 or 0) stops the job within ddp_timeout naming it on the console, and a killed
+# rank stops it too; killing the launcher (SIGKILL) ends the workers, SIGHUP stops them cleanly.
 # Usage: distributed_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -90,6 +91,52 @@ rc=0; wait %% || rc=$?
 # The stop lands at any moment: before rank 1 joined the collective, or while it was sending.
 grep -Eq "rank 1 (never started it|sent no data)" hang.log || { cat hang.log; fail "the message does not name rank 1"; }
 echo "ok: hung rank -> $(grep -o "collective '.*" hang.log | head -1)"
+
+# Rank 0 hung: rank 1 notices, and the launcher prints its diagnosis from logs/rank-1.log.
+start_long_run hang0
+pid=$(worker_pid hang0 0)
+[ -n "$pid" ] || fail "no rank 0 process"
+kill -STOP "$pid"
+rc=0; wait %% || rc=$?
+[ "$rc" -ne 0 ] || fail "a hung rank 0 did not stop the job"
+grep -Eq "rank 0 (never started it|sent no data).*\(from .*rank-1.log\)" hang0.log \
+  || { cat hang0.log; fail "the console does not name rank 0"; }
+echo "ok: hung rank 0 -> $(grep -o "collective '.*" hang0.log | head -1)"
+
+# The launcher killed by SIGKILL takes mpirun and the workers with it.
+job_pids() {  # job_pids LAUNCHER_PID: its mpirun and mpirun's workers
+  local mpirun_pid
+  mpirun_pid=$(pgrep -P "$1")
+  echo $mpirun_pid $(pgrep -P "$mpirun_pid")
+}
+still_running() {  # still_running PID...: those that exist and are not zombies
+  for p in "$@"; do
+    if [ -d /proc/$p ] && ! grep -q '^State:.*Z' /proc/$p/status 2>/dev/null; then echo $p; fi
+  done
+}
+start_long_run orphan
+launcher=$!
+job=$(job_pids $launcher)
+[ "$(echo $job | wc -w)" -eq 3 ] || fail "expected mpirun and 2 workers under the launcher, got: $job"
+kill -KILL $launcher
+for _ in $(seq 300); do
+  alive=$(still_running $job)
+  [ -z "$alive" ] && break
+  sleep 0.1
+done
+[ -z "$alive" ] || { kill -KILL $alive || true; fail "after kill -9 of the launcher, still running: $alive"; }
+echo "ok: kill -9 of the launcher ends mpirun and the workers"
+
+# SIGHUP (the terminal closed) stops the run as SIGTERM does: every worker saves, exit 0.
+start_long_run hup
+launcher=$!
+job=$(job_pids $launcher)
+kill -HUP $launcher
+rc=0; wait $launcher || rc=$?
+[ "$rc" -eq 0 ] || { kill -KILL $(still_running $job) 2>/dev/null || true; cat hup.log; fail "SIGHUP: the launcher exited $rc"; }
+grep -q "stopped by signal" hup.log || { cat hup.log; fail "SIGHUP: no stop message"; }
+ls -d hup/checkpoint-* >/dev/null || fail "SIGHUP: no checkpoint saved"
+echo "ok: SIGHUP saved a checkpoint and stopped"
 
 start_long_run dead
 pid=$(worker_pid dead 1)

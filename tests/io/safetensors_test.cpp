@@ -46,6 +46,8 @@ TEST(Safetensors, MalformedFilesGiveOneClearError) {
       {"unknown dtype", R"({"w":{"dtype":"Q4","shape":[4],"data_offsets":[0,16]}})"},
       {"negative dimension", R"({"w":{"dtype":"F32","shape":[-4],"data_offsets":[0,16]}})"},
       {"bad metadata", R"({"__metadata__":{"k":1}})"},
+      {"overlapping tensors", R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},
+                                  "b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})"},
   };
   for (const auto& [what, header] : cases) {
     const std::string path = temp_path("bad.safetensors");
@@ -56,6 +58,14 @@ TEST(Safetensors, MalformedFilesGiveOneClearError) {
     } catch (const UserError& e) {
       EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << what << ": " << e.what();
     }
+  }
+  try {
+    const std::string path = temp_path("overlap.safetensors");
+    write_raw(path, cases.at("overlapping tensors"), 16);
+    SafetensorsFile::open(path);
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensors \"a\" (data_offsets [0, 12]) and \"b\" ([8, 16]) overlap"),
+              std::string::npos) << e.what();
   }
   const std::string path = temp_path("short.safetensors");
   { std::ofstream(path) << "abc"; }

@@ -12,6 +12,7 @@
 #include "mpi/mpi_world.h"
 #include "train/synthetic_data.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -47,8 +48,8 @@ TrainConfig config_for(const std::string& model, const std::string& output, int6
                                 "\ngradient_accumulation_steps: 2\nlearning_rate: 1.0e-2\nlr_scheduler_type: cosine\n"
                                 "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\nsave_steps: 0\nseed: 5\n"
                                 "ddp_bucket_size: 0.01\neval_strategy: steps\neval_steps: 10\n"
-                                "per_device_eval_batch_size: 4\n" + extra,
-                            "test.yaml");
+                                "per_device_eval_batch_size: 4\n",
+                            "test.yaml", test::as_overrides(extra));
 }
 
 std::vector<StepRecord> train(const TrainConfig& c, Communicator* group) {

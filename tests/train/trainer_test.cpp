@@ -4,11 +4,17 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
+#include <nlohmann/json.hpp>
+
+#include "core/backend.h"
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "models/hf_model.h"
 #include "train/synthetic_data.h"
 #include "train/trainer.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -34,8 +40,8 @@ TrainConfig config_for(const std::string& output, const std::string& extra = "")
   return parse_train_config("model_name_or_path: " + tiny_model_folder() + "\nstage: sft\noutput_dir: " + output +
                                 "\nmax_steps: 8\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 2\n"
                                 "learning_rate: 1.0e-2\nlr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 1\n"
-                                "weight_decay: 0.1\nsave_steps: 3\nseed: 5\n" + extra,
-                            "test.yaml");
+                                "weight_decay: 0.1\nsave_steps: 3\nseed: 5\n",
+                            "test.yaml", test::as_overrides(extra));
 }
 
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
@@ -77,6 +83,23 @@ TEST(Trainer, GradientAccumulationEqualsOneBigBatch) {
     EXPECT_NEAR(accumulated->history()[i].loss, big->history()[i].loss, 1e-5 * big->history()[i].loss) << i;
 }
 
+// The micro-batches of a step are collated one at a time: accumulating 1024 of them takes about
+// the activation memory of one, the longest (all collated up front took 5.6 GB at 1e6).
+size_t activation_peak_of_one_step(int64_t accumulation) {
+  auto t = make_trainer(config_for(fresh_dir("ga-memory"), "max_steps: 1\nsave_steps: 0\ngradient_accumulation_steps: " +
+                                                              std::to_string(accumulation) + "\n"));
+  Allocator& host = backend(DeviceKind::cpu).allocator();
+  host.reset_peaks();
+  const size_t before = host.stats(MemoryCategory::activations).live;
+  t->run();
+  return host.stats(MemoryCategory::activations).peak - before;
+}
+
+TEST(Trainer, AccumulationMemoryDoesNotGrowWithTheSteps) {
+  const size_t one = activation_peak_of_one_step(1), many = activation_peak_of_one_step(1024);
+  EXPECT_LT(many, 2 * one) << "one micro-batch: " << one << " bytes, 1024: " << many;
+}
+
 TEST(Trainer, CheckpointsAreAtomicAndPruned) {
   const std::string out = fresh_dir("prune");
   fs::create_directories(out + "/checkpoint-99.tmp");  // a save that crashed half-way
@@ -93,6 +116,66 @@ TEST(Trainer, CheckpointsAreAtomicAndPruned) {
   EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
 }
 
+// A run that saved checkpoint-3, then `edit` applied to the checkpoint; the resume's error.
+std::string resume_error(const std::string& name, const std::function<void(const fs::path&)>& edit) {
+  const std::string out = fresh_dir(name);
+  make_trainer(config_for(out, "max_steps: 4\nsave_steps: 3\n"))->run();  // checkpoint-3, then the end
+  fs::copy(out + "/checkpoint-3", out + "/edited", fs::copy_options::recursive);
+  edit(fs::path(out) / "edited");
+  try {
+    make_trainer(config_for(out, "resume_from_checkpoint: " + out + "/edited\n"))->run();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "resumed";
+}
+
+void edit_trainer_state(const fs::path& checkpoint, const std::string& key, const nlohmann::json& value) {
+  std::ifstream in(checkpoint / "trainer_state.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j[key] = value;
+  std::ofstream(checkpoint / "trainer_state.json") << j.dump();
+}
+
+TEST(Trainer, DamagedTrainerStateNamesTheFileAndField) {
+  const std::string negative = resume_error("state-negative", [](const fs::path& c) {
+    edit_trainer_state(c, "global_step", -7);  // trained at a negative learning rate
+  });
+  EXPECT_NE(negative.find("edited/trainer_state.json: global_step must be >= 0, got -7"), std::string::npos) << negative;
+  const std::string short_losses = resume_error("state-short", [](const fs::path& c) {
+    edit_trainer_state(c, "losses", nlohmann::json::array({1.0}));  // was read past its end
+  });
+  EXPECT_NE(short_losses.find("trainer_state.json: losses holds 1 values but global_step is 3"), std::string::npos)
+      << short_losses;
+}
+
+TEST(Trainer, OptimizerShardStepMustBeAnInteger) {
+  const std::string e = resume_error("shard-step", [](const fs::path& c) {
+    const std::string path = (c / "optimizer-rank-0-of-1.safetensors").string();
+    {
+      const SafetensorsFile f = SafetensorsFile::open(path);
+      save_safetensors(path + ".new", {{"exp_avg", f.tensor("exp_avg")}, {"exp_avg_sq", f.tensor("exp_avg_sq")}},
+                       {{"step", "abc"}, {"segments", f.metadata().at("segments")}});
+    }
+    fs::rename(path + ".new", path);
+  });
+  EXPECT_NE(e.find("optimizer-rank-0-of-1.safetensors: metadata \"step\" must be a non-negative integer, got \"abc\""),
+            std::string::npos)
+      << e;
+}
+
+TEST(Trainer, ResumingWithOtherBatchesSaysWhatChanged) {
+  const std::string out = fresh_dir("resume-changed");
+  make_trainer(config_for(out, "max_steps: 4\nsave_steps: 3\n"))->run();  // checkpoint-3, then the end
+  ::testing::internal::CaptureStdout();
+  make_trainer(config_for(out, "max_steps: 5\nseed: 6\ngradient_accumulation_steps: 1\nresume_from_checkpoint: " + out + "/checkpoint-3\n"))
+      ->run();
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(printed.find("note: resuming with gradient_accumulation_steps 2 -> 1, seed 5 -> 6:"), std::string::npos)
+      << printed;
+  EXPECT_NE(printed.find("no longer that run's exactly"), std::string::npos) << printed;
+}
+
 TEST(Trainer, NonFiniteLossStopsNamingTheStep) {
   auto t = make_trainer(config_for(fresh_dir("nan"), "learning_rate: 1.0e+30\nmax_grad_norm: 0\nwarmup_steps: 0\n"));
   try {
@@ -107,6 +190,13 @@ TEST(Trainer, StepCountsFollowHuggingFace) {
   TrainConfig c = config_for("unused", "max_steps: -1\nnum_train_epochs: 2.5\ngradient_accumulation_steps: 3\n");
   EXPECT_EQ(count_total_steps(c, 10), 8);  // floor(10 / 3) = 3 per epoch, ceil(2.5 * 3) = 8
   EXPECT_EQ(count_total_steps(c, 2), 3);   // at least one step per epoch
+  c.num_train_epochs = 1e300;  // was -9223372036854775808 steps, and an untrained model exported
+  try {
+    count_total_steps(c, 10);
+    FAIL() << "1e300 epochs accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_train_epochs 1e+300 gives"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
