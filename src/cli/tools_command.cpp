@@ -8,6 +8,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/file_write.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_encoder.h"
@@ -156,7 +157,7 @@ int run_export(int argc, char** argv) {
   const std::string tokenizer_dir = args.get("tokenizer-from", from);
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"}) {
     const fs::path src = fs::path(tokenizer_dir) / name;
-    if (fs::exists(src)) fs::copy_file(src, fs::path(to) / name, fs::copy_options::overwrite_existing);
+    if (fs::exists(src)) copy_file_atomically(src.string(), (fs::path(to) / name).string());
   }
   std::printf("exported %s to %s\n", from.c_str(), to.c_str());
   return 0;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_write.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -90,14 +91,7 @@ void save_hf_weights(const std::string& folder, const std::vector<NamedTensor>& 
     save_safetensors((fs::path(folder) / name).string(), shards[i], metadata);
     for (const NamedTensor& t : shards[i]) index["weight_map"][t.name] = name;
   }
-  const fs::path path = fs::path(folder) / "model.safetensors.index.json";
-  const std::string tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << index.dump(2) << "\n";
-    FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
-  }
-  fs::rename(tmp, path);
+  write_file_atomically((fs::path(folder) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
 }
 
 }  // namespace fab

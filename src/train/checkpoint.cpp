@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
@@ -19,12 +20,6 @@ namespace fab {
 namespace fs = std::filesystem;
 
 namespace {
-
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  FAB_USER_CHECK(out.good(), "{}: write failed", path.string());
-}
 
 void fsync_path(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -129,8 +124,8 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
                         {"sampler_position", state.sampler.position},
                         {"losses", state.losses},
                         {"world_size", group.size()}};
-    write_text(tmp / "trainer_state.json", j.dump(1) + "\n");
-    write_text(tmp / "train_config.yaml", config_yaml);
+    write_file_atomically((tmp / "trainer_state.json").string(), j.dump(1) + "\n");
+    write_file_atomically((tmp / "train_config.yaml").string(), config_yaml);
   }
   dp.release_gathered_parameters();
   group.barrier("checkpoint: folder made");

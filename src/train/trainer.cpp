@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "core/stop_signals.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
@@ -56,7 +57,7 @@ void truncate_metrics(const std::string& output_dir, int64_t step) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= step) kept += line + "\n";
   }
-  std::ofstream(path) << kept;
+  write_file_atomically(path.string(), kept);
 }
 
 }  // namespace
@@ -331,7 +332,7 @@ void Trainer::finish() {
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                            "vocab.json", "merges.txt", "generation_config.json"}) {
     const fs::path src = fs::path(config_.model_name_or_path) / name;
-    if (fs::exists(src)) fs::copy_file(src, fs::path(config_.output_dir) / name, fs::copy_options::overwrite_existing);
+    if (fs::exists(src)) copy_file_atomically(src.string(), (fs::path(config_.output_dir) / name).string());
   }
 }
 
