@@ -85,6 +85,7 @@ void check_run_config(const TrainConfig& c) {
   FAB_USER_CHECK(fs::exists(fs::path(c.model_name_or_path) / "config.json"),
                  "model_name_or_path {}: no config.json there (expected a Hugging Face model folder)",
                  c.model_name_or_path);
+  HfWeights::present(c.model_name_or_path);  // weights it cannot read fail here, before any work
   FAB_USER_CHECK(!c.output_dir.empty(), "output_dir is required");
   check_writable(c.output_dir);
   const bool resuming = !c.resume_from_checkpoint.empty() && c.resume_from_checkpoint != "false";
@@ -135,6 +136,9 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),
                  model->config().vocab_size);
   const bool main = world.rank == 0;
+  if (main && !HfWeights::present(c.model_name_or_path))
+    std::printf("model: %s has no weight files: the run starts from scratch (random initialisation, seed %lld)\n",
+                c.model_name_or_path.c_str(), (long long)c.seed);
   if (main)
     std::printf("model: %s, %lld parameters, %s, %d threads x %d processes, zero_stage %lld\n",
                 model->config().model_type.c_str(), (long long)model->config().num_parameters(),
