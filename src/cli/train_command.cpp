@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "data/prepare.h"
 #include "models/hf_model.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -88,7 +89,7 @@ void check_run_config(const TrainConfig& c) {
   HfWeights::present(c.model_name_or_path);  // weights it cannot read fail here, before any work
   FAB_USER_CHECK(!c.output_dir.empty(), "output_dir is required");
   check_writable(c.output_dir);
-  const bool resuming = !c.resume_from_checkpoint.empty() && c.resume_from_checkpoint != "false";
+  const bool resuming = !checkpoint_to_resume(c).empty();
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
                  "output_dir {} already holds a run: set overwrite_output_dir: true or resume_from_checkpoint: true",
                  c.output_dir);

@@ -169,6 +169,24 @@ std::string latest_checkpoint(const std::string& output_dir) {
   return found.empty() ? "" : found.back().string();
 }
 
+std::string checkpoint_to_resume(const TrainConfig& config) {
+  const std::string& value = config.resume_from_checkpoint;
+  const std::optional<bool> flag = parse_bool(value);
+  if (value.empty() || flag == false) return "";
+  if (flag == true) {
+    const std::string latest = latest_checkpoint(config.output_dir);
+    FAB_USER_CHECK(!latest.empty(),
+                   "resume_from_checkpoint: true: no valid checkpoint found in output_dir {} (no checkpoint-N folder)",
+                   config.output_dir);
+    return latest;
+  }
+  FAB_USER_CHECK(fs::exists(fs::path(value) / "trainer_state.json"),
+                 "resume_from_checkpoint: {}: not a Fabrica checkpoint (expected a checkpoint-N folder with "
+                 "trainer_state.json)",
+                 value);
+  return value;
+}
+
 void prune_checkpoints(const std::string& output_dir, int64_t keep) {
   if (keep <= 0) return;
   auto found = checkpoints_by_step(output_dir);
