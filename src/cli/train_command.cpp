@@ -7,11 +7,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "cli/args.h"
 #include "comm/world.h"
 #include "launch/launcher.h"
+#include "launch/output_dir_lock.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/prepare.h"
@@ -121,8 +123,12 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   if (c.threads == 0 && world.local_size > 1)
     omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / world.local_size));
   auto comm = join_world(world, double(c.ddp_timeout));
-  // Rank 0 checks before anybody writes; if it fails, its exit stops the job.
-  if (world.rank == 0) check_run_config(c);
+  // Rank 0 checks and locks output_dir before anybody writes; if it fails, its exit stops the job.
+  std::optional<OutputDirLock> lock;
+  if (world.rank == 0) {
+    check_run_config(c);
+    if (!OutputDirLock::held_by_launcher(c.output_dir)) lock.emplace(c.output_dir);
+  }
   comm->barrier("configuration checked");
   if (world.size > 1) start_rank_log(c.output_dir, world.rank);
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
@@ -164,6 +170,8 @@ int run_train(int argc, char** argv) {
   const WorldInfo world = world_from_environment();
   if (world.size == 1 && (c.nproc_per_node > 1 || !c.cluster.empty())) {
     check_run_config(c);
+    const OutputDirLock lock(c.output_dir);
+    ::setenv(OutputDirLock::kHeldByLauncher, lock.path().c_str(), 1);
     return launch(c, argc, argv);
   }
   return train_worker(c, world);
