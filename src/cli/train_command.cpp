@@ -90,6 +90,10 @@ void check_run_config(const TrainConfig& c) {
                  c.model_name_or_path);
   HfWeights::present(c.model_name_or_path);  // weights it cannot read fail here, before any work
   FAB_USER_CHECK(!c.output_dir.empty(), "output_dir is required");
+  FAB_USER_CHECK(!fs::exists(c.output_dir) || !fs::equivalent(c.output_dir, c.model_name_or_path),
+                 "output_dir {} is the model folder model_name_or_path {}: the trained model would replace the "
+                 "weights it starts from; choose another output_dir",
+                 c.output_dir, c.model_name_or_path);
   check_writable(c.output_dir);
   const bool resuming = !checkpoint_to_resume(c).empty();
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
