@@ -68,11 +68,12 @@ AtomicFileWriter::~AtomicFileWriter() {
 }
 
 void AtomicFileWriter::write(const void* data, size_t bytes) {
-  FAB_USER_CHECK(fd_ >= 0, "{}: written after it was committed", path_);
+  FAB_CHECK(fd_ >= 0, "{}: AtomicFileWriter used after commit", path_);
   FAB_USER_CHECK(write_all(fd_, static_cast<const char*>(data), bytes), "{}: cannot write ({})", path_, reason());
 }
 
 void AtomicFileWriter::commit() {
+  FAB_CHECK(fd_ >= 0, "{}: AtomicFileWriter committed twice", path_);
   FAB_USER_CHECK(::fsync(fd_) == 0, "{}: cannot write ({})", path_, reason());
   const int fd = fd_;
   fd_ = -1;
