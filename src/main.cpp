@@ -68,8 +68,9 @@ int print_command_help(const std::string& command) {
        "/clear resets the conversation, an empty line quits.\nexample:\n  fabrica chat --model saves/qwen3-sft "
        "--template qwen3_nothink\n"},
       {"export",
-       "fabrica export --checkpoint DIR --output DIR [--tokenizer-from MODEL_DIR]\n  Writes a checkpoint as a Hugging "
-       "Face folder (config.json, model.safetensors, tokenizer files).\nexample:\n  fabrica export --checkpoint "
+       "fabrica export --checkpoint DIR --output DIR [--tokenizer-from MODEL_DIR] [--overwrite]\n  Writes a checkpoint "
+       "as a Hugging Face folder (config.json, model.safetensors, tokenizer files); an --output that already holds a "
+       "model is replaced only with --overwrite.\nexample:\n  fabrica export --checkpoint "
        "saves/run/checkpoint-500 --output saves/run-500 --tokenizer-from models/Qwen3-0.6B\n"},
       {"tokenize",
        "fabrica tokenize --tokenizer PATH [--input FILE] [--add-special-tokens]\n  One JSON array of ids per input "

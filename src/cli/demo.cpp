@@ -8,11 +8,11 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "core/file_write.h"
 #include "core/rng.h"
 #include "data/bpe_trainer.h"
 #include "data/prepare.h"
@@ -50,7 +50,7 @@ std::pair<std::vector<Problem>, std::vector<Problem>> make_problems(size_t train
 void write_alpaca(const std::string& path, const std::vector<Problem>& problems) {
   nlohmann::json records = nlohmann::json::array();
   for (const Problem& p : problems) records.push_back({{"instruction", p.question}, {"input", ""}, {"output", p.answer}});
-  std::ofstream(path) << records.dump(1) << "\n";
+  write_file_atomically(path, records.dump(1) + "\n");
 }
 
 void write_model_config(const std::string& dir, int64_t vocab) {
@@ -67,7 +67,7 @@ void write_model_config(const std::string& dir, int64_t vocab) {
                                  {"rope_theta", 10000.0},
                                  {"rms_norm_eps", 1e-6},
                                  {"tie_word_embeddings", true}};
-  std::ofstream(dir + "/config.json") << config.dump(2) << "\n";
+  write_file_atomically(dir + "/config.json", config.dump(2) + "\n");
 }
 
 // Greedy answers through the chatml template; returns the fraction answered exactly.

@@ -9,6 +9,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/file_write.h"
 #include "data/template.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_encoder.h"
@@ -148,11 +149,22 @@ int run_chat(int argc, char** argv) {
   return 0;
 }
 
+namespace {
+
+bool holds_model(const fs::path& folder) {
+  return fs::exists(folder / "config.json") || HfWeights::present(folder.string());
+}
+
+}  // namespace
+
 int run_export(int argc, char** argv) {
-  Args args(argc, argv, 2, {"checkpoint", "output", "tokenizer-from"}, {});
+  Args args(argc, argv, 2, {"checkpoint", "output", "tokenizer-from"}, {"overwrite"});
   FAB_USER_CHECK(args.has("checkpoint") && args.has("output"),
-                 "usage: fabrica export --checkpoint DIR --output DIR [--tokenizer-from MODEL_DIR]");
+                 "usage: fabrica export --checkpoint DIR --output DIR [--tokenizer-from MODEL_DIR] [--overwrite]");
   const std::string from = args.get("checkpoint"), to = args.get("output");
+  FAB_USER_CHECK(HfWeights::present(from), "--checkpoint {}: no model.safetensors there (nothing to export)", from);
+  FAB_USER_CHECK(args.flag("overwrite") || !holds_model(to),
+                 "--output {} already holds a model: pass --overwrite to replace it", to);
   auto model = load_model_folder(from, {});
   save_model_folder(*model, to);
   const std::string tokenizer_dir = args.get("tokenizer-from", from);

@@ -8,15 +8,18 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "cli/args.h"
 #include "comm/world.h"
 #include "launch/launcher.h"
+#include "launch/output_dir_lock.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/prepare.h"
 #include "models/hf_model.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -80,24 +83,20 @@ void check_writable(const std::string& path) {
 
 namespace {
 
-// resume_from_checkpoint given as a folder must be a checkpoint, found before data and model load.
-void check_resume_path(const std::string& resume) {
-  for (const char* word : {"", "true", "True", "false", "False"})
-    if (resume == word) return;
-  FAB_USER_CHECK(fs::exists(fs::path(resume) / "trainer_state.json"),
-                 "resume_from_checkpoint {}: not a checkpoint folder (expected a trainer_state.json there)", resume);
-}
-
 // The checks that must pass before anything is written.
 void check_run_config(const TrainConfig& c) {
   FAB_USER_CHECK(!c.model_name_or_path.empty(), "model_name_or_path is required");
   FAB_USER_CHECK(fs::exists(fs::path(c.model_name_or_path) / "config.json"),
                  "model_name_or_path {}: no config.json there (expected a Hugging Face model folder)",
                  c.model_name_or_path);
+  HfWeights::present(c.model_name_or_path);  // weights it cannot read fail here, before any work
   FAB_USER_CHECK(!c.output_dir.empty(), "output_dir is required");
+  FAB_USER_CHECK(!fs::exists(c.output_dir) || !fs::equivalent(c.output_dir, c.model_name_or_path),
+                 "output_dir {} is the model folder model_name_or_path {}: the trained model would replace the "
+                 "weights it starts from; choose another output_dir",
+                 c.output_dir, c.model_name_or_path);
   check_writable(c.output_dir);
-  check_resume_path(c.resume_from_checkpoint);
-  const bool resuming = !c.resume_from_checkpoint.empty() && c.resume_from_checkpoint != "false";
+  const bool resuming = !checkpoint_to_resume(c).empty();
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
                  "output_dir {} already holds a run: set overwrite_output_dir: true or resume_from_checkpoint: true",
                  c.output_dir);
@@ -138,8 +137,12 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   if (c.threads == 0 && world.local_size > 1)
     omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / world.local_size));
   auto comm = join_world(world, double(c.ddp_timeout));
-  // Rank 0 checks before anybody writes; if it fails, its exit stops the job.
-  if (world.rank == 0) check_run_config(c);
+  // Rank 0 checks and locks output_dir before anybody writes; if it fails, its exit stops the job.
+  std::optional<OutputDirLock> lock;
+  if (world.rank == 0) {
+    check_run_config(c);
+    if (!OutputDirLock::held_by_launcher(c.output_dir)) lock.emplace(c.output_dir);
+  }
   comm->barrier("configuration checked");
   if (world.size > 1) start_rank_log(c.output_dir, world.rank);
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
@@ -154,6 +157,9 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),
                  model->config().vocab_size);
   const bool main = world.rank == 0;
+  if (main && !HfWeights::present(c.model_name_or_path))
+    std::printf("model: %s has no weight files: the run starts from scratch (random initialisation, seed %lld)\n",
+                c.model_name_or_path.c_str(), (long long)c.seed);
   if (main)
     std::printf("model: %s, %lld parameters, %s, %d threads x %d processes, zero_stage %lld\n",
                 model->config().model_type.c_str(), (long long)model->config().num_parameters(),
@@ -178,6 +184,8 @@ int run_train(int argc, char** argv) {
   const WorldInfo world = world_from_environment();
   if (world.size == 1 && (c.nproc_per_node > 1 || !c.cluster.empty())) {
     check_run_config(c);
+    const OutputDirLock lock(c.output_dir);
+    ::setenv(OutputDirLock::kHeldByLauncher, lock.path().c_str(), 1);
     return launch(c, argc, argv);
   }
   return train_worker(c, world);

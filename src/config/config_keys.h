@@ -68,7 +68,7 @@
   X(seed, seed, int64_t, 42, Supported, "Seed of initialisation, shuffling and sampling")                                    \
   X(eval_strategy, eval_strategy, std::string, "no", Supported, "no, steps or epoch")                                                 \
   X(eval_steps, eval_steps, int64_t, 0, Supported, "Evaluate every N steps (eval_strategy: steps)")                               \
-  X(resume_from_checkpoint, resume_from_checkpoint, std::string, "", Supported, "true (latest in output_dir) or a checkpoint folder")          \
+  X(resume_from_checkpoint, resume_from_checkpoint, std::string, "", Supported, "true (latest in output_dir; an error when there is none), false/no/0 or empty (no resume), or a checkpoint folder")          \
   X(flash_attn, flash_attn, std::string, "auto", Accepted, "Accepted; attention is always Fabrica's fused kernel")                 \
   X(disable_shuffling, disable_shuffling, bool, false, Supported, "true keeps the dataset order (sets shuffle: false)")         \
   X(disable_gradient_checkpointing, disable_gradient_checkpointing, bool, false, Supported, "true turns recompute_layers off. LLaMA-Factory checkpoints gradients unless this is set; Fabrica's recompute_layers defaults to off (a step's activations fit a CPU's memory, and recompute costs a third more compute)") \

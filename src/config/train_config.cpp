@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -69,12 +70,10 @@ std::string closest_key(const std::string& key) {
 
 // Reads one YAML value into a typed field; returns an error text or "".
 std::string read_value(const YAML::Node& node, bool& out) {
-  try {
-    out = node.as<bool>();
-    return "";
-  } catch (const YAML::Exception&) {
-    return "expected true or false";
-  }
+  const std::optional<bool> value = node.IsScalar() ? parse_bool(node.Scalar()) : std::nullopt;
+  if (!value) return "expected true or false";
+  out = *value;
+  return "";
 }
 std::string read_value(const YAML::Node& node, int64_t& out) {
   try {
@@ -232,6 +231,16 @@ void apply_deepspeed_config(TrainConfig& c, const std::string& source, Problems&
 }
 
 }  // namespace
+
+std::optional<bool> parse_bool(std::string_view text) {
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  for (const char* yes : {"true", "yes", "on", "y", "1"})
+    if (lower == yes) return true;
+  for (const char* no : {"false", "no", "off", "n", "0"})
+    if (lower == no) return false;
+  return std::nullopt;
+}
 
 TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
                                const std::vector<std::string>& overrides) {

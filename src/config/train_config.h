@@ -1,7 +1,9 @@
 #pragma once
 // A `fabrica train` configuration: YAML with LLaMA-Factory's keys, plus key=value overrides.
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/config_keys.h"
@@ -23,6 +25,10 @@ struct TrainConfig {
 TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
                                const std::vector<std::string>& overrides = {});
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The one reading of a boolean written as text, for every boolean setting (YAML or key=value) and
+// for resume_from_checkpoint: true/yes/on/y/1 and false/no/off/n/0 in any case; nullopt otherwise.
+std::optional<bool> parse_bool(std::string_view text);
 
 // Every key with its resolved value, as YAML (written to output_dir and into checkpoints).
 std::string train_config_to_yaml(const TrainConfig& config);

@@ -1,11 +1,9 @@
 #include "data/bpe_trainer.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +12,7 @@
 #include <unordered_set>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "data/byte_level.h"
 #include "data/unicode.h"
 
@@ -289,23 +288,6 @@ const char* const kChatMlTemplate =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-void fsync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
-void write_temp(const std::string& path, const std::string& text) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    FAB_USER_CHECK(out, "{}: cannot write", path);
-    out << text;
-    FAB_USER_CHECK(out.good(), "{}: write failed", path);
-  }
-  fsync_file(path);
-}
-
 }  // namespace
 
 // ---- BpeTrainer --------------------------------------------------------------------------------
@@ -456,13 +438,13 @@ void save_bpe_tokenizer(const TrainedBpe& bpe, const std::string& dir) {
   FAB_USER_CHECK(!ec && fs::is_directory(dir), "{}: cannot create the folder ({})", dir, ec.message());
   const std::pair<std::string, std::string> files[] = {{"tokenizer.json", bpe_tokenizer_json(bpe)},
                                                        {"tokenizer_config.json", bpe_tokenizer_config_json(bpe)}};
-  for (const auto& [name, text] : files) write_temp((fs::path(dir) / (name + ".tmp")).string(), text);
+  // Both files are written before either is renamed into place.
+  std::vector<std::unique_ptr<AtomicFileWriter>> writers;
   for (const auto& [name, text] : files) {
-    const std::string final_path = (fs::path(dir) / name).string(), tmp = final_path + ".tmp";
-    FAB_USER_CHECK(::rename(tmp.c_str(), final_path.c_str()) == 0, "{}: cannot rename into place ({})", final_path,
-                   std::strerror(errno));
+    writers.push_back(std::make_unique<AtomicFileWriter>((fs::path(dir) / name).string()));
+    writers.back()->write(text);
   }
-  fsync_file(dir);
+  for (const auto& writer : writers) writer->commit();
 }
 
 }  // namespace fab

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "core/rng.h"
 #include "data/packing.h"
 #include "data/template.h"
@@ -110,6 +111,46 @@ TokenizedDataset load_and_tokenize(const TrainConfig& c, const std::string& name
   return tokenized;
 }
 
+// A cache entry: the stats file is written last, so its presence means the token files are whole.
+struct CacheFiles {
+  fs::path train, eval, stats;
+};
+
+void note_unreadable_cache(const CacheFiles& files, const char* why) {
+  std::printf("note: data cache %s cannot be read (%s); rebuilding it\n", files.stats.string().c_str(), why);
+}
+
+// Fills `out` from the cache; false when an entry is missing or cannot be read (damaged, cut
+// short, an older format): it is then rebuilt as if absent.
+bool load_cache(const CacheFiles& files, PreparedData& out) {
+  if (!fs::exists(files.train) || !fs::exists(files.eval) || !fs::exists(files.stats)) return false;
+  try {
+    out.train = load_token_sequences(files.train.string());
+    out.eval = load_token_sequences(files.eval.string());
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(files.stats));
+    out.stats = {j.at("samples").get<int64_t>(), j.at("tokens").get<int64_t>(), j.at("truncated").get<int64_t>(),
+                 j.at("skipped").get<int64_t>(), j.at("dropped_tokens").get<int64_t>()};
+  } catch (const UserError& e) {
+    note_unreadable_cache(files, e.what());
+    return false;
+  } catch (const nlohmann::json::exception& e) {
+    note_unreadable_cache(files, e.what());
+    return false;
+  }
+  out.from_cache = true;
+  return true;
+}
+
+void save_cache(const CacheFiles& files, const PreparedData& data) {
+  fs::create_directories(files.stats.parent_path());
+  save_token_sequences(files.train.string(), data.train);
+  save_token_sequences(files.eval.string(), data.eval);
+  const nlohmann::json j = {{"samples", data.stats.samples},     {"tokens", data.stats.tokens},
+                            {"truncated", data.stats.truncated}, {"skipped", data.stats.skipped},
+                            {"dropped_tokens", data.stats.dropped_tokens}};
+  write_file_atomically(files.stats.string(), j.dump() + "\n");
+}
+
 }  // namespace
 
 PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
@@ -130,16 +171,9 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   PreparedData out;
   out.cache_key = cache_key(c, tokenizer, attrs);
   const fs::path dir = !cache_dir_in.empty() ? cache_dir_in : !c.cache_dir.empty() ? c.cache_dir : default_cache_dir();
-  const fs::path train_file = dir / (out.cache_key + ".train.bin"), eval_file = dir / (out.cache_key + ".eval.bin");
-  const fs::path stats_file = dir / (out.cache_key + ".json");
-  if (!c.overwrite_cache && fs::exists(train_file) && fs::exists(eval_file) && fs::exists(stats_file)) {
-    out.train = load_token_sequences(train_file.string());
-    out.eval = load_token_sequences(eval_file.string());
-    nlohmann::json j = nlohmann::json::parse(std::ifstream(stats_file));
-    out.stats = {j["samples"], j["tokens"], j["truncated"], j["skipped"], j["dropped_tokens"]};
-    out.from_cache = true;
-    return out;
-  }
+  const CacheFiles cache{dir / (out.cache_key + ".train.bin"), dir / (out.cache_key + ".eval.bin"),
+                         dir / (out.cache_key + ".json")};
+  if (!c.overwrite_cache && load_cache(cache, out)) return out;
   TokenizerEncoder encoder(tokenizer);
   TemplateOptions template_options;
   template_options.enable_thinking = c.enable_thinking;
@@ -163,13 +197,7 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
     out.eval = pack_samples(out.eval, {c.cutoff_len});
     out.stats.skipped += packing.dropped;  // train samples longer than the lowered cutoff_len
   }
-  fs::create_directories(dir);
-  save_token_sequences(train_file.string(), out.train);
-  save_token_sequences(eval_file.string(), out.eval);
-  const nlohmann::json j = {{"samples", out.stats.samples},     {"tokens", out.stats.tokens},
-                            {"truncated", out.stats.truncated}, {"skipped", out.stats.skipped},
-                            {"dropped_tokens", out.stats.dropped_tokens}};
-  std::ofstream(stats_file) << j.dump() << "\n";
+  save_cache(cache, out);
   return out;
 }
 

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 
 #include "core/error.h"
+#include "core/file_write.h"
 
 namespace fab {
 namespace {
@@ -81,23 +81,16 @@ TokenSequences TokenSequencesBuilder::finish() {
 }
 
 void save_token_sequences(const std::string& path, const TokenSequences& data) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    FAB_USER_CHECK(out, "{}: cannot write", tmp);
-    const int64_t counts[3] = {data.size(), data.total_tokens(), data.packed() ? data.samples() : 0};
-    auto write = [&out](auto span) {
-      out.write(reinterpret_cast<const char*>(span.data()), std::streamsize(span.size_bytes()));
-    };
-    out.write(kMagic, 8);
-    out.write(reinterpret_cast<const char*>(counts), sizeof counts);
-    write(data.offsets);
-    write(data.sample_offsets);
-    write(data.tokens);
-    write(data.labels);
-    FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
-  }
-  FAB_USER_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename into place", path);
+  AtomicFileWriter out(path);
+  const int64_t counts[3] = {data.size(), data.total_tokens(), data.packed() ? data.samples() : 0};
+  auto write = [&out](auto span) { out.write(span.data(), span.size_bytes()); };
+  out.write(kMagic, 8);
+  out.write(counts, sizeof counts);
+  write(data.offsets);
+  write(data.sample_offsets);
+  write(data.tokens);
+  write(data.labels);
+  out.commit();
 }
 
 namespace {

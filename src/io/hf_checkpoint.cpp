@@ -1,5 +1,6 @@
 #include "io/hf_checkpoint.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -7,13 +8,66 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_write.h"
 
 namespace fab {
 namespace fs = std::filesystem;
 
+namespace {
+
+// What Hugging Face's Trainer saves beside the weights of a checkpoint: not model weights.
+bool is_trainer_state(const std::string& name) {
+  return name == "training_args.bin" || name == "optimizer.pt" || name == "scheduler.pt" || name == "scaler.pt" ||
+         name.rfind("rng_state", 0) == 0;
+}
+
+// The folder's files (sorted names) with one of the extensions, trainer state left out.
+std::vector<std::string> files_ending(const std::string& folder, std::initializer_list<const char*> extensions) {
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string(), extension = entry.path().extension().string();
+    for (const char* e : extensions)
+      if (entry.is_regular_file() && extension == e && !is_trainer_state(name)) found.push_back(name);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// The one-line command that turns the folder's pickle weights into model.safetensors.
+std::string conversion_command(const std::string& folder, const std::vector<std::string>& pickles) {
+  if (pickles.front().rfind("pytorch_model", 0) == 0)
+    return format("python -c \"from transformers import AutoModelForCausalLM as M; M.from_pretrained('{}')."
+                  "save_pretrained('{}', safe_serialization=True)\"",
+                  folder, folder);
+  return format("python -c \"import torch; from safetensors.torch import save_file; save_file({k: v.contiguous()."
+                "clone() for k, v in torch.load('{}', map_location='cpu').items()}, '{}')\"",
+                (fs::path(folder) / pickles.front()).string(), (fs::path(folder) / "model.safetensors").string());
+}
+
+}  // namespace
+
 bool HfWeights::present(const std::string& folder) {
-  return fs::exists(fs::path(folder) / "model.safetensors") ||
-         fs::exists(fs::path(folder) / "model.safetensors.index.json");
+  if (fs::exists(fs::path(folder) / "model.safetensors") || fs::exists(fs::path(folder) / "model.safetensors.index.json"))
+    return true;
+  if (!fs::is_directory(folder)) return false;
+  const std::vector<std::string> shards = files_ending(folder, {".safetensors"});
+  FAB_USER_CHECK(shards.empty(),
+                 "{}: {} without model.safetensors.index.json: expected model.safetensors, or shards with the "
+                 "index that lists their tensors",
+                 folder, joined(shards));
+  const std::vector<std::string> pickles = files_ending(folder, {".bin", ".pt", ".pth", ".ckpt"});
+  FAB_USER_CHECK(pickles.empty(), "{}: {}: pickle checkpoints are not loaded; convert to safetensors: {}", folder,
+                 joined(pickles), conversion_command(folder, pickles));
+  const std::vector<std::string> others = files_ending(folder, {".gguf", ".h5", ".msgpack", ".onnx"});
+  FAB_USER_CHECK(others.empty(), "{}: {}: weights in a format Fabrica does not read; expected model.safetensors",
+                 folder, joined(others));
+  return false;
 }
 
 HfWeights HfWeights::open(const std::string& folder) {
@@ -90,14 +144,7 @@ void save_hf_weights(const std::string& folder, const std::vector<NamedTensor>& 
     save_safetensors((fs::path(folder) / name).string(), shards[i], metadata);
     for (const NamedTensor& t : shards[i]) index["weight_map"][t.name] = name;
   }
-  const fs::path path = fs::path(folder) / "model.safetensors.index.json";
-  const std::string tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << index.dump(2) << "\n";
-    FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
-  }
-  fs::rename(tmp, path);
+  write_file_atomically((fs::path(folder) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
 }
 
 }  // namespace fab

@@ -14,7 +14,10 @@ namespace fab {
 class HfWeights {
  public:
   static HfWeights open(const std::string& folder);
-  // True when the folder holds model.safetensors or model.safetensors.index.json.
+  // True when the folder holds model.safetensors or model.safetensors.index.json; false when it
+  // holds no weight files at all. Weights it cannot read are a UserError naming them: pickles
+  // (.bin, .pt: never unpickled; the message gives the command that converts them), safetensors
+  // shards without their index, other formats.
   static bool present(const std::string& folder);
 
   std::vector<std::string> names() const;

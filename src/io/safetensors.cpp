@@ -6,11 +6,11 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_write.h"
 
 namespace fab {
 namespace {
@@ -128,23 +128,12 @@ void save_safetensors(const std::string& path, const std::vector<NamedTensor>& t
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    FAB_USER_CHECK(out, "{}: cannot write", tmp);
-    uint64_t len = text.size();
-    out.write(reinterpret_cast<const char*>(&len), 8);
-    out.write(text.data(), std::streamsize(text.size()));
-    for (const NamedTensor& t : tensors) out.write(static_cast<const char*>(t.tensor.raw()), std::streamsize(t.tensor.bytes()));
-    FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
-  }
-  int fd = ::open(tmp.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-  FAB_USER_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot rename into place ({})", path,
-                 std::strerror(errno));
+  AtomicFileWriter out(path);
+  const uint64_t len = text.size();
+  out.write(&len, 8);
+  out.write(text);
+  for (const NamedTensor& t : tensors) out.write(t.tensor.raw(), t.tensor.bytes());
+  out.commit();
 }
 
 }  // namespace fab

@@ -2,9 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
 
 #include "core/error.h"
+#include "core/file_write.h"
 
 namespace fab {
 
@@ -51,9 +51,7 @@ void save_cluster_file(const std::string& path, const ClusterFile& c) {
   if (!c.iface.empty()) out << YAML::Key << "iface" << YAML::Value << c.iface;
   if (!c.rsh_agent.empty()) out << YAML::Key << "rsh_agent" << YAML::Value << c.rsh_agent;
   out << YAML::EndMap;
-  std::ofstream file(path);
-  file << out.c_str() << "\n";
-  FAB_USER_CHECK(file.good(), "{}: cannot write", path);
+  write_file_atomically(path, std::string(out.c_str()) + "\n");
 }
 
 }  // namespace fab

@@ -2,9 +2,9 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
+#include "core/file_write.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -46,14 +46,7 @@ void save_model_folder(const DecoderModel& model, const std::string& folder, siz
   const ParamBuffer& params = model.params();
   for (const ParamInfo& p : params.params()) tensors.push_back({p.name, params.values().view(p.offset, p.shape)});
   save_hf_weights(folder, tensors, max_shard_bytes);
-  const fs::path config = fs::path(folder) / "config.json";
-  const std::string tmp = config.string() + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << model_config_to_json(model.config()) << "\n";
-    FAB_USER_CHECK(out.good(), "{}: write failed", tmp);
-  }
-  fs::rename(tmp, config);
+  write_file_atomically((fs::path(folder) / "config.json").string(), model_config_to_json(model.config()) + "\n");
 }
 
 void copy_tokenizer_and_template_files(const std::string& from, const std::string& to) {
@@ -61,7 +54,7 @@ void copy_tokenizer_and_template_files(const std::string& from, const std::strin
                            "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
                            "generation_config.json"}) {
     const fs::path src = fs::path(from) / name;
-    if (fs::exists(src)) fs::copy_file(src, fs::path(to) / name, fs::copy_options::overwrite_existing);
+    if (fs::exists(src)) copy_file_atomically(src.string(), (fs::path(to) / name).string());
   }
 }
 

@@ -14,8 +14,9 @@ namespace fab {
 // also carry lm_head.weight, as some exports do; it is ignored).
 void load_weights(DecoderModel& model, const HfWeights& weights);
 
-// config.json, then the weights when the folder has them; a folder with only config.json means
-// "train from scratch": seeded initialisation with `seed`.
+// config.json, then the weights when the folder has them; a folder with no weight files at all
+// means "train from scratch": seeded initialisation with `seed`. Weight files it cannot read
+// (pickles, shards without their index) are a UserError naming them (HfWeights::present).
 std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const DecoderOptions& options,
                                                 uint64_t seed = 0);
 

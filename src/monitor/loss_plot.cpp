@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_write.h"
 
 namespace fab {
 namespace {
@@ -53,9 +53,7 @@ void write_loss_plot(const std::string& path, const std::vector<double>& steps, 
       << "<text x=\"18\" y=\"195\" transform=\"rotate(-90 18 195)\" text-anchor=\"middle\">loss</text>\n"
       << polyline(steps, losses, x0, x1, y0, y1, "#9ecae1", 1.5)
       << polyline(steps, smooth(losses), x0, x1, y0, y1, "#08519c", 2.0) << "</svg>\n";
-  std::ofstream out(path);
-  out << svg.str();
-  FAB_USER_CHECK(out.good(), "{}: write failed", path);
+  write_file_atomically(path, svg.str());
 }
 
 }  // namespace fab

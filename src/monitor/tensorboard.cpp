@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -69,14 +68,11 @@ TensorBoardWriter::TensorBoardWriter(const std::string& log_dir) {
   char host[256] = "localhost";
   ::gethostname(host, sizeof host - 1);
   path_ = log_dir + "/events.out.tfevents." + std::to_string(int64_t(now_seconds())) + "." + host;
-  file_ = std::fopen(path_.c_str(), "wb");
-  FAB_USER_CHECK(file_, "{}: cannot open for writing ({})", path_, std::strerror(errno));
+  file_ = std::make_unique<AppendFile>(path_, false);
   std::string first = event_header(now_seconds(), 0);
   put_bytes(first, 3, "brain.Event:2");  // string file_version = 3
   write_record(first);
 }
-
-TensorBoardWriter::~TensorBoardWriter() { std::fclose(file_); }
 
 void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step) {
   std::string v;
@@ -97,8 +93,7 @@ void TensorBoardWriter::write_record(const std::string& event) {
   put_fixed(record, masked(crc32c(&len, 8)));
   record += event;
   put_fixed(record, masked(crc32c(event.data(), event.size())));
-  std::fwrite(record.data(), 1, record.size(), file_);
-  std::fflush(file_);
+  file_->append(record);
 }
 
 }  // namespace fab

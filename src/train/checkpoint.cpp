@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
@@ -20,12 +21,6 @@ namespace fab {
 namespace fs = std::filesystem;
 
 namespace {
-
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  FAB_USER_CHECK(out.good(), "{}: write failed", path.string());
-}
 
 void fsync_path(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -156,8 +151,8 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
                         {"sampler_position", state.sampler.position},
                         {"losses", state.losses},
                         {"world_size", group.size()}};
-    write_text(tmp / "trainer_state.json", j.dump(1) + "\n");
-    write_text(tmp / "train_config.yaml", config_yaml);
+    write_file_atomically((tmp / "trainer_state.json").string(), j.dump(1) + "\n");
+    write_file_atomically((tmp / "train_config.yaml").string(), config_yaml);
   }
   dp.release_gathered_parameters();
   group.barrier("checkpoint: folder made");
@@ -200,6 +195,24 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
 std::string latest_checkpoint(const std::string& output_dir) {
   auto found = checkpoints_by_step(output_dir);
   return found.empty() ? "" : found.back().string();
+}
+
+std::string checkpoint_to_resume(const TrainConfig& config) {
+  const std::string& value = config.resume_from_checkpoint;
+  const std::optional<bool> flag = parse_bool(value);
+  if (value.empty() || flag == false) return "";
+  if (flag == true) {
+    const std::string latest = latest_checkpoint(config.output_dir);
+    FAB_USER_CHECK(!latest.empty(),
+                   "resume_from_checkpoint: true: no valid checkpoint found in output_dir {} (no checkpoint-N folder)",
+                   config.output_dir);
+    return latest;
+  }
+  FAB_USER_CHECK(fs::exists(fs::path(value) / "trainer_state.json"),
+                 "resume_from_checkpoint: {}: not a Fabrica checkpoint (expected a checkpoint-N folder with "
+                 "trainer_state.json)",
+                 value);
+  return value;
 }
 
 void prune_checkpoints(const std::string& output_dir, int64_t keep) {

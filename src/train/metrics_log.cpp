@@ -1,26 +1,20 @@
 #include "train/metrics_log.h"
 
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-
-#include "core/error.h"
 
 namespace fab {
 
-MetricsLog::MetricsLog(const std::string& output_dir, bool append) {
+namespace {
+
+std::string metrics_path(const std::string& output_dir) {
   std::filesystem::create_directories(output_dir);
-  const std::string path = output_dir + "/metrics.jsonl";
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
-  FAB_USER_CHECK(file_, "{}: cannot open for writing ({})", path, std::strerror(errno));
+  return output_dir + "/metrics.jsonl";
 }
 
-MetricsLog::~MetricsLog() { std::fclose(file_); }
+}  // namespace
 
-void MetricsLog::write(const std::string& json_line) {
-  std::fputs(json_line.c_str(), file_);
-  std::fputc('\n', file_);
-  std::fflush(file_);
-}
+MetricsLog::MetricsLog(const std::string& output_dir, bool append) : file_(metrics_path(output_dir), append) {}
+
+void MetricsLog::write(const std::string& json_line) { file_.append_line(json_line); }
 
 }  // namespace fab

@@ -1,19 +1,20 @@
 #pragma once
 // Where a run reports: one JSON object per logged step in output_dir/metrics.jsonl, and one plain
 // line per logged step on stdout (a terminal progress display comes with the CLI).
-#include <cstdio>
 #include <string>
+
+#include "core/file_write.h"
 
 namespace fab {
 
 class MetricsLog {
  public:
   MetricsLog(const std::string& output_dir, bool append);
-  ~MetricsLog();
+  // One line, written whole or not at all; a failed write is a UserError (the disk is full, ...).
   void write(const std::string& json_line);
 
  private:
-  std::FILE* file_;
+  AppendFile file_;
 };
 
 }  // namespace fab

@@ -15,6 +15,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "core/stop_signals.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
@@ -57,7 +58,7 @@ void truncate_metrics(const std::string& output_dir, int64_t step) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= step) kept += line + "\n";
   }
-  std::ofstream(path) << kept;
+  write_file_atomically(path.string(), kept);
 }
 
 // The settings that decide which samples each step sees. Resuming with other values goes on
@@ -299,15 +300,15 @@ void Trainer::resume(const std::string& checkpoint) {
 
 bool Trainer::run() {
   StopOnSignal signals;
+  const LrSchedule schedule = make_schedule(config_, total_steps_, warmup_steps_);
+  const std::string checkpoint = checkpoint_to_resume(config_);
+  const bool resuming = !checkpoint.empty();
+  if (resuming) resume(checkpoint);
+  // Only now: a resume that fails leaves the earlier run's train_config.yaml as it was.
   if (main_) {
     fs::create_directories(config_.output_dir);
-    std::ofstream(fs::path(config_.output_dir) / "train_config.yaml") << config_yaml_;
+    write_file_atomically((fs::path(config_.output_dir) / "train_config.yaml").string(), config_yaml_);
   }
-  const LrSchedule schedule = make_schedule(config_, total_steps_, warmup_steps_);
-  std::string checkpoint = config_.resume_from_checkpoint;
-  if (checkpoint == "true" || checkpoint == "True") checkpoint = latest_checkpoint(config_.output_dir);
-  const bool resuming = !checkpoint.empty() && checkpoint != "false" && checkpoint != "False";
-  if (resuming) resume(checkpoint);
   if (main_) metrics_ = std::make_unique<MetricsLog>(config_.output_dir, resuming);
   if (main_ && config_.report_to == "tensorboard")
     tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(config_.output_dir) / "runs").string());

@@ -85,6 +85,22 @@ TEST(TrainConfig, DuplicateComplexAndEmptyKeysAreErrors) {
   EXPECT_PRED2(mentions, error_of("", {"cutoff_len="}), "override \"cutoff_len=\": expected key=value with a value");
 }
 
+// One reading of booleans, in YAML and in key=value overrides alike.
+TEST(TrainConfig, BooleansReadTheSameEverywhere) {
+  for (const char* yes : {"true", "True", "TRUE", "yes", "Yes", "on", "1"}) {
+    EXPECT_EQ(parse_bool(yes), true) << yes;
+    EXPECT_TRUE(parse_train_config(std::string("bf16: ") + yes + "\n", "run.yaml").bf16) << yes;
+    EXPECT_TRUE(parse_train_config("", "run.yaml", {std::string("bf16=") + yes}).bf16) << yes;
+  }
+  for (const char* no : {"false", "False", "FALSE", "no", "No", "off", "0"}) {
+    EXPECT_EQ(parse_bool(no), false) << no;
+    EXPECT_FALSE(parse_train_config(std::string("shuffle: ") + no + "\n", "run.yaml").shuffle) << no;
+    EXPECT_FALSE(parse_train_config("", "run.yaml", {std::string("shuffle=") + no}).shuffle) << no;
+  }
+  EXPECT_EQ(parse_bool("2"), std::nullopt);
+  EXPECT_EQ(parse_bool(""), std::nullopt);
+}
+
 TEST(TrainConfig, FeaturesNotYetImplementedSaySo) {
   EXPECT_NE(error_of("lora_rank: 16\n").find("\"lora_rank\" is not implemented in Fabrica yet"), std::string::npos);
   // A feature key set to its default asks for nothing (LLaMA-Factory's examples write these).

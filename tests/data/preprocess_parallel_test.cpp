@@ -183,6 +183,27 @@ TEST(PreprocessParallel, PreparedCacheFilesAreByteIdentical) {
   fs::remove_all(root);
 }
 
+// A cache file cut short (a full disk, an older version's crash) counts as absent: rebuilt, not a
+// JSON error from then on.
+TEST(PreprocessParallel, UnreadableCacheFilesAreRebuilt) {
+  FAB_REQUIRE_SHARED_DATA();
+  const Tokenizer& tokenizer = shared_loaded_tokenizer("qwen3").tokenizer;
+  const TrainConfig c = sft_config("alpaca_en_demo", llamafactory_dir());
+  const fs::path root = fs::path(::testing::TempDir()) / "prepare_damaged_cache";
+  fs::remove_all(root);
+  const PreparedData first = prepare_data(c, tokenizer, root.string());
+  for (const char* suffix : {".json", ".train.bin"}) {
+    const fs::path damaged = root / (first.cache_key + suffix);
+    std::ofstream(damaged, std::ios::trunc).flush();  // 0 bytes
+    const PreparedData again = prepare_data(c, tokenizer, root.string());
+    EXPECT_FALSE(again.from_cache) << suffix;
+    EXPECT_EQ(again.stats.tokens, first.stats.tokens) << suffix;
+    EXPECT_GT(fs::file_size(damaged), 0u) << suffix;
+    EXPECT_TRUE(prepare_data(c, tokenizer, root.string()).from_cache) << suffix;
+  }
+  fs::remove_all(root);
+}
+
 // A record the converter rejects (record 7, then 12): named by file and record, the first one.
 TEST(PreprocessParallel, BadRecordErrorIsTheFirstInFileOrder) {
   FAB_REQUIRE_SHARED_DATA();

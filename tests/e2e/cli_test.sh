@@ -114,7 +114,7 @@ expect_exit2 "stage not implemented" "$fabrica" train run.yaml output_dir=out-ba
 expect_exit2 "unknown key" "$fabrica" train run.yaml output_dir=out-bad learnig_rate=1
 expect_exit2 "unwritable output_dir" "$fabrica" train run.yaml output_dir=/proc/out-bad
 expect_exit2 "resume from a missing folder" "$fabrica" train run.yaml output_dir=out-bad resume_from_checkpoint=nowhere
-grep -q "resume_from_checkpoint nowhere: not a checkpoint folder" err.txt || fail "resume path: $(cat err.txt)"
+grep -q "resume_from_checkpoint: nowhere: not a Fabrica checkpoint" err.txt || fail "resume path: $(cat err.txt)"
 # Was SIGFPE (exit 136) with nothing printed.
 expect_exit2 "eval batch size 0" "$fabrica" train run.yaml output_dir=out-bad per_device_eval_batch_size=0 \
   val_size=0.25 eval_strategy=steps eval_steps=1

@@ -72,5 +72,55 @@ TEST(HfModel, WeightsThatDoNotFitTheConfigAreNamed) {
   }
 }
 
+// The UserError load_model_folder(dir) throws; "" when it throws none.
+std::string load_error(const std::string& dir) {
+  try {
+    load_model_folder(dir, {Precision::fp32, false, 32});
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A folder with the weights saved, then `weights` renamed to `name` (another format's file name).
+std::string folder_with_weights_named(const std::string& test, const std::string& name) {
+  DecoderModel model(small_config(), {Precision::fp32, false, 32});
+  model.init_random(3);
+  const std::string dir = fresh_dir(test);
+  save_model_folder(model, dir);
+  fs::rename(dir + "/model.safetensors", dir + "/" + name);
+  return dir;
+}
+
+TEST(HfModel, PickleWeightsAreRefusedWithTheConversionCommand) {
+  const std::string hf = load_error(folder_with_weights_named("pickle-bin", "pytorch_model.bin"));
+  EXPECT_NE(hf.find("pytorch_model.bin: pickle checkpoints are not loaded; convert to safetensors"), std::string::npos)
+      << hf;
+  EXPECT_NE(hf.find("save_pretrained("), std::string::npos) << hf;
+  EXPECT_EQ(hf.find('\n'), std::string::npos) << hf;
+  const std::string pt = load_error(folder_with_weights_named("pickle-pt", "consolidated.pt"));
+  EXPECT_NE(pt.find("consolidated.pt: pickle checkpoints are not loaded"), std::string::npos) << pt;
+  EXPECT_NE(pt.find("safetensors.torch import save_file"), std::string::npos) << pt;
+}
+
+TEST(HfModel, ShardsWithoutTheirIndexAreRefusedNamingIt) {
+  DecoderModel model(small_config(), {Precision::fp32, false, 32});
+  const std::string dir = fresh_dir("shards-no-index");
+  save_model_folder(model, dir, 4096);
+  fs::remove(dir + "/model.safetensors.index.json");
+  const std::string error = load_error(dir);
+  EXPECT_NE(error.find("model-00001-of-"), std::string::npos) << error;
+  EXPECT_NE(error.find("without model.safetensors.index.json"), std::string::npos) << error;
+}
+
+TEST(HfModel, OtherWeightFormatsAreRefusedAndTrainerStateIsNotWeights) {
+  EXPECT_NE(load_error(folder_with_weights_named("gguf", "model.gguf")).find("model.gguf: weights in a format"),
+            std::string::npos);
+  // What HF's Trainer saves beside weights does not count as weights: this folder starts from scratch.
+  const std::string dir = folder_with_weights_named("trainer-state", "training_args.bin");
+  EXPECT_EQ(load_error(dir), "");
+  EXPECT_FALSE(HfWeights::present(dir));
+}
+
 }  // namespace
 }  // namespace fab

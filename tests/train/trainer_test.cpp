@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
+#include "train/checkpoint.h"
 #include "train/synthetic_data.h"
 #include "train/trainer.h"
 #include "test_util.h"
@@ -197,6 +199,56 @@ TEST(Trainer, StepCountsFollowHuggingFace) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("num_train_epochs 1e+300 gives"), std::string::npos) << e.what();
   }
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The UserError trainer.run() throws; "" when it throws none.
+std::string run_error(Trainer& trainer) {
+  try {
+    trainer.run();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// resume_from_checkpoint: true where there is nothing to resume stops, as Hugging Face's Trainer
+// does, instead of training from scratch over the finished run; a resume that fails leaves the
+// run's train_config.yaml as it was.
+TEST(Trainer, ResumeWithoutACheckpointStopsAndKeepsTheEarlierRun) {
+  const std::string dir = fresh_dir("finished");
+  ASSERT_TRUE(make_trainer(config_for(dir, "save_steps: 0\n"))->run());
+  const std::string config = file_text(dir + "/train_config.yaml"), metrics = file_text(dir + "/metrics.jsonl");
+  auto resumed = make_trainer(config_for(dir, "save_steps: 0\nresume_from_checkpoint: true\n"));
+  const std::string error = run_error(*resumed);
+  EXPECT_NE(error.find("no valid checkpoint found in output_dir " + dir), std::string::npos) << error;
+  EXPECT_EQ(file_text(dir + "/train_config.yaml"), config);
+  EXPECT_EQ(file_text(dir + "/metrics.jsonl"), metrics);
+}
+
+TEST(Trainer, FailedResumeKeepsTheRunsTrainConfig) {
+  const std::string dir = fresh_dir("damaged");
+  ASSERT_TRUE(make_trainer(config_for(dir))->run());
+  std::ofstream(dir + "/checkpoint-6/trainer_state.json") << "{";
+  const std::string config = file_text(dir + "/train_config.yaml");
+  auto resumed = make_trainer(config_for(dir, "resume_from_checkpoint: " + dir + "/checkpoint-6\n"));
+  EXPECT_NE(run_error(*resumed).find("trainer_state.json"), std::string::npos);
+  EXPECT_EQ(file_text(dir + "/train_config.yaml"), config);
+}
+
+TEST(Trainer, ResumeFromCheckpointReadsBooleansLikeEveryOtherKey) {
+  const std::string dir = fresh_dir("resume-flag");
+  for (const char* no : {"false", "False", "no", "0"})
+    EXPECT_EQ(checkpoint_to_resume(config_for(dir, std::string("resume_from_checkpoint: \"") + no + "\"\n")), "") << no;
+  for (const char* yes : {"true", "True", "yes", "1"})
+    EXPECT_THROW(checkpoint_to_resume(config_for(dir, std::string("resume_from_checkpoint: ") + yes + "\n")), UserError)
+        << yes;
 }
 
 }  // namespace
