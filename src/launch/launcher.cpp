@@ -42,7 +42,8 @@ std::vector<std::string> mpirun_command(const TrainConfig& config, const Cluster
     cmd.push_back("--oversubscribe");
   }
   cmd.insert(cmd.end(), {"-np", std::to_string(ranks), "--bind-to", "none"});
-  for (const char* var : {"FABRICA_CACHE", "FABRICA_OUTPUT_DIR_LOCK", "FAB_PEAK_GFLOPS", "FAB_PROFILE", "FAB_CPU_ISA", "PATH", "LD_LIBRARY_PATH"})
+  for (const char* var : {"FABRICA_CACHE", "FABRICA_OUTPUT_DIR_LOCK", "FAB_PEAK_GFLOPS", "FAB_PROFILE", "FAB_CPU_ISA",
+                          "ONEDNN_MAX_CPU_ISA", "PATH", "LD_LIBRARY_PATH"})
     if (std::getenv(var)) cmd.insert(cmd.end(), {"-x", var});
   cmd.insert(cmd.end(), worker_args.begin(), worker_args.end());
   return cmd;
