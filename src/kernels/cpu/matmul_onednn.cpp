@@ -48,11 +48,11 @@ struct Cached {
   uint64_t last_use = 0;
 };
 
-// Variable-length batches make a new M for every GEMM at every new length. The primitives are
-// kept for the kMaxPrimitives shapes used last, and the buffer a packed weight is reordered into
+// Variable-length batches make a new M for every GEMM at every new length. The primitives (about
+// 0.25 MB each) are kept for the kMaxPrimitives shapes used last (a fixed-length run uses ~20), and the buffer a packed weight is reordered into
 // exists once per layout, shared by every M (with bf16 on AMX it is a copy of the weight: 311 MB
 // for Qwen3-0.6B's lm-head, which was once per M).
-constexpr size_t kMaxPrimitives = 256;
+constexpr size_t kMaxPrimitives = 64;
 
 struct OneDnn {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
