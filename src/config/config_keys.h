@@ -7,7 +7,12 @@
 // X(yaml_key, field, type, default, status, doc): the field differs from the key only where the key
 // is a C++ keyword (template).
 //   status: Supported | Accepted (harmless here; noted, no effect) | Later (not implemented yet:
-//   using it is an error that says so) | Own (a Fabrica key LLaMA-Factory lacks)
+//   using it with a value other than its default is an error that says so) | Own (a Fabrica key
+//   LLaMA-Factory lacks, or, for cache_dir, has with another meaning)
+// Every field of LLaMA-Factory's ModelArguments, DataArguments, FinetuningArguments,
+// GeneratingArguments and TrainingArguments (transformers' Seq2SeqTrainingArguments and its own
+// additions) is a key here: tests/config/llamafactory_keys.txt lists them and a test checks it.
+// Keys LLaMA-Factory types as None-able take 0 / "" for None.
 #define FAB_CONFIG_KEYS(X)                                                                                            \
   /* model */                                                                                                         \
   X(model_name_or_path, model_name_or_path, std::string, "", Supported, "Hugging Face model folder: config.json, optional weights, tokenizer") \
@@ -72,12 +77,302 @@
   X(flash_attn, flash_attn, std::string, "auto", Accepted, "Accepted; attention is always Fabrica's fused kernel")                 \
   X(disable_shuffling, disable_shuffling, bool, false, Supported, "true keeps the dataset order (sets shuffle: false)")         \
   X(disable_gradient_checkpointing, disable_gradient_checkpointing, bool, false, Supported, "true turns recompute_layers off. LLaMA-Factory checkpoints gradients unless this is set; Fabrica's recompute_layers defaults to off (a step's activations fit a CPU's memory, and recompute costs a third more compute)") \
-  X(include_num_input_tokens_seen, include_num_input_tokens_seen, bool, false, Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
+  X(include_num_input_tokens_seen, include_num_input_tokens_seen, std::string, "no", Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
   X(use_cpu, use_cpu, bool, false, Accepted, "Accepted; Fabrica trains on the CPU")                                             \
+  /* model (LLaMA-Factory's ModelArguments) */ \
+  X(adapter_name_or_path, adapter_name_or_path, std::string, "", Later, "Path to the adapter weight or identifier from huggingface.co/models") \
+  X(adapter_folder, adapter_folder, std::string, "", Later, "The folder containing the adapter weights to load") \
+  X(use_fast_tokenizer, use_fast_tokenizer, bool, true, Accepted, "Accepted; Fabrica has one tokenizer, with ids identical to HF tokenizers") \
+  X(resize_vocab, resize_vocab, bool, false, Later, "Whether or not to resize the tokenizer vocab and the embedding layers") \
+  X(split_special_tokens, split_special_tokens, bool, false, Later, "Whether or not the special tokens should be split during the tokenization process") \
+  X(add_tokens, add_tokens, std::string, "", Later, "Non-special tokens to be added into the tokenizer") \
+  X(add_special_tokens, add_special_tokens, std::string, "", Later, "Special tokens to be added into the tokenizer") \
+  X(new_special_tokens_config, new_special_tokens_config, std::string, "", Later, "Path to YAML config with special token descriptions for semantic initialization") \
+  X(init_special_tokens, init_special_tokens, std::string, "noise_init", Later, "Initialization method for new special tokens: 'noise_init' (default, random noise...") \
+  X(model_revision, model_revision, std::string, "main", Accepted, "Accepted; Fabrica reads local folders only and downloads nothing") \
+  X(low_cpu_mem_usage, low_cpu_mem_usage, bool, true, Accepted, "Accepted; no effect in Fabrica (a torch loading/checkpointing detail)") \
+  X(rope_scaling, rope_scaling, std::string, "", Later, "Which scaling strategy should be adopted for the RoPE embeddings") \
+  X(shift_attn, shift_attn, bool, false, Later, "Enable shift short attention (S^2-Attn) proposed by LongLoRA") \
+  X(mixture_of_depths, mixture_of_depths, std::string, "", Later, "Convert the model to mixture-of-depths (MoD) or load the MoD model") \
+  X(use_unsloth, use_unsloth, bool, false, Later, "Whether or not to use unsloth's optimization for the LoRA training") \
+  X(use_unsloth_gc, use_unsloth_gc, bool, false, Later, "Whether or not to use unsloth's gradient checkpointing (no need to install unsloth)") \
+  X(enable_liger_kernel, enable_liger_kernel, bool, false, Accepted, "Accepted; no effect (Fabrica's own kernels are fused already)") \
+  X(moe_aux_loss_coef, moe_aux_loss_coef, double, 0.0, Later, "Coefficient of the auxiliary router loss in mixture-of-experts model") \
+  X(use_reentrant_gc, use_reentrant_gc, bool, true, Accepted, "Accepted; no effect in Fabrica (a torch loading/checkpointing detail)") \
+  X(upcast_layernorm, upcast_layernorm, bool, false, Later, "Whether or not to upcast the layernorm weights in fp32") \
+  X(upcast_lmhead_output, upcast_lmhead_output, bool, false, Later, "Whether or not to upcast the output of lm_head in fp32") \
+  X(train_from_scratch, train_from_scratch, bool, false, Later, "Whether or not to randomly initialize the model weights") \
+  X(infer_backend, infer_backend, std::string, "huggingface", Accepted, "Accepted; an inference setting, no effect on training") \
+  X(offload_folder, offload_folder, std::string, "offload", Accepted, "Accepted; no effect in Fabrica (a torch loading/checkpointing detail)") \
+  X(use_kv_cache, use_kv_cache, bool, true, Accepted, "Accepted; an inference setting, no effect on training") \
+  X(use_v1_kernels, use_v1_kernels, bool, false, Later, "Whether or not to use high-performance kernels in training") \
+  X(infer_dtype, infer_dtype, std::string, "auto", Accepted, "Accepted; an inference setting, no effect on training") \
+  X(hf_hub_token, hf_hub_token, std::string, "", Accepted, "Accepted; Fabrica reads local folders only and downloads nothing") \
+  X(ms_hub_token, ms_hub_token, std::string, "", Accepted, "Accepted; Fabrica reads local folders only and downloads nothing") \
+  X(om_hub_token, om_hub_token, std::string, "", Accepted, "Accepted; Fabrica reads local folders only and downloads nothing") \
+  X(print_param_status, print_param_status, bool, false, Accepted, "Accepted; no effect") \
+  X(quantization_method, quantization_method, std::string, "bnb", Accepted, "Accepted; no effect without quantization_bit (later)") \
+  X(quantization_bit, quantization_bit, int64_t, 0, Later, "The number of bits to quantize the model using on-the-fly quantization") \
+  X(quantization_type, quantization_type, std::string, "nf4", Accepted, "Accepted; no effect without quantization_bit (later)") \
+  X(double_quantization, double_quantization, bool, true, Accepted, "Accepted; no effect without quantization_bit (later)") \
+  X(quantization_device_map, quantization_device_map, std::string, "", Accepted, "Accepted; no effect without quantization_bit (later)") \
+  X(image_max_pixels, image_max_pixels, int64_t, 589824, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(image_min_pixels, image_min_pixels, int64_t, 1024, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(image_do_pan_and_scan, image_do_pan_and_scan, bool, false, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(crop_to_patches, crop_to_patches, bool, false, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(video_max_pixels, video_max_pixels, int64_t, 65536, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(video_min_pixels, video_min_pixels, int64_t, 256, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(video_fps, video_fps, double, 2.0, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(video_maxlen, video_maxlen, int64_t, 128, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(use_audio_in_video, use_audio_in_video, bool, false, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(audio_sampling_rate, audio_sampling_rate, int64_t, 16000, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(export_dir, export_dir, std::string, "", Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(export_size, export_size, int64_t, 5, Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(export_device, export_device, std::string, "cpu", Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(export_quantization_bit, export_quantization_bit, int64_t, 0, Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(export_quantization_dataset, export_quantization_dataset, std::string, "", Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(export_quantization_nsamples, export_quantization_nsamples, int64_t, 128, Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(export_quantization_maxlen, export_quantization_maxlen, int64_t, 1024, Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(export_legacy_format, export_legacy_format, bool, false, Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(export_hub_model_id, export_hub_model_id, std::string, "", Accepted, "Accepted; a llamafactory-cli export setting, no effect on training (see fabrica export)") \
+  X(use_kt, use_kt, bool, false, Later, "Whether to use KTransformers AMX MoE backend for SFT training") \
+  X(kt_weight_path, kt_weight_path, std::string, "", Later, "Path to pre-quantized INT8 expert weights (.kt files)") \
+  X(kt_expert_checkpoint_path, kt_expert_checkpoint_path, std::string, "", Later, "Path to expert checkpoint (safetensors) for online conversion") \
+  X(kt_use_lora_experts, kt_use_lora_experts, bool, false, Later, "Whether to use GPU-side LoRA Experts") \
+  X(kt_lora_expert_num, kt_lora_expert_num, int64_t, 0, Later, "Number of GPU-side LoRA Experts") \
+  X(kt_lora_expert_intermediate_size, kt_lora_expert_intermediate_size, int64_t, 0, Later, "Intermediate size for GPU-side LoRA Experts") \
+  X(vllm_maxlen, vllm_maxlen, int64_t, 4096, Accepted, "Accepted; an inference setting, no effect on training") \
+  X(vllm_gpu_util, vllm_gpu_util, double, 0.7, Accepted, "Accepted; an inference setting, no effect on training") \
+  X(vllm_enforce_eager, vllm_enforce_eager, bool, false, Accepted, "Accepted; an inference setting, no effect on training") \
+  X(vllm_max_lora_rank, vllm_max_lora_rank, int64_t, 32, Accepted, "Accepted; an inference setting, no effect on training") \
+  X(vllm_config, vllm_config, std::string, "", Later, "Config to initialize the vllm engine") \
+  X(sglang_maxlen, sglang_maxlen, int64_t, 4096, Accepted, "Accepted; an inference setting, no effect on training") \
+  X(sglang_mem_fraction, sglang_mem_fraction, double, 0.7, Accepted, "Accepted; an inference setting, no effect on training") \
+  X(sglang_tp_size, sglang_tp_size, int64_t, -1, Accepted, "Accepted; an inference setting, no effect on training") \
+  X(sglang_config, sglang_config, std::string, "", Later, "Config to initialize the SGLang engine") \
+  X(sglang_lora_backend, sglang_lora_backend, std::string, "triton", Accepted, "Accepted; an inference setting, no effect on training") \
+  /* data (LLaMA-Factory's DataArguments) */ \
+  X(media_dir, media_dir, std::string, "", Later, "Path to the folder containing the images, videos or audios") \
+  X(streaming, streaming, bool, false, Later, "Enable dataset streaming") \
+  X(buffer_size, buffer_size, int64_t, 16384, Later, "Size of the buffer to randomly sample examples from in dataset streaming") \
+  X(mix_strategy, mix_strategy, std::string, "concat", Later, "Strategy to use in dataset mixing (concat/interleave)...") \
+  X(interleave_probs, interleave_probs, std::string, "", Later, "Probabilities to sample data from datasets") \
+  X(preprocessing_batch_size, preprocessing_batch_size, int64_t, 1000, Accepted, "Accepted; preprocessing batches by itself") \
+  X(eval_num_beams, eval_num_beams, int64_t, 0, Later, "Number of beams to use for evaluation") \
+  X(ignore_pad_token_for_loss, ignore_pad_token_for_loss, bool, true, Later, "Whether or not to ignore the tokens corresponding to the pad label in loss computation") \
+  X(eval_on_each_dataset, eval_on_each_dataset, bool, false, Later, "Whether or not to evaluate on each dataset separately") \
+  X(tool_format, tool_format, std::string, "", Later, "Tool format to use for constructing function calling examples") \
+  X(default_system, default_system, std::string, "", Later, "Override the default system message in the template") \
+  X(preserve_thinking, preserve_thinking, bool, false, Later, "Whether or not to preserve thinking content in historical turns for reasoning models") \
+  X(tokenized_path, tokenized_path, std::string, "", Later, "Path to save or load the tokenized datasets") \
+  X(data_shared_file_system, data_shared_file_system, bool, false, Later, "Whether or not to use a shared file system for the datasets") \
+  /* fine-tuning methods (LLaMA-Factory's FinetuningArguments) */ \
+  X(freeze_trainable_layers, freeze_trainable_layers, int64_t, 2, Later, "The number of trainable layers for freeze (partial-parameter) fine-tuning") \
+  X(freeze_trainable_modules, freeze_trainable_modules, std::string, "all", Later, "Name(s) of trainable modules for freeze (partial-parameter) fine-tuning") \
+  X(freeze_extra_modules, freeze_extra_modules, std::string, "", Later, "Name(s) of modules apart from hidden layers to be set as trainable for freeze...") \
+  X(additional_target, additional_target, std::string, "", Later, "Name(s) of modules apart from LoRA layers to be set as trainable and saved in the...") \
+  X(module_dropout, module_dropout, double, 0.0, Later, "Dropout rate for the OFT fine-tuning") \
+  X(oft_rank, oft_rank, int64_t, 0, Later, "The intrinsic dimension for OFT fine-tuning") \
+  X(oft_block_size, oft_block_size, int64_t, 32, Later, "The intrinsic dimension for OFT fine-tuning") \
+  X(oft_target, oft_target, std::string, "all", Later, "Name(s) of target modules to apply OFT. Use commas to separate multiple modules") \
+  X(create_new_adapter, create_new_adapter, bool, false, Later, "Whether or not to create a new adapter with randomly initialized weight") \
+  X(loraplus_lr_ratio, loraplus_lr_ratio, double, 0.0, Later, "LoRA plus learning rate ratio (lr_B / lr_A)") \
+  X(loraplus_lr_embedding, loraplus_lr_embedding, double, 1e-06, Later, "LoRA plus learning rate for lora embedding layers") \
+  X(use_rslora, use_rslora, bool, false, Later, "Whether or not to use the rank stabilization scaling factor for LoRA layer") \
+  X(use_dora, use_dora, bool, false, Later, "Whether or not to use the weight-decomposed lora method (DoRA)") \
+  X(pissa_init, pissa_init, bool, false, Later, "Whether or not to initialize a PiSSA adapter") \
+  X(pissa_iter, pissa_iter, int64_t, 16, Later, "The number of iteration steps performed by FSVD in PiSSA. Use -1 to disable it") \
+  X(pissa_convert, pissa_convert, bool, false, Later, "Whether or not to convert the PiSSA adapter to a normal LoRA adapter") \
+  X(pref_ftx, pref_ftx, double, 0.0, Later, "The supervised fine-tuning loss coefficient in DPO training") \
+  X(pref_bco_weight, pref_bco_weight, double, 0.0, Later, "The Binary Classifier Optimization coefficient in DPO training") \
+  X(dpo_label_smoothing, dpo_label_smoothing, double, 0.0, Later, "The robust DPO label smoothing parameter in cDPO that should be between 0 and 0.5") \
+  X(kto_chosen_weight, kto_chosen_weight, double, 1.0, Later, "The weight factor of the desirable losses in KTO training") \
+  X(kto_rejected_weight, kto_rejected_weight, double, 1.0, Later, "The weight factor of the undesirable losses in KTO training") \
+  X(simpo_gamma, simpo_gamma, double, 0.5, Later, "The target reward margin term in SimPO loss") \
+  X(ppo_buffer_size, ppo_buffer_size, int64_t, 1, Later, "The number of mini-batches to make experience buffer in a PPO optimization step") \
+  X(ppo_epochs, ppo_epochs, int64_t, 4, Later, "The number of epochs to perform in a PPO optimization step") \
+  X(ppo_score_norm, ppo_score_norm, bool, false, Later, "Use score normalization in PPO training") \
+  X(ppo_target, ppo_target, double, 6.0, Later, "Target KL value for adaptive KL control in PPO training") \
+  X(ppo_whiten_rewards, ppo_whiten_rewards, bool, false, Later, "Whiten the rewards before compute advantages in PPO training") \
+  X(ref_model, ref_model, std::string, "", Later, "Path to the reference model used for the PPO or DPO training") \
+  X(ref_model_adapters, ref_model_adapters, std::string, "", Later, "Path to the adapters of the reference model") \
+  X(ref_model_quantization_bit, ref_model_quantization_bit, int64_t, 0, Later, "The number of bits to quantize the reference model") \
+  X(reward_model, reward_model, std::string, "", Later, "Path to the reward model used for the PPO training") \
+  X(reward_model_adapters, reward_model_adapters, std::string, "", Later, "Path to the adapters of the reward model") \
+  X(reward_model_quantization_bit, reward_model_quantization_bit, int64_t, 0, Later, "The number of bits to quantize the reward model") \
+  X(reward_model_type, reward_model_type, std::string, "lora", Later, "The type of the reward model in PPO training") \
+  X(ld_alpha, ld_alpha, double, 0.0, Later, "Alpha parameter from the LD-DPO paper, which controls the weighting of the verbose...") \
+  X(use_galore, use_galore, bool, false, Later, "Whether or not to use the gradient low-Rank projection (GaLore)") \
+  X(galore_target, galore_target, std::string, "all", Later, "Name(s) of modules to apply GaLore") \
+  X(galore_rank, galore_rank, int64_t, 16, Later, "The rank of GaLore gradients") \
+  X(galore_update_interval, galore_update_interval, int64_t, 200, Later, "Number of steps to update the GaLore projection") \
+  X(galore_scale, galore_scale, double, 2.0, Later, "GaLore scaling coefficient") \
+  X(galore_proj_type, galore_proj_type, std::string, "std", Later, "Type of GaLore projection") \
+  X(galore_layerwise, galore_layerwise, bool, false, Later, "Whether or not to enable layer-wise update to further save memory") \
+  X(use_apollo, use_apollo, bool, false, Later, "Whether or not to use the APOLLO optimizer") \
+  X(apollo_target, apollo_target, std::string, "all", Later, "Name(s) of modules to apply APOLLO. Use commas to separate multiple modules") \
+  X(apollo_rank, apollo_rank, int64_t, 16, Later, "The rank of APOLLO gradients") \
+  X(apollo_update_interval, apollo_update_interval, int64_t, 200, Later, "Number of steps to update the APOLLO projection") \
+  X(apollo_scale, apollo_scale, double, 32.0, Later, "APOLLO scaling coefficient") \
+  X(apollo_proj, apollo_proj, std::string, "random", Later, "Type of APOLLO low-rank projection algorithm (svd or random)") \
+  X(apollo_proj_type, apollo_proj_type, std::string, "std", Later, "Type of APOLLO projection") \
+  X(apollo_scale_type, apollo_scale_type, std::string, "channel", Later, "Type of APOLLO scaling (channel or tensor)") \
+  X(apollo_layerwise, apollo_layerwise, bool, false, Later, "Whether or not to enable layer-wise update to further save memory") \
+  X(apollo_scale_front, apollo_scale_front, bool, false, Later, "Whether or not to use the norm-growth limiter in front of gradient scaling") \
+  X(use_badam, use_badam, bool, false, Later, "Whether or not to use the BAdam optimizer") \
+  X(badam_mode, badam_mode, std::string, "layer", Later, "Whether to use layer-wise or ratio-wise BAdam optimizer") \
+  X(badam_start_block, badam_start_block, int64_t, 0, Later, "The starting block index for layer-wise BAdam") \
+  X(badam_switch_mode, badam_switch_mode, std::string, "ascending", Later, "the strategy of picking block to update for layer-wise BAdam") \
+  X(badam_switch_interval, badam_switch_interval, int64_t, 50, Later, "Number of steps to update the block for layer-wise BAdam") \
+  X(badam_update_ratio, badam_update_ratio, double, 0.05, Later, "The ratio of the update for ratio-wise BAdam") \
+  X(badam_mask_mode, badam_mask_mode, std::string, "adjacent", Later, "The mode of the mask for BAdam optimizer") \
+  X(badam_verbose, badam_verbose, int64_t, 0, Later, "The verbosity level of BAdam optimizer") \
+  X(use_swanlab, use_swanlab, bool, false, Later, "Whether or not to use the SwanLab (an experiment tracking and visualization tool)") \
+  X(swanlab_project, swanlab_project, std::string, "llamafactory", Later, "The project name in SwanLab") \
+  X(swanlab_workspace, swanlab_workspace, std::string, "", Later, "The workspace name in SwanLab") \
+  X(swanlab_run_name, swanlab_run_name, std::string, "", Later, "The experiment name in SwanLab") \
+  X(swanlab_mode, swanlab_mode, std::string, "cloud", Later, "The mode of SwanLab") \
+  X(swanlab_api_key, swanlab_api_key, std::string, "", Later, "The API key for SwanLab") \
+  X(swanlab_logdir, swanlab_logdir, std::string, "", Later, "The log directory for SwanLab") \
+  X(swanlab_lark_webhook_url, swanlab_lark_webhook_url, std::string, "", Later, "The Lark webhook URL for SwanLab") \
+  X(swanlab_lark_secret, swanlab_lark_secret, std::string, "", Later, "The Lark secret for SwanLab") \
+  X(pure_bf16, pure_bf16, bool, false, Later, "Whether or not to train model in purely bf16 precision (without AMP)") \
+  X(use_llama_pro, use_llama_pro, bool, false, Later, "Whether or not to make only the parameters in the expanded blocks trainable") \
+  X(use_adam_mini, use_adam_mini, bool, false, Later, "Whether or not to use the Adam-mini optimizer") \
+  X(use_mca, use_mca, bool, false, Later, "Whether or not to use MCA (Megatron Core Adapter) training") \
+  X(use_hyper_parallel, use_hyper_parallel, bool, false, Later, "Whether or not to use HyperParallel distributed training backend (FSDP/TP)") \
+  X(hyper_parallel_args, hyper_parallel_args, std::string, "", Later, "Path to a JSON file containing HyperParallel strategy arguments (e.g., tp_size,...") \
+  X(use_muon, use_muon, bool, false, Later, "Whether or not to use the Muon optimizer") \
+  X(use_dft_loss, use_dft_loss, bool, false, Later, "Whether to use the DFT loss") \
+  X(use_asft_loss, use_asft_loss, bool, false, Later, "Whether to use the ASFT loss") \
+  X(asft_alpha, asft_alpha, double, 0.1, Later, "The alpha parameter for ASFT loss to control the power of adaptive weight") \
+  X(use_eaft_loss, use_eaft_loss, bool, false, Later, "Whether to use the EAFT loss") \
+  X(eaft_alpha, eaft_alpha, double, 1.0, Later, "The alpha parameter for EAFT loss to control the power of adaptive weight") \
+  X(freeze_vision_tower, freeze_vision_tower, bool, true, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(freeze_multi_modal_projector, freeze_multi_modal_projector, bool, true, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(freeze_language_model, freeze_language_model, bool, false, Later, "Whether or not to freeze the language model in MLLM training") \
+  X(compute_accuracy, compute_accuracy, bool, false, Later, "Whether or not to compute the token-level accuracy at evaluation") \
+  X(early_stopping_steps, early_stopping_steps, int64_t, 0, Later, "Number of steps to stop training if the `metric_for_best_model` does not improve") \
+  X(include_effective_tokens_per_second, include_effective_tokens_per_second, bool, false, Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
+  /* generation (LLaMA-Factory's GeneratingArguments) */ \
+  X(do_sample, do_sample, bool, true, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(temperature, temperature, double, 0.95, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(top_p, top_p, double, 0.7, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(top_k, top_k, int64_t, 50, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(num_beams, num_beams, int64_t, 1, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(max_length, max_length, int64_t, 1024, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(max_new_tokens, max_new_tokens, int64_t, 1024, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(repetition_penalty, repetition_penalty, double, 1.0, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(length_penalty, length_penalty, double, 1.0, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(skip_special_tokens, skip_special_tokens, bool, true, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  /* training (transformers' Seq2SeqTrainingArguments) */ \
+  X(lr_scheduler_kwargs, lr_scheduler_kwargs, std::string, "", Later, "The extra arguments for the lr_scheduler") \
+  X(optim, optim, std::string, "adamw_torch_fused", Supported, "adamw_torch or adamw_torch_fused (the same AdamW); other optimizers come later") \
+  X(optim_args, optim_args, std::string, "", Later, "Optional arguments supplied to optimizers such as AnyPrecisionAdamW, AdEMAMix, and GaLore") \
+  X(optim_target_modules, optim_target_modules, std::string, "", Later, "The target modules to optimize") \
+  X(average_tokens_across_devices, average_tokens_across_devices, bool, true, Later, "Whether or not to average tokens across devices") \
+  X(label_smoothing_factor, label_smoothing_factor, double, 0.0, Later, "Label smoothing factor to prevent overconfidence") \
+  X(bf16_full_eval, bf16_full_eval, bool, false, Later, "Use full BF16 precision for evaluation (not just mixed precision)") \
+  X(fp16_full_eval, fp16_full_eval, bool, false, Later, "Use full FP16 precision for evaluation (not just mixed precision)") \
+  X(tf32, tf32, bool, false, Later, "Enable TF32 mode on Ampere and newer GPUs") \
+  X(gradient_checkpointing, gradient_checkpointing, bool, false, Supported, "true turns recompute_layers on (LLaMA-Factory checkpoints by default; see disable_gradient_checkpointing)") \
+  X(gradient_checkpointing_kwargs, gradient_checkpointing_kwargs, std::string, "", Later, "Keyword arguments passed to `gradient_checkpointing_enable()`") \
+  X(torch_compile, torch_compile, bool, false, Later, "Compile the model using `torch.compile()` for faster training") \
+  X(torch_compile_backend, torch_compile_backend, std::string, "", Later, "Backend for `torch.compile()`. If set, automatically enables `torch_compile`") \
+  X(torch_compile_mode, torch_compile_mode, std::string, "", Later, "Compilation mode for `torch.compile()`. If set, automatically enables `torch_compile`") \
+  X(use_liger_kernel, use_liger_kernel, bool, false, Accepted, "Accepted; no effect (Fabrica's own kernels are fused already)") \
+  X(liger_kernel_config, liger_kernel_config, std::string, "", Accepted, "Accepted; no effect (Fabrica's own kernels are fused already)") \
+  X(use_cache, use_cache, bool, false, Accepted, "Accepted; training uses no KV cache") \
+  X(neftune_noise_alpha, neftune_noise_alpha, double, 0.0, Later, "If not None, activates NEFTune noise embeddings") \
+  X(torch_empty_cache_steps, torch_empty_cache_steps, int64_t, 0, Accepted, "Accepted; a torch memory/gather detail, no effect") \
+  X(auto_find_batch_size, auto_find_batch_size, bool, false, Later, "Whether to find a batch size that will fit into memory automatically through...") \
+  X(logging_strategy, logging_strategy, std::string, "steps", Later, "The logging strategy to adopt during training") \
+  X(logging_first_step, logging_first_step, bool, false, Accepted, "Accepted; a logging detail, no effect") \
+  X(log_on_each_node, log_on_each_node, bool, true, Accepted, "Accepted; a logging detail, no effect") \
+  X(logging_nan_inf_filter, logging_nan_inf_filter, bool, true, Accepted, "Accepted; a logging detail, no effect") \
+  X(log_level, log_level, std::string, "passive", Accepted, "Accepted; a logging detail, no effect") \
+  X(log_level_replica, log_level_replica, std::string, "warning", Accepted, "Accepted; a logging detail, no effect") \
+  X(disable_tqdm, disable_tqdm, bool, false, Accepted, "Accepted; a logging detail, no effect") \
+  X(run_name, run_name, std::string, "", Accepted, "Accepted; a name for experiment trackers, no effect") \
+  X(project, project, std::string, "huggingface", Accepted, "Accepted; a name for experiment trackers, no effect") \
+  X(trackio_space_id, trackio_space_id, std::string, "", Later, "Hugging Face Space id for live Gradio-based Trackio logging (read/write Bucket access)") \
+  X(trackio_bucket_id, trackio_bucket_id, std::string, "", Later, "Optional HF Bucket id when using a Trackio Space; if unset, Trackio picks a default") \
+  X(trackio_static_space_id, trackio_static_space_id, std::string, "", Later, "Static read-only Trackio Space over the Bucket (stable model-card links)") \
+  X(eval_delay, eval_delay, double, 0.0, Later, "Number of epochs or steps to wait for before the first evaluation can be performed,...") \
+  X(prediction_loss_only, prediction_loss_only, bool, false, Accepted, "Accepted; evaluation computes the loss only") \
+  X(eval_on_start, eval_on_start, bool, false, Later, "Whether to run through the entire `evaluation` step at the very beginning of training...") \
+  X(eval_do_concat_batches, eval_do_concat_batches, bool, true, Accepted, "Accepted; a torch memory/gather detail, no effect") \
+  X(eval_use_gather_object, eval_use_gather_object, bool, false, Accepted, "Accepted; a torch memory/gather detail, no effect") \
+  X(eval_accumulation_steps, eval_accumulation_steps, int64_t, 0, Accepted, "Accepted; a torch memory/gather detail, no effect") \
+  X(include_for_metrics, include_for_metrics, std::string, "", Later, "Include additional data in the `compute_metrics` function") \
+  X(batch_eval_metrics, batch_eval_metrics, bool, false, Later, "Break eval metrics calculation into batches to save memory") \
+  X(save_strategy, save_strategy, std::string, "steps", Later, "The checkpoint save strategy to adopt during training") \
+  X(save_on_each_node, save_on_each_node, bool, false, Later, "When doing multi-node distributed training, whether to save models and checkpoints on...") \
+  X(enable_jit_checkpoint, enable_jit_checkpoint, bool, false, Later, "Enable JIT checkpointing on SIGTERM signal for graceful termination on preemptible...") \
+  X(push_to_hub, push_to_hub, bool, false, Later, "Whether or not to push the model to the Hub every time the model is saved") \
+  X(hub_token, hub_token, std::string, "", Accepted, "Accepted; no effect without push_to_hub (later)") \
+  X(hub_private_repo, hub_private_repo, bool, false, Accepted, "Accepted; no effect without push_to_hub (later)") \
+  X(hub_model_id, hub_model_id, std::string, "", Accepted, "Accepted; no effect without push_to_hub (later)") \
+  X(hub_strategy, hub_strategy, std::string, "every_save", Accepted, "Accepted; no effect without push_to_hub (later)") \
+  X(hub_always_push, hub_always_push, bool, false, Accepted, "Accepted; no effect without push_to_hub (later)") \
+  X(hub_revision, hub_revision, std::string, "", Accepted, "Accepted; no effect without push_to_hub (later)") \
+  X(load_best_model_at_end, load_best_model_at_end, bool, false, Later, "Load the best checkpoint at the end of training") \
+  X(metric_for_best_model, metric_for_best_model, std::string, "", Later, "Metric to use for comparing models when `load_best_model_at_end=True`. Defaults to 'loss'") \
+  X(greater_is_better, greater_is_better, bool, false, Later, "Whether higher metric values are better") \
+  X(ignore_data_skip, ignore_data_skip, bool, false, Later, "When resuming training, skip fast-forwarding through the dataset to reach the previous...") \
+  X(restore_callback_states_from_checkpoint, restore_callback_states_from_checkpoint, bool, false, Accepted, "Accepted; no effect") \
+  X(full_determinism, full_determinism, bool, false, Later, "Whether to call enable_full_determinism instead of set_seed for reproducibility in...") \
+  X(data_seed, data_seed, int64_t, 0, Later, "Random seed to be used with data samplers") \
+  X(accelerator_config, accelerator_config, std::string, "", Later, "Configuration for the internal Accelerate integration") \
+  X(parallelism_config, parallelism_config, std::string, "", Later, "Parallelism configuration for the training run") \
+  X(dataloader_drop_last, dataloader_drop_last, bool, false, Later, "Drop the last incomplete batch if it is not divisible by the batch size") \
+  X(dataloader_pin_memory, dataloader_pin_memory, bool, true, Accepted, "Accepted; batches come from memory-mapped shards") \
+  X(dataloader_persistent_workers, dataloader_persistent_workers, bool, false, Accepted, "Accepted; batches come from memory-mapped shards") \
+  X(dataloader_prefetch_factor, dataloader_prefetch_factor, int64_t, 0, Accepted, "Accepted; batches come from memory-mapped shards") \
+  X(remove_unused_columns, remove_unused_columns, bool, true, Accepted, "Accepted; a datasets-column detail, no effect") \
+  X(label_names, label_names, std::string, "", Accepted, "Accepted; a datasets-column detail, no effect") \
+  X(train_sampling_strategy, train_sampling_strategy, std::string, "random", Later, "Sampler for training: 'random' (default), 'sequential', or 'group_by_length'") \
+  X(length_column_name, length_column_name, std::string, "length", Accepted, "Accepted; a datasets-column detail, no effect") \
+  X(ddp_find_unused_parameters, ddp_find_unused_parameters, bool, false, Accepted, "Accepted; a torch DDP detail, no effect (Fabrica's collectives run over MPI)") \
+  X(ddp_bucket_cap_mb, ddp_bucket_cap_mb, int64_t, 0, Supported, "Sets ddp_bucket_size (MB) when > 0") \
+  X(ddp_broadcast_buffers, ddp_broadcast_buffers, bool, false, Accepted, "Accepted; a torch DDP detail, no effect (Fabrica's collectives run over MPI)") \
+  X(ddp_static_graph, ddp_static_graph, bool, false, Accepted, "Accepted; a torch DDP detail, no effect (Fabrica's collectives run over MPI)") \
+  X(ddp_backend, ddp_backend, std::string, "", Accepted, "Accepted; a torch DDP detail, no effect (Fabrica's collectives run over MPI)") \
+  X(fsdp, fsdp, std::string, "", Later, "Enable PyTorch FSDP for distributed training") \
+  X(fsdp_config, fsdp_config, std::string, "", Later, "Config to be used with FSDP (Pytorch Fully Sharded Data Parallel)") \
+  X(debug, debug, std::string, "", Later, "transformers debug features (underflow_overflow, tpu_metrics_debug)") \
+  X(skip_memory_metrics, skip_memory_metrics, bool, true, Accepted, "Accepted; a torch memory/gather detail, no effect") \
+  X(do_eval, do_eval, bool, false, Later, "Evaluate once after training (eval_strategy evaluates during training)") \
+  X(do_predict, do_predict, bool, false, Later, "Whether to run predictions on the test set") \
+  X(logging_dir, logging_dir, std::string, "", Later, "TensorBoard folder (Fabrica writes its events to output_dir)") \
+  X(local_rank, local_rank, int64_t, -1, Accepted, "Accepted; set by launchers, Fabrica takes the rank from MPI") \
+  X(sortish_sampler, sortish_sampler, bool, false, Later, "Whether to use SortishSampler or not") \
+  X(predict_with_generate, predict_with_generate, bool, false, Later, "Whether to use generate to calculate generative metrics (ROUGE, BLEU)") \
+  X(generation_max_length, generation_max_length, int64_t, 0, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(generation_num_beams, generation_num_beams, int64_t, 0, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(generation_config, generation_config, std::string, "", Later, "Model id, file path or url pointing to a GenerationConfig json file, to use during...") \
+  /* training (LLaMA-Factory's additions to the training arguments) */ \
+  X(ray_num_workers, ray_num_workers, int64_t, 1, Later, "The number of workers for Ray training") \
+  X(ray_init_kwargs, ray_init_kwargs, std::string, "", Later, "The arguments to pass to ray.init for Ray training") \
+  X(master_addr, master_addr, std::string, "", Later, "The master address for init_process_group") \
+  X(master_port, master_port, std::string, "", Later, "The master port for init_process_group") \
+  X(fp8, fp8, bool, false, Later, "Enable FP8 mixed precision training via HuggingFace Accelerate") \
+  X(fp8_backend, fp8_backend, std::string, "auto", Later, "FP8 backend to use ('auto', 'torchao', 'te', 'msamp')") \
+  X(fp8_enable_fsdp_float8_all_gather, fp8_enable_fsdp_float8_all_gather, bool, false, Later, "Enable FP8 optimizations for FSDP2 all-gather operations") \
+  X(enable_torch_profiler, enable_torch_profiler, bool, false, Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profiler_output_dir, profiler_output_dir, std::string, "", Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profiler_wait_steps, profiler_wait_steps, int64_t, 1, Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profiler_warmup_steps, profiler_warmup_steps, int64_t, 1, Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profiler_active_steps, profiler_active_steps, int64_t, 1, Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profiler_repeat, profiler_repeat, int64_t, 1, Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profiler_record_shapes, profiler_record_shapes, bool, true, Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profiler_profile_memory, profiler_profile_memory, bool, true, Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profiler_with_stack, profiler_with_stack, bool, true, Accepted, "Accepted; torch profiler setting, no effect") \
+  X(profile_modules, profile_modules, std::string, "", Accepted, "Accepted; torch profiler setting, no effect") \
   /* Fabrica's own keys */                                                                                            \
   X(shuffle, shuffle, bool, true, Own, "Shuffle samples each epoch (false keeps dataset order)")                                \
   X(threads, threads, int64_t, 0, Own, "Compute threads (0: every core)")                                               \
-  X(cache_dir, cache_dir, std::string, "", Own, "Tokenized-data cache (default $FABRICA_CACHE or ~/.cache/fabrica)")                                                       \
+  X(cache_dir, cache_dir, std::string, "", Own, "Tokenized-data cache (default $FABRICA_CACHE or ~/.cache/fabrica). LLaMA-Factory's cache_dir is its hub download cache; Fabrica downloads nothing")                                                       \
   X(recompute_layers, recompute_layers, bool, false, Own, "Recompute each decoder layer in backward (saves activation memory)") \
   /* distributed (Fabrica's own keys) */                                                                            \
   X(nproc_per_node, nproc_per_node, int64_t, 1, Own, "Worker processes on this machine (torchrun's name); fabrica train starts them through mpirun") \

@@ -190,6 +190,10 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   require(c.nproc_per_node >= 1, format("nproc_per_node must be at least 1, got {}", c.nproc_per_node));
   require(c.ddp_timeout > 0, format("ddp_timeout must be positive seconds, got {}", c.ddp_timeout));
   require(c.ddp_bucket_size > 0, format("ddp_bucket_size must be positive (MB), got {}", c.ddp_bucket_size));
+  require(c.ddp_bucket_cap_mb >= 0, format("ddp_bucket_cap_mb must be >= 0 (0: ddp_bucket_size), got {}", c.ddp_bucket_cap_mb));
+  require(c.optim == "adamw_torch" || c.optim == "adamw_torch_fused",
+          format("optim \"{}\" is not implemented in Fabrica yet (adamw_torch and adamw_torch_fused, the same AdamW, are)",
+                 c.optim));
   check_ranges(c, require);
   try {
     check_lr_schedule(LrSchedule{.type = c.lr_scheduler_type});
@@ -286,7 +290,9 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   if (problems.lines.empty()) check_values(c, source, problems);
   if (c.neat_packing) c.packing = true;  // as LLaMA-Factory's DataArguments
   if (c.disable_shuffling) c.shuffle = false;
+  if (c.gradient_checkpointing) c.recompute_layers = true;  // transformers' name; LLaMA-Factory's switch wins
   if (c.disable_gradient_checkpointing) c.recompute_layers = false;
+  if (c.ddp_bucket_cap_mb > 0) c.ddp_bucket_size = double(c.ddp_bucket_cap_mb);
   if (!problems.lines.empty()) {
     std::string message = problems.lines[0];
     for (size_t i = 1; i < problems.lines.size(); ++i) message += "\n" + problems.lines[i];
@@ -303,12 +309,25 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   return parse_train_config(text.str(), path, overrides);
 }
 
+namespace {
+// Hub tokens are accepted, but never written out with the run (transformers redacts them too).
+template <typename T>
+const T& redacted(const char* /*key*/, const T& value) {
+  return value;
+}
+std::string redacted(const char* key, const std::string& value) {
+  const std::string_view k = key;
+  const bool secret = k == "hub_token" || k == "hf_hub_token" || k == "ms_hub_token" || k == "om_hub_token";
+  return secret && !value.empty() ? "<HUB_TOKEN>" : value;
+}
+}  // namespace
+
 std::string train_config_to_yaml(const TrainConfig& c) {
   YAML::Emitter out;
   out << YAML::BeginMap;
   // Keys of features not implemented yet are left out: they have no value in effect.
 #define FAB_CONFIG_EMIT(key, field, type, def, status, doc) \
-  if (Status::status != Status::Later) out << YAML::Key << #key << YAML::Value << c.field;
+  if (Status::status != Status::Later) out << YAML::Key << #key << YAML::Value << redacted(#key, c.field);
   FAB_CONFIG_KEYS(FAB_CONFIG_EMIT)
 #undef FAB_CONFIG_EMIT
   out << YAML::EndMap;

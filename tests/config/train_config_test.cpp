@@ -188,5 +188,34 @@ TEST(TrainConfig, LlamaFactoryOnlyKeysAreKnown) {
   EXPECT_EQ(c.accepted_keys, (std::vector<std::string>{"include_num_input_tokens_seen", "use_cpu"}));
 }
 
+// Every field of LLaMA-Factory's hparams dataclasses and of transformers' Seq2SeqTrainingArguments
+// (tests/config/llamafactory_keys.txt, written by tests/config/llamafactory_keys.py) is a key here:
+// supported, accepted, or "not implemented" — never "unknown key".
+TEST(TrainConfig, EveryLlamaFactoryKeyIsKnown) {
+  std::ifstream in(std::filesystem::path(FAB_SOURCE_DIR) / "tests/config/llamafactory_keys.txt");
+  ASSERT_TRUE(in) << "tests/config/llamafactory_keys.txt";
+  int seen = 0;
+  for (std::string key; std::getline(in, key);) {
+    if (key.empty() || key[0] == '#') continue;
+    ++seen;
+    EXPECT_EQ(error_of(key + ": null\n"), "accepted") << key;
+  }
+  EXPECT_GE(seen, 300);
+}
+
+TEST(TrainConfig, TrainingArgumentsMapToFabrica) {
+  TrainConfig c = parse_train_config("gradient_checkpointing: true\nddp_bucket_cap_mb: 50\noptim: adamw_torch\n", "run.yaml");
+  EXPECT_TRUE(c.recompute_layers);
+  EXPECT_EQ(c.ddp_bucket_size, 50.0);
+  c = parse_train_config("gradient_checkpointing: true\ndisable_gradient_checkpointing: true\n", "run.yaml");
+  EXPECT_FALSE(c.recompute_layers);
+  EXPECT_NE(error_of("optim: sgd\n").find("optim \"sgd\" is not implemented in Fabrica yet"), std::string::npos);
+  EXPECT_NE(error_of("use_dora: true\n").find("\"use_dora\" is not implemented in Fabrica yet"), std::string::npos);
+  EXPECT_EQ(error_of("temperature: 0.6\ninclude_num_input_tokens_seen: non_padding\nsave_strategy: steps\n"), "accepted");
+  // Hub tokens are accepted but never written with the resolved config.
+  c = parse_train_config("hf_hub_token: hf_secret\n", "run.yaml");
+  EXPECT_EQ(train_config_to_yaml(c).find("hf_secret"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace fab
