@@ -1,3 +1,5 @@
+// The CPU backend (host memory, the CPU kernel table) and backend(): here in kernels/, above
+// core/, so that core/ includes no kernels/ header.
 #include "core/backend.h"
 
 #include <omp.h>
