@@ -22,19 +22,19 @@ $(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/refe
 	/usr/bin/python3 tests/reference/make_reference.py $(BUILD)/reference
 
 # Tokenizer parity fixture from Hugging Face `tokenizers` (PyPI, in build/pyref/.venv).
-$(BUILD)/reference/tokenizer_parity.json: tests/data/tokenizer_parity.py tests/data/tokenizer_parity_texts.py \
-    tests/data/pyref.py tests/data/pyref_requirements.txt
-	python3 tests/data/tokenizer_parity.py $(BUILD)/reference
+$(BUILD)/reference/tokenizer_parity.json: tests/tokenizer/tokenizer_parity.py tests/tokenizer/tokenizer_parity_texts.py \
+    tests/tokenizer/pyref.py tests/tokenizer/pyref_requirements.txt
+	python3 tests/tokenizer/tokenizer_parity.py $(BUILD)/reference
 
 # SentencePiece tokenizer.model trained with PyPI `sentencepiece` (build/pyref/.venv), and its ids.
-$(BUILD)/reference/spm_parity.json: tests/data/spm_parity.py tests/data/tokenizer_parity_texts.py \
-    tests/data/pyref.py tests/data/pyref_requirements.txt
-	python3 tests/data/spm_parity.py $(BUILD)/reference
+$(BUILD)/reference/spm_parity.json: tests/tokenizer/spm_parity.py tests/tokenizer/tokenizer_parity_texts.py \
+    tests/tokenizer/pyref.py tests/tokenizer/pyref_requirements.txt
+	python3 tests/tokenizer/spm_parity.py $(BUILD)/reference
 
 test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer_parity.json \
     $(BUILD)/reference/spm_parity.json
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	@python3 tests/data/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
+	@python3 tests/tokenizer/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
 	  && tail -1 $(BUILD)/bpe_parity.log || (cat $(BUILD)/bpe_parity.log; exit 1)
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
 	  && echo "fuzz: safetensors header, tokenizer.json / tokenizer.model + encode, dataset readers: 10 s each, no failure" \
@@ -83,10 +83,10 @@ clean:
 # and the dataset readers.
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS = -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc
-TOKENIZER_SOURCES = $(addprefix src/data/,tokenizer.cpp tokenizer_json.cpp tokenizer_config.cpp hf_tokenizer.cpp \
+TOKENIZER_SOURCES = $(addprefix src/tokenizer/,tokenizer.cpp tokenizer_json.cpp tokenizer_config.cpp hf_tokenizer.cpp \
   spm_tokenizer.cpp bpe.cpp pretokenizer.cpp regex.cpp normalizer.cpp added_tokens.cpp decoder.cpp post_processor.cpp \
   byte_level.cpp unicode.cpp unicode_tables.cpp)
-DATASET_SOURCES = $(wildcard src/data/dataset*.cpp)
+DATASET_SOURCES = $(wildcard src/dataset/dataset*.cpp)
 SHARED ?= ../shared
 
 $(BUILD)/fuzz_safetensors_header: fuzz/safetensors_header_fuzz.cpp src/io/safetensors_header.cpp src/io/safetensors.h

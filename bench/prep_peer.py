@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "tokenizer"))
 import tokenizer_parity  # noqa: E402,F401  (re-runs this script in build/pyref/.venv without `tokenizers`)
 
 from tokenizers import Tokenizer  # noqa: E402

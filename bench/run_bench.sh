@@ -194,7 +194,7 @@ if [ -x "$tests_bin" ] && [ -f ../shared/data/tokenizers/qwen3/tokenizer.json ];
   echo "=============================================================================="
   echo "Tokenizer encode throughput (one thread): Hugging Face tokenizers vs Fabrica"
   tok_out="$(mktemp)"
-  TOKENIZERS_PARALLELISM=false python3 tests/data/tokenizer_bench.py | grep "encode (one call" | tee -a "$tok_out"
+  TOKENIZERS_PARALLELISM=false python3 tests/tokenizer/tokenizer_bench.py | grep "encode (one call" | tee -a "$tok_out"
   "$tests_bin" --gtest_also_run_disabled_tests --gtest_filter='*Throughput*' | grep "^fabrica" | tee -a "$tok_out"
   awk '/^HF tokenizers/ {hf[$3] = $(NF-4)} /^fabrica/ {fab[$2] = $(NF-8)}
        END {for (t in fab) if (t in hf) printf "  %s: Fabrica/HF ids/s x%.1f\n", t, fab[t] / hf[t]}' "$tok_out"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "data/dataset.h"
+#include "dataset/dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "data/spm_tokenizer.h"
+#include "tokenizer/spm_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view model(reinterpret_cast<const char*>(data), size);

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "data/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

@@ -14,11 +14,11 @@
 
 #include "core/file_write.h"
 #include "core/rng.h"
-#include "data/bpe_trainer.h"
-#include "data/prepare.h"
-#include "data/tokenizer_encoder.h"
+#include "dataset/prepare.h"
+#include "dataset/tokenizer_encoder.h"
 #include "infer/generate.h"
 #include "models/hf_model.h"
+#include "tokenizer/bpe_trainer.h"
 #include "train/trainer.h"
 
 namespace fab {

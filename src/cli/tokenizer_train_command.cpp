@@ -14,7 +14,7 @@
 
 #include "cli/args.h"
 #include "core/error.h"
-#include "data/bpe_trainer.h"
+#include "tokenizer/bpe_trainer.h"
 
 namespace fab {
 namespace {

@@ -1,7 +1,7 @@
 #pragma once
 // fabrica tokenizer train --input FILES --vocab-size N --output DIR
 //                         [--special-tokens LIST] [--min-frequency N]
-// Trains a byte-level BPE tokenizer (data/bpe_trainer.h) and writes tokenizer.json and
+// Trains a byte-level BPE tokenizer (tokenizer/bpe_trainer.h) and writes tokenizer.json and
 // tokenizer_config.json into DIR.
 
 namespace fab {

@@ -10,11 +10,11 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/file_write.h"
-#include "data/template.h"
-#include "data/tokenizer.h"
-#include "data/tokenizer_encoder.h"
+#include "dataset/template.h"
+#include "dataset/tokenizer_encoder.h"
 #include "infer/generate.h"
 #include "models/hf_model.h"
+#include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 
 namespace fab {

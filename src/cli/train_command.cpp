@@ -12,12 +12,12 @@
 #include <thread>
 
 #include "cli/args.h"
+#include "cli/commands.h"
 #include "comm/world.h"
+#include "core/error.h"
+#include "dataset/prepare.h"
 #include "launch/launcher.h"
 #include "launch/output_dir_lock.h"
-#include "cli/commands.h"
-#include "core/error.h"
-#include "data/prepare.h"
 #include "models/hf_model.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"

@@ -1,9 +1,10 @@
 #pragma once
 // The narrow backend interface: memory, copies and the table of compute kernels of one device
-// kind. The CPU backend is always present. The CUDA slot holds the CUDA backend when the build
-// found nvcc (src/kernels/cuda/), else a stub (src/core/cuda_stub_backend.cpp), so CPU-only builds
-// compile and say clearly that CUDA is missing. Another accelerator
-// plugs in by implementing this class and its KernelTable.
+// kind. core/ only declares it; the backends implement it in the layer above, kernels/, which
+// defines backend() (src/kernels/cpu/cpu_backend.cpp). The CPU backend is always present. The
+// CUDA slot holds the CUDA backend when the build found nvcc (src/kernels/cuda/), else a stub
+// (src/core/cuda_stub_backend.cpp), so CPU-only builds compile and say clearly that CUDA is
+// missing. Another accelerator plugs in by implementing this class and its KernelTable.
 #include <string>
 
 #include "core/allocator.h"

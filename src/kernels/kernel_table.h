@@ -99,6 +99,28 @@ struct KernelTable {
                      bf16* param_bf16);
 };
 
+// Every slot of KernelTable by name, in order; the static_assert below keeps the list complete.
+#define FAB_KERNEL_SLOTS(X) X(isa) X(matmul) X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) \
+  X(rmsnorm_backward) X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) \
+  X(attention_decode) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_chunk) X(copy_2d) X(add) X(accumulate) \
+  X(add_bias) X(bias_backward) X(scale) X(sum_squares) X(to_bf16) X(adamw_step)
+
+#define FAB_COUNT_SLOT(slot) +1
+static_assert(sizeof(KernelTable) == (0 FAB_KERNEL_SLOTS(FAB_COUNT_SLOT)) * sizeof(void*),
+              "FAB_KERNEL_SLOTS must name every slot of KernelTable");
+#undef FAB_COUNT_SLOT
+
+// The name of the first slot a table leaves empty, or nullptr when every slot is filled. Each
+// backend fills its table with designated initialisers (.matmul = ...) and static_asserts that
+// this is nullptr, so a table with an empty slot does not build.
+constexpr const char* empty_kernel_slot(const KernelTable& table) {
+#define FAB_EMPTY_SLOT(slot) \
+  if (table.slot == nullptr) return #slot;
+  FAB_KERNEL_SLOTS(FAB_EMPTY_SLOT)
+#undef FAB_EMPTY_SLOT
+  return nullptr;
+}
+
 // The CPU table, chosen once at run time: AVX-512 kernels where the CPU has them, else AVX2
 // (FAB_CPU_ISA=avx2 forces the fallback).
 const KernelTable& cpu_kernels();

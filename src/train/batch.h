@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "data/token_sequences.h"
+#include "dataset/token_sequences.h"
 
 namespace fab {
 

@@ -152,7 +152,7 @@ echo "ok: cutoff_len 1e9 trains"
 rc=0; "$fabrica" train run.yaml >/dev/null 2>err.txt || rc=$?
 [ "$rc" -eq 2 ] || fail "existing output_dir without overwrite: exit $rc"
 echo "ok: existing output_dir without overwrite_output_dir -> $(head -c 120 err.txt)"
-# SentencePiece tokenizer.model (the one tests/data/spm_parity.py trains beside the binary, which
+# SentencePiece tokenizer.model (the one tests/tokenizer/spm_parity.py trains beside the binary, which
 # `make test` writes first): <s> and </s> in text are ids 1 and 2, --add-special-tokens puts <s> first.
 spm_model=$(dirname "$fabrica")/reference/spm/tokenizer.model
 if [ -f "$spm_model" ]; then
@@ -163,7 +163,7 @@ if [ -f "$spm_model" ]; then
   head -c 1000 "$spm_model" >truncated.model
   expect_exit2 "truncated tokenizer.model" "$fabrica" tokenize --tokenizer truncated.model
 else
-  echo "SKIP: $spm_model not found (make test writes it: python3 tests/data/spm_parity.py)"
+  echo "SKIP: $spm_model not found (make test writes it: python3 tests/tokenizer/spm_parity.py)"
   exit 77  # every other check passed; this one did not run
 fi
 echo "cli end-to-end: all checks passed"

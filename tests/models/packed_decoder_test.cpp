@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/rng.h"
-#include "data/packing.h"
+#include "dataset/packing.h"
 #include "models/decoder.h"
 #include "test_util.h"
 #include "train/batch.h"

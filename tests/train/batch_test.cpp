@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "data/packing.h"
+#include "dataset/packing.h"
 
 namespace fab {
 namespace {

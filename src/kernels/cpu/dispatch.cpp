@@ -17,14 +17,17 @@
 namespace fab {
 namespace {
 
-#define FAB_KERNEL_TABLE(ns)                                                                                  \
-  KernelTable {                                                                                               \
-    #ns, cpu::matmul, cpu::ns::embedding_forward, cpu::ns::embedding_backward, cpu::ns::rmsnorm_forward,     \
-        cpu::ns::rmsnorm_backward, cpu::ns::rope_forward, cpu::ns::rope_backward, cpu::ns::attention_forward, \
-        cpu::ns::attention_backward, cpu::ns::attention_decode, cpu::ns::swiglu_forward, cpu::ns::swiglu_backward,                       \
-        cpu::ns::cross_entropy_chunk, cpu::ns::copy_2d, cpu::ns::add, cpu::ns::accumulate, cpu::ns::add_bias,                   \
-        cpu::ns::bias_backward, cpu::ns::scale, cpu::ns::sum_squares, cpu::ns::to_bf16, cpu::ns::adamw_step   \
-  }
+#define FAB_KERNEL_TABLE(ns)                                                                                   \
+  KernelTable{.isa = #ns, .matmul = cpu::matmul, .embedding_forward = cpu::ns::embedding_forward,            \
+    .embedding_backward = cpu::ns::embedding_backward, .rmsnorm_forward = cpu::ns::rmsnorm_forward,            \
+    .rmsnorm_backward = cpu::ns::rmsnorm_backward, .rope_forward = cpu::ns::rope_forward,                      \
+    .rope_backward = cpu::ns::rope_backward, .attention_forward = cpu::ns::attention_forward,                  \
+    .attention_backward = cpu::ns::attention_backward, .attention_decode = cpu::ns::attention_decode,          \
+    .swiglu_forward = cpu::ns::swiglu_forward, .swiglu_backward = cpu::ns::swiglu_backward,                    \
+    .cross_entropy_chunk = cpu::ns::cross_entropy_chunk, .copy_2d = cpu::ns::copy_2d, .add = cpu::ns::add,     \
+    .accumulate = cpu::ns::accumulate, .add_bias = cpu::ns::add_bias, .bias_backward = cpu::ns::bias_backward, \
+    .scale = cpu::ns::scale, .sum_squares = cpu::ns::sum_squares, .to_bf16 = cpu::ns::to_bf16,                 \
+    .adamw_step = cpu::ns::adamw_step}
 
 bool cpu_has_avx512() {
   __builtin_cpu_init();
@@ -32,8 +35,10 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-const KernelTable avx512_table = FAB_KERNEL_TABLE(avx512);
-const KernelTable avx2_table = FAB_KERNEL_TABLE(avx2);
+constexpr KernelTable avx512_table = FAB_KERNEL_TABLE(avx512);
+constexpr KernelTable avx2_table = FAB_KERNEL_TABLE(avx2);
+static_assert(empty_kernel_slot(avx512_table) == nullptr, "the AVX-512 kernel table leaves a slot empty");
+static_assert(empty_kernel_slot(avx2_table) == nullptr, "the AVX2 kernel table leaves a slot empty");
 
 bool cpu_has_avx2() {
   __builtin_cpu_init();

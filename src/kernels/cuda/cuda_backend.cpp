@@ -140,12 +140,16 @@ cudaStream_t stream() { return instance().stream(); }
 void* scratch(size_t bytes) { return instance().scratch(bytes); }
 
 const KernelTable& cuda_kernels() {
-  static const KernelTable table{
-      "cuda sm_90",     matmul,         embedding_forward, embedding_backward, rmsnorm_forward,
-      rmsnorm_backward, rope_forward,   rope_backward,     attention_forward,  attention_backward,
-      attention_decode, swiglu_forward, swiglu_backward,   cross_entropy_chunk, copy_2d,
-      add,              accumulate,     add_bias,          bias_backward,      scale,
-      sum_squares,      to_bf16,        adamw_step};
+  static constexpr KernelTable table{.isa = "cuda sm_90", .matmul = matmul,
+      .embedding_forward = embedding_forward, .embedding_backward = embedding_backward,
+      .rmsnorm_forward = rmsnorm_forward, .rmsnorm_backward = rmsnorm_backward, .rope_forward = rope_forward,
+      .rope_backward = rope_backward, .attention_forward = attention_forward,
+      .attention_backward = attention_backward, .attention_decode = attention_decode,
+      .swiglu_forward = swiglu_forward, .swiglu_backward = swiglu_backward,
+      .cross_entropy_chunk = cross_entropy_chunk, .copy_2d = copy_2d, .add = add, .accumulate = accumulate,
+      .add_bias = add_bias, .bias_backward = bias_backward, .scale = scale, .sum_squares = sum_squares,
+      .to_bf16 = to_bf16, .adamw_step = adamw_step};
+  static_assert(empty_kernel_slot(table) == nullptr, "the CUDA kernel table leaves a slot empty");
   return table;
 }
 

@@ -1,0 +1,204 @@
+#include "dataset/prepare.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/file_write.h"
+#include "core/rng.h"
+#include "dataset/packing.h"
+#include "dataset/template.h"
+#include "dataset/tokenizer_encoder.h"
+
+namespace fab {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kCacheVersion = "fabrica-tokens-2";
+
+// 64-bit FNV-1a, enough to name cache files.
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string file_identity(const std::string& path) {
+  if (!fs::exists(path)) return path + ":missing";
+  std::ostringstream s;
+  const auto size = fs::is_regular_file(path) ? fs::file_size(path) : 0;
+  s << fs::canonical(path).string() << ":" << size << ":"
+    << fs::last_write_time(path).time_since_epoch().count();
+  return s.str();
+}
+
+std::string cache_key(const TrainConfig& c, const Tokenizer& tokenizer, const std::vector<DatasetAttr>& datasets) {
+  std::ostringstream key;
+  key << kCacheVersion << "|stage=" << c.stage << "|template=" << c.chat_template << "|cutoff=" << c.cutoff_len
+      << "|max_samples=" << c.max_samples << "|val_size=" << c.val_size << "|seed=" << c.seed
+      << "|train_on_prompt=" << c.train_on_prompt << "|mask_history=" << c.mask_history
+      << "|thinking=" << c.enable_thinking << "|packing=" << c.packing << "|eval=" << c.eval_dataset
+      << "|tokenizer=" << file_identity(tokenizer.source());
+  for (const DatasetAttr& d : datasets) key << "|" << d.name << "=" << file_identity(d.file_name);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.str()));
+  return hex;
+}
+
+std::string default_cache_dir() {
+  if (const char* dir = std::getenv("FABRICA_CACHE")) return dir;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/tmp") + "/.cache/fabrica";
+}
+
+TokenizedDataset tokenize(const TrainConfig& c, const std::vector<Example>& examples, const ChatTemplate& chat) {
+  if (c.stage == "pt") return preprocess_pretrain(examples, chat, PretrainOptions{c.cutoff_len, true, 1000});
+  return preprocess_supervised(examples, chat, SupervisedOptions{c.cutoff_len, c.train_on_prompt, c.mask_history});
+}
+
+TokenSequences to_sequences(const std::vector<TokenizedSample>& samples, const std::vector<size_t>& pick) {
+  TokenSequencesBuilder b;
+  for (size_t i : pick) b.add(samples[i].input_ids, samples[i].labels);
+  return b.finish();
+}
+
+// val_size: a fraction (< 1) or a count of samples held out, chosen by a seeded shuffle.
+std::pair<std::vector<size_t>, std::vector<size_t>> split_validation(size_t n, double val_size, uint64_t seed) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  size_t held = val_size <= 0 ? 0 : val_size < 1 ? size_t(double(n) * val_size + 0.5) : size_t(val_size);
+  FAB_USER_CHECK(held < n, "val_size {} leaves no training samples out of {}", val_size, n);
+  if (held == 0) return {order, {}};
+  Rng rng(seed);
+  for (size_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.next_u64() % (i + 1)]);
+  std::vector<size_t> eval(order.end() - long(held), order.end()), train(order.begin(), order.end() - long(held));
+  std::sort(train.begin(), train.end());
+  std::sort(eval.begin(), eval.end());
+  return {train, eval};
+}
+
+// LLaMA-Factory warns of every abnormal record it skips: the first few reasons, with their
+// record numbers, and how many more there were.
+void warn_of_abnormal_records(const LoadedDataset& loaded) {
+  for (const std::string& warning : loaded.warnings) std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  if (loaded.broken > int64_t(loaded.warnings.size()))
+    std::fprintf(stderr, "warning: %lld more abnormal examples skipped\n",
+                 (long long)(loaded.broken - int64_t(loaded.warnings.size())));
+}
+
+// Reads and tokenises the datasets `names`; none of their records becoming a sample is an error
+// that says where the records went.
+TokenizedDataset load_and_tokenize(const TrainConfig& c, const std::string& names, const DatasetOptions& options,
+                                   const ChatTemplate& chat) {
+  const LoadedDataset loaded = load_datasets(names, options);
+  warn_of_abnormal_records(loaded);
+  TokenizedDataset tokenized = tokenize(c, loaded.examples, chat);
+  const std::string short_of_a_block =
+      tokenized.stats.dropped_tokens > 0
+          ? format(", {} tokens too few for one block of cutoff_len {}", tokenized.stats.dropped_tokens, c.cutoff_len)
+          : "";
+  FAB_USER_CHECK(!tokenized.samples.empty(),
+                 "dataset {}: no samples: {} records read, {} dropped as invalid ({} of them abnormal{}){}", names,
+                 loaded.records, tokenized.stats.skipped, loaded.broken,
+                 loaded.warnings.empty() ? "" : ", the first reasons are above", short_of_a_block);
+  return tokenized;
+}
+
+// A cache entry: the stats file is written last, so its presence means the token files are whole.
+struct CacheFiles {
+  fs::path train, eval, stats;
+};
+
+void note_unreadable_cache(const CacheFiles& files, const char* why) {
+  std::printf("note: data cache %s cannot be read (%s); rebuilding it\n", files.stats.string().c_str(), why);
+}
+
+// Fills `out` from the cache; false when an entry is missing or cannot be read (damaged, cut
+// short, an older format): it is then rebuilt as if absent.
+bool load_cache(const CacheFiles& files, PreparedData& out) {
+  if (!fs::exists(files.train) || !fs::exists(files.eval) || !fs::exists(files.stats)) return false;
+  try {
+    out.train = load_token_sequences(files.train.string());
+    out.eval = load_token_sequences(files.eval.string());
+    const nlohmann::json j = nlohmann::json::parse(std::ifstream(files.stats));
+    out.stats = {j.at("samples").get<int64_t>(), j.at("tokens").get<int64_t>(), j.at("truncated").get<int64_t>(),
+                 j.at("skipped").get<int64_t>(), j.at("dropped_tokens").get<int64_t>()};
+  } catch (const UserError& e) {
+    note_unreadable_cache(files, e.what());
+    return false;
+  } catch (const nlohmann::json::exception& e) {
+    note_unreadable_cache(files, e.what());
+    return false;
+  }
+  out.from_cache = true;
+  return true;
+}
+
+void save_cache(const CacheFiles& files, const PreparedData& data) {
+  fs::create_directories(files.stats.parent_path());
+  save_token_sequences(files.train.string(), data.train);
+  save_token_sequences(files.eval.string(), data.eval);
+  const nlohmann::json j = {{"samples", data.stats.samples},     {"tokens", data.stats.tokens},
+                            {"truncated", data.stats.truncated}, {"skipped", data.stats.skipped},
+                            {"dropped_tokens", data.stats.dropped_tokens}};
+  write_file_atomically(files.stats.string(), j.dump() + "\n");
+}
+
+}  // namespace
+
+PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
+                          const std::string& cache_dir_in) {
+  const TrainConfig c = with_packing_cutoff(config);
+  FAB_USER_CHECK(!c.dataset.empty(), "dataset is required (names from dataset_info.json or file paths)");
+  FAB_USER_CHECK(c.stage == "pt" || !c.chat_template.empty(), "template is required for stage sft (e.g. qwen3, llama3)");
+  DatasetOptions options;
+  options.dataset_dir = c.dataset_dir;
+  if (c.max_samples > 0) options.max_samples = c.max_samples;
+  options.seed = uint64_t(c.seed);
+  options.stage = c.stage == "pt" ? DataStage::pt : DataStage::sft;
+  std::vector<DatasetAttr> attrs = get_dataset_list(split_dataset_names(c.dataset), c.dataset_dir);
+  if (!c.eval_dataset.empty()) {
+    auto more = get_dataset_list(split_dataset_names(c.eval_dataset), c.dataset_dir);
+    attrs.insert(attrs.end(), more.begin(), more.end());
+  }
+  PreparedData out;
+  out.cache_key = cache_key(c, tokenizer, attrs);
+  const fs::path dir = !cache_dir_in.empty() ? cache_dir_in : !c.cache_dir.empty() ? c.cache_dir : default_cache_dir();
+  const CacheFiles cache{dir / (out.cache_key + ".train.bin"), dir / (out.cache_key + ".eval.bin"),
+                         dir / (out.cache_key + ".json")};
+  if (!c.overwrite_cache && load_cache(cache, out)) return out;
+  TokenizerEncoder encoder(tokenizer);
+  TemplateOptions template_options;
+  template_options.enable_thinking = c.enable_thinking;
+  template_options.train_on_prompt = c.train_on_prompt;
+  ChatTemplate chat(get_template(c.chat_template.empty() ? "empty" : c.chat_template), encoder, template_options);
+  TokenizedDataset train = load_and_tokenize(c, c.dataset, options, chat);
+  out.stats = train.stats;
+  auto [train_pick, eval_pick] = split_validation(train.samples.size(), c.val_size, uint64_t(c.seed));
+  out.train = to_sequences(train.samples, train_pick);
+  if (!c.eval_dataset.empty()) {
+    TokenizedDataset eval = load_and_tokenize(c, c.eval_dataset, options, chat);
+    std::vector<size_t> all(eval.samples.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    out.eval = to_sequences(eval.samples, all);
+  } else {
+    out.eval = to_sequences(train.samples, eval_pick);
+  }
+  if (c.packing && c.stage == "sft") {  // (pt packs while tokenising)
+    PackingStats packing;
+    out.train = pack_samples(out.train, {c.cutoff_len}, &packing);
+    out.eval = pack_samples(out.eval, {c.cutoff_len});
+    out.stats.skipped += packing.dropped;  // train samples longer than the lowered cutoff_len
+  }
+  save_cache(cache, out);
+  return out;
+}
+
+}  // namespace fab

@@ -1,0 +1,25 @@
+#pragma once
+// From a run config to training data: datasets (LLaMA-Factory registry and formats), template,
+// tokenizer and preprocessing, cut into train / eval, cached as memory-mapped token files keyed
+// by a hash of everything that shapes them, so a second run (or `fabrica data prepare` ahead of
+// time) skips the work.
+#include <string>
+
+#include "config/train_config.h"
+#include "dataset/preprocess.h"
+#include "dataset/token_sequences.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fab {
+
+struct PreparedData {
+  TokenSequences train, eval;
+  PreprocessStats stats;
+  std::string cache_key;
+  bool from_cache = false;
+};
+
+// `cache_dir` "" means $FABRICA_CACHE, else ~/.cache/fabrica.
+PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer, const std::string& cache_dir = "");
+
+}  // namespace fab
