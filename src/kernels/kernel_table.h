@@ -2,7 +2,8 @@
 // Every compute kernel a backend provides, as plain functions over raw device pointers.
 // Layout conventions: row-major; activations (rows, C) with rows = B*T; attention tensors
 // (B, T, heads, D). Backward kernels ACCUMULATE (+=) into every gradient they write, so one
-// buffer can collect the contributions of several uses (tied embeddings, residual streams).
+// buffer can collect the contributions of several uses (tied embeddings, residual streams);
+// swiglu_backward and copy_2d take an `accumulate` flag and overwrite a fresh buffer without it.
 #include <cstdint>
 
 #include "core/dtype.h"

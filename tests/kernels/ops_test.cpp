@@ -1,6 +1,8 @@
 // Every CPU kernel, on each instruction set this CPU runs: forward and backward against PyTorch
 // (build/reference/ops.safetensors from tests/reference/make_reference.py), and backward against
 // central finite differences of L = sum(r * y) for a random r.
+#include <omp.h>
+
 #include <functional>
 #include <vector>
 
@@ -254,6 +256,28 @@ TEST_P(Ops, SwiGlu) {
   expect_close(dgu, pack(get("swiglu.dgate"), get("swiglu.dup")), 1e-5, "dgate_up");
   expect_close(fresh, dgu, 0.0, "dgate_up written into a fresh buffer");
   check_finite_differences(gu, dgu, [&](const Floats& in) { return dot(forward(in), dh); }, "swiglu");
+}
+
+// The loss sum and the sum of squares (the gradient norm) are reduced in a fixed order: the same
+// bits on 1, 2 and 3 threads, which data-parallel runs and resumes rely on.
+TEST_P(Ops, ReductionsGiveTheSameBitsOnAnyThreadCount) {
+  const int64_t rows = 5000, vocab = 64, n = 300001;
+  const Floats logits = random_floats(rows * vocab, 21), x = random_floats(n, 22);
+  std::vector<int64_t> labels(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) labels[size_t(r)] = r % 5 == 0 ? -100 : (r * 37) % vocab;
+  std::vector<double> losses, squares;
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    Floats z = logits;
+    losses.push_back(k_->cross_entropy_chunk(z.data(), labels.data(), rows, vocab, 1.0f, nullptr));
+    squares.push_back(k_->sum_squares(x.data(), n));
+  }
+  omp_set_num_threads(threads_before);
+  for (size_t i = 1; i < losses.size(); ++i) {
+    EXPECT_EQ(losses[i], losses[0]) << "cross-entropy sum on " << i + 1 << " threads";
+    EXPECT_EQ(squares[i], squares[0]) << "sum of squares on " << i + 1 << " threads";
+  }
 }
 
 TEST_P(Ops, CrossEntropy) {

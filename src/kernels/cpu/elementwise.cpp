@@ -5,6 +5,7 @@
 #include <bit>
 
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace fab::cpu::FAB_ISA {
@@ -71,10 +72,14 @@ void swiglu_backward(const float* gate_up, const float* dh, int64_t rows, int64_
 // Three passes over each row: the max; the exponentials, stored in place and summed; the output.
 // A row (one vocabulary of floats) stays in L1/L2 between the passes, so storing the exponentials
 // costs less than computing them twice.
+// The loss sum is reduced in a fixed order: each row's loss is kept, then they are added in row
+// order, so the result is the same bits for any thread count and schedule (data-parallel runs
+// and resumes stay bitwise reproducible).
 double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale,
                            bf16* grad_bf16) {
-  double total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
+  ScratchBuffer row_losses_buffer{size_t(2 * rows)};  // doubles, zero for ignored rows
+  double* row_loss = reinterpret_cast<double*>(row_losses_buffer.data());
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* z = logits + r * vocab;
     bf16* out = grad_bf16 ? grad_bf16 + r * vocab : nullptr;
@@ -97,7 +102,7 @@ double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, i
       z[j] = exp_approx(z[j] - mx);
       sum += z[j];
     }
-    total += double(std::log(sum)) - double(target_shifted);  // lse - z[y], both shifted by max
+    row_loss[r] = double(std::log(sum)) - double(target_shifted);  // lse - z[y], both shifted by max
     const float inv = scale / sum, target_grad = exp_approx(target_shifted) * inv - scale;
     if (out) {
       uint16_t* bits = &out[0].bits;
@@ -110,6 +115,8 @@ double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, i
       z[labels[r]] = target_grad;
     }
   }
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) total += row_loss[r];
   return total;
 }
 
@@ -163,17 +170,23 @@ void scale(float* x, int64_t n, float s) {
   for (int64_t j = 0; j < n; ++j) x[j] *= s;
 }
 
+// Per block of kBlock elements a float partial sum, then the partials added in block order: the
+// same bits for any thread count (the gradient norm, and so clipping, is reproducible).
 double sum_squares(const float* x, int64_t n) {
   constexpr int64_t kBlock = 4096;
-  double total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total)
-  for (int64_t b = 0; b < n; b += kBlock) {
-    int64_t end = b + kBlock < n ? b + kBlock : n;
-    float partial = 0;
-#pragma omp simd reduction(+ : partial)
-    for (int64_t j = b; j < end; ++j) partial += x[j] * x[j];
-    total += partial;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  ScratchBuffer partials{size_t(blocks)};
+  float* partial = partials.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, end = begin + kBlock < n ? begin + kBlock : n;
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = begin; j < end; ++j) sum += x[j] * x[j];
+    partial[b] = sum;
   }
+  double total = 0;
+  for (int64_t b = 0; b < blocks; ++b) total += partial[b];
   return total;
 }
 
