@@ -25,8 +25,12 @@ class Sampler {
   };
   State state() const { return state_; }
   void restore(const State& s);
-  // Epochs done as a fraction (2.25: a quarter into the third), what HF logs as `epoch`.
-  double epochs_done() const { return double(state_.epoch) + double(state_.position) / double(per_rank_); }
+  // Epochs done as a fraction, as HF's Trainer logs `epoch`: the micro-batches of this epoch done
+  // over the epoch's micro-batches (2.25: a quarter into the third).
+  double epochs_done() const {
+    const int64_t batches_done = (state_.position + batch_size_ - 1) / batch_size_;
+    return double(state_.epoch) + double(batches_done) / double(batches_per_epoch());
+  }
 
  private:
   void make_order();
