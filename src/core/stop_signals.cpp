@@ -46,15 +46,14 @@ void watch(sigset_t set) {
     int signal = 0;
     if (sigwait(&set, &signal) != 0) continue;
     std::function<void(int)> handler;
-    bool stopping = false;
     {
       std::lock_guard lock(watcher().mutex);
+      if (watcher().stopping) continue;  // a stop is under way: later signals change nothing
       handler = watcher().handler;
-      stopping = watcher().stopping;
       if (handler) watcher().stopping = true;
     }
     if (handler) handler(signal);
-    else if (!stopping) die_by(signal);
+    else die_by(signal);
   }
 }
 

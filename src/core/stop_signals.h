@@ -9,9 +9,9 @@
 // How: start_signal_watcher(), the first thing main() does, before any other thread exists,
 // blocks the stop signals in the calling thread (every thread made later inherits the mask) and
 // takes them on one watcher thread with sigwait(). The watcher calls the StopSignalHandler in
-// force, an ordinary function on an ordinary thread; with none in force, the signal does what it
-// would by default (the process ends by it), unless a handler already took one: then the process
-// is saving and exiting on purpose, and later stop signals are ignored (SIGKILL still ends it).
+// force, once: the first stop signal a handler takes starts the stop, and later ones are ignored
+// while the process saves and exits (SIGKILL still ends it). With no handler in force and no stop
+// under way, the signal does what it would by default (the process ends by it).
 // A forked child clears the mask before exec (unblock_stop_signals_here). SIGHUP (the terminal
 // went away) stops a run as SIGTERM does.
 #include <functional>
@@ -20,7 +20,7 @@ namespace fab {
 
 void start_signal_watcher();
 
-// While alive, stop signals call on_signal(signal) on the watcher thread (the previous handler
+// While alive, the first stop signal calls on_signal(signal) on the watcher thread (the previous handler
 // comes back when it is destroyed). Without start_signal_watcher() it does nothing: the signals
 // keep their default action.
 class StopSignalHandler {

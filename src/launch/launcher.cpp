@@ -13,12 +13,9 @@
 #include <fstream>
 #include <map>
 #include <thread>
-#include <utility>
 
 #include "core/error.h"
 #include "core/stop_signals.h"
-
-extern char** environ;
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -120,12 +117,9 @@ int run_launcher(const std::vector<std::string>& command, const std::string& log
   int status = 0;
   {
     // The first SIGINT/SIGTERM/SIGHUP reaches mpirun as SIGUSR1, which it passes to every worker
-    // (their trainers stop after the step, save and exit); later ones are not passed on, since
-    // mpirun itself dies of a SIGUSR1 that comes while the job is ending. Runs on the signal watcher.
-    bool forwarded = false;
-    StopSignalHandler forward([pid, &forwarded](int) {
-      if (!std::exchange(forwarded, true)) ::kill(pid, SIGUSR1);
-    });
+    // (their trainers stop after the step, save and exit). The watcher passes on no later one:
+    // mpirun itself dies of a SIGUSR1 that comes while the job is ending.
+    StopSignalHandler forward([pid](int) { ::kill(pid, SIGUSR1); });
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
   }

@@ -67,12 +67,18 @@ void note_changed_settings(const std::string& checkpoint, const TrainConfig& now
   const fs::path path = fs::path(checkpoint) / "train_config.yaml";
   if (!fs::exists(path)) return;
   std::string changes;
+  YAML::Node saved_config;
+  try {
+    saved_config = YAML::LoadFile(path.string());
+  } catch (const YAML::Exception& e) {
+    throw UserError(format("{}: not valid YAML ({})", path.string(), e.what()));
+  }
   for (const auto& [key, value] : {std::pair{"per_device_train_batch_size", now.per_device_train_batch_size},
                                    std::pair{"gradient_accumulation_steps", now.gradient_accumulation_steps},
                                    std::pair{"seed", now.seed}}) {
     int64_t saved = value;
     try {
-      saved = YAML::LoadFile(path.string())[key].as<int64_t>(value);
+      saved = saved_config[key].as<int64_t>(value);
     } catch (const YAML::Exception& e) {
       throw UserError(format("{}: {}: expected an integer ({})", path.string(), key, e.what()));
     }
