@@ -44,10 +44,21 @@ void check_fits_in_memory(const ModelConfig& c, int64_t numel, bool bf16_copy) {
                  std::round(bytes / kGiB), std::round(memory / kGiB));
 }
 
+// The whole model, or the stage options().stage describes, checked against the layer count.
+PipelineStage stage_of(const ModelConfig& c, const DecoderOptions& options) {
+  if (!options.stage) return PipelineStage{{{0, c.num_hidden_layers}}, true, true};
+  const PipelineStage& s = *options.stage;
+  FAB_CHECK(!s.chunks.empty(), "a pipeline stage needs at least one model chunk");
+  for (const auto& [first, last] : s.chunks)
+    FAB_CHECK(0 <= first && first < last && last <= c.num_hidden_layers, "pipeline chunk of layers [{}, {}) of {}",
+              first, last, c.num_hidden_layers);
+  return s;
+}
+
 }  // namespace
 
 DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& options)
-    : config_(config), options_(options) {
+    : config_(config), options_(options), stage_(stage_of(config, options)) {
   register_parameters();
   check_fits_in_memory(config_, params_.numel(), options_.precision == Precision::bf16);
   params_.allocate(options_.precision == Precision::bf16);
@@ -63,33 +74,60 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
   rope_ = RopeTable::make(freq.inv_freq, freq.attention_scaling, max_len);
 }
 
-void DecoderModel::register_parameters() {
-  const ModelConfig& c = config_;
+namespace {
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  bool packed_after_previous = false;  // fused with the previous one (q/k/v, gate/up)
+  bool starts_unit = false;
+};
+
+void add_layer_specs(const ModelConfig& c, int64_t i, std::vector<ParamSpec>& out) {
   const int64_t C = c.hidden_size, D = c.head_dim;
-  params_.add("model.embed_tokens.weight", {c.vocab_size, C});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = layer_prefix(i);
-    params_.add(p + "input_layernorm.weight", {C});
-    params_.add(p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C});
-    params_.add(p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, C}, true);
-    params_.add(p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, C}, true);
-    if (c.attention_bias) {
-      params_.add(p + "self_attn.q_proj.bias", {c.num_attention_heads * D});
-      params_.add(p + "self_attn.k_proj.bias", {c.num_key_value_heads * D}, true);
-      params_.add(p + "self_attn.v_proj.bias", {c.num_key_value_heads * D}, true);
-    }
-    if (c.qk_norm) {
-      params_.add(p + "self_attn.q_norm.weight", {D});
-      params_.add(p + "self_attn.k_norm.weight", {D});
-    }
-    params_.add(p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D});
-    params_.add(p + "post_attention_layernorm.weight", {C});
-    params_.add(p + "mlp.gate_proj.weight", {c.intermediate_size, C});
-    params_.add(p + "mlp.up_proj.weight", {c.intermediate_size, C}, true);
-    params_.add(p + "mlp.down_proj.weight", {C, c.intermediate_size});
+  const std::string p = layer_prefix(i);
+  out.push_back({p + "input_layernorm.weight", {C}, false, true});
+  out.push_back({p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}});
+  out.push_back({p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, C}, true});
+  out.push_back({p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, C}, true});
+  if (c.attention_bias) {
+    out.push_back({p + "self_attn.q_proj.bias", {c.num_attention_heads * D}});
+    out.push_back({p + "self_attn.k_proj.bias", {c.num_key_value_heads * D}, true});
+    out.push_back({p + "self_attn.v_proj.bias", {c.num_key_value_heads * D}, true});
   }
-  params_.add("model.norm.weight", {C});
-  if (!c.tie_word_embeddings) params_.add("lm_head.weight", {c.vocab_size, C});
+  if (c.qk_norm) {
+    out.push_back({p + "self_attn.q_norm.weight", {D}});
+    out.push_back({p + "self_attn.k_norm.weight", {D}});
+  }
+  out.push_back({p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}});
+  out.push_back({p + "post_attention_layernorm.weight", {C}});
+  out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, C}});
+  out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, C}, true});
+  out.push_back({p + "mlp.down_proj.weight", {C, c.intermediate_size}});
+}
+
+// The parameters a stage holds, in buffer order: embedding, its chunks' layers, final norm and
+// head (a tied head on a stage without the embedding: its own copy of the embedding).
+std::vector<ParamSpec> parameter_specs(const ModelConfig& c, const PipelineStage& stage) {
+  std::vector<ParamSpec> out;
+  const int64_t C = c.hidden_size;
+  if (stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, false, true});
+  for (const auto& [first, last] : stage.chunks)
+    for (int64_t i = first; i < last; ++i) add_layer_specs(c, i, out);
+  if (!stage.has_head) return out;
+  out.push_back({"model.norm.weight", {C}, false, true});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, C}});
+  else if (!stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}});
+  return out;
+}
+
+}  // namespace
+
+void DecoderModel::register_parameters() {
+  for (const ParamSpec& p : parameter_specs(config_, stage_)) {
+    params_.add(p.name, p.shape, p.packed_after_previous);
+    if (p.starts_unit) unit_starts_.push_back(params_.info(p.name).offset);
+  }
 }
 
 Linear DecoderModel::make_linear(const std::vector<std::string>& weights,
@@ -103,37 +141,50 @@ Linear DecoderModel::make_linear(const std::vector<std::string>& weights,
 
 void DecoderModel::bind_parameters() {
   const ModelConfig& c = config_;
-  embed_ = params_.var("model.embed_tokens.weight");
-  final_norm_ = params_.var("model.norm.weight");
-  lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = layer_prefix(i), a = p + "self_attn.";
-    Layer l;
-    l.input_norm = params_.var(p + "input_layernorm.weight");
-    l.post_norm = params_.var(p + "post_attention_layernorm.weight");
-    std::vector<std::string> qkv_bias;
-    if (c.attention_bias) qkv_bias = {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"};
-    l.qkv = make_linear({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, qkv_bias);
-    if (c.qk_norm) {
-      l.q_norm = params_.var(a + "q_norm.weight");
-      l.k_norm = params_.var(a + "k_norm.weight");
-    }
-    l.o_proj = make_linear({a + "o_proj.weight"}, {});
-    l.gate_up = make_linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {});
-    l.down = make_linear({p + "mlp.down_proj.weight"}, {});
-    layers_.push_back(l);
+  if (stage_.has_embedding) embed_ = params_.var("model.embed_tokens.weight");
+  if (stage_.has_head) {
+    final_norm_ = params_.var("model.norm.weight");
+    lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
   }
+  for (const auto& [first, last] : stage_.chunks) {
+    chunk_first_.push_back(layers_.size());
+    for (int64_t i = first; i < last; ++i) bind_layer(i);
+  }
+  chunk_first_.push_back(layers_.size());
 }
 
+void DecoderModel::bind_layer(int64_t i) {
+  const ModelConfig& c = config_;
+  const std::string p = layer_prefix(i), a = p + "self_attn.";
+  Layer l;
+  l.input_norm = params_.var(p + "input_layernorm.weight");
+  l.post_norm = params_.var(p + "post_attention_layernorm.weight");
+  std::vector<std::string> qkv_bias;
+  if (c.attention_bias) qkv_bias = {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"};
+  l.qkv = make_linear({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, qkv_bias);
+  if (c.qk_norm) {
+    l.q_norm = params_.var(a + "q_norm.weight");
+    l.k_norm = params_.var(a + "k_norm.weight");
+  }
+  l.o_proj = make_linear({a + "o_proj.weight"}, {});
+  l.gate_up = make_linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {});
+  l.down = make_linear({p + "mlp.down_proj.weight"}, {});
+  layers_.push_back(l);
+}
+
+// A pipeline stage draws the whole model's sequence and keeps its own parameters' values, so
+// every layout starts from the same weights as one process (and a tied copy equals the original).
 void DecoderModel::init_random(uint64_t seed) {
   Rng rng(seed);
   float* values = params_.values().data<float>();
-  for (const ParamInfo& p : params_.params()) {
-    float* w = values + p.offset;
+  for (const ParamSpec& p : parameter_specs(config_, stage_of(config_, {}))) {
+    float* w = params_.contains(p.name) ? values + params_.info(p.name).offset : nullptr;
     const bool is_norm = p.name.find("norm.weight") != std::string::npos;
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
-    for (int64_t i = 0; i < p.numel(); ++i)
-      w[i] = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
+    for (int64_t i = 0; i < shape_numel(p.shape); ++i) {
+      const float x = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
+      if (w) w[i] = x;
+    }
   }
   weights_changed();
 }
@@ -194,13 +245,8 @@ void DecoderModel::leave_unit(Tape& tape, int unit) {
 
 std::pair<int64_t, int64_t> DecoderModel::unit_range(int unit) const {
   FAB_CHECK(unit >= 0 && unit < num_units(), "unit {} of {}", unit, num_units());
-  auto start = [this](int u) -> int64_t {
-    if (u == 0) return 0;
-    if (u == num_units()) return params_.numel();
-    if (u == num_units() - 1) return params_.info("model.norm.weight").offset;
-    return params_.info(layer_prefix(u - 1) + "input_layernorm.weight").offset;
-  };
-  return {start(unit), start(unit + 1)};
+  const int64_t end = unit + 1 < num_units() ? unit_starts_[size_t(unit) + 1] : params_.numel();
+  return {unit == 0 ? 0 : unit_starts_[size_t(unit)], end};
 }
 
 // (B * T) positions: 0..T-1 in every row, or the layout's (packed rows), checked against the
@@ -229,25 +275,60 @@ Tensor DecoderModel::positions_of(const Tensor& ids, const SequenceLayout& layou
   return positions;
 }
 
-Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
-  check_ids(ids, 0);
-  const int64_t batch = ids.dim(0), seq = ids.dim(1);
-  const Tensor positions = positions_of(ids, layout), doc_start = layout.doc_start;
-
+Var DecoderModel::embed(Tape& tape, const Tensor& ids) {
   enter_unit(tape, 0);
-  Var x = embedding(tape, ids.reshape({batch * seq}), embed_);
+  Var x = embedding(tape, ids.reshape({ids.numel()}), embed_);
   leave_unit(tape, 0);
-  for (size_t i = 0; i < layers_.size(); ++i) {
+  return x;
+}
+
+Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions,
+                             const Tensor& doc_start, int64_t batch, int64_t seq) {
+  for (size_t i = first; i < last; ++i) {
     const Layer& l = layers_[i];
     auto body = [this, &l, positions, doc_start, batch, seq](Tape& t, const Var& in) {
       return layer_forward(t, l, in, positions, doc_start, batch, seq);
     };
-    enter_unit(tape, int(i) + 1);
+    enter_unit(tape, layer_unit(i));
     x = options_.recompute_layers ? checkpoint(tape, x, body) : body(tape, x);
-    leave_unit(tape, int(i) + 1);
+    leave_unit(tape, layer_unit(i));
   }
-  enter_unit(tape, num_units() - 1);  // left by the caller after lm_head
+  return x;
+}
+
+Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
+  FAB_CHECK(is_whole(), "a pipeline stage runs through stage_forward");
+  check_ids(ids, 0);
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  const Tensor positions = positions_of(ids, layout);
+  Var x = run_layers(tape, 0, layers_.size(), embed(tape, ids), positions, layout.doc_start, batch, seq);
+  enter_unit(tape, head_unit());  // left by the caller after lm_head
   return rmsnorm(tape, x, final_norm_, float(config_.rms_norm_eps));
+}
+
+Var DecoderModel::stage_forward(Tape& tape, int chunk, const Tensor& ids, const Var& input,
+                                const SequenceLayout& layout) {
+  FAB_CHECK(chunk >= 0 && size_t(chunk) + 1 < chunk_first_.size(), "chunk {} of {}", chunk, chunk_first_.size() - 1);
+  check_ids(ids, 0);
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  const bool embeds = chunk == 0 && stage_.has_embedding;
+  FAB_CHECK(embeds == !input, "the first chunk of the first stage embeds ids; every other chunk takes hidden states");
+  if (!embeds)
+    FAB_CHECK(input->value.numel() == batch * seq * config_.hidden_size, "hidden states of {} values for ({}, {}) ids",
+              input->value.numel(), batch, seq);
+  const Var x = embeds ? embed(tape, ids) : input;
+  return run_layers(tape, chunk_first_[size_t(chunk)], chunk_first_[size_t(chunk) + 1], x, positions_of(ids, layout),
+                    layout.doc_start, batch, seq);
+}
+
+double DecoderModel::stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale) {
+  FAB_CHECK(stage_.has_head, "stage_loss on a stage without the head");
+  const Tensor targets = shift_labels(labels, config_.vocab_size);
+  enter_unit(tape, head_unit());
+  const Var normed = rmsnorm(tape, hidden, final_norm_, float(config_.rms_norm_eps));
+  const double loss = lm_head_cross_entropy(tape, normed, lm_head_, targets, loss_scale);
+  leave_unit(tape, head_unit());
+  return loss;
 }
 
 double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale,
@@ -256,7 +337,7 @@ double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, f
   Tape tape;
   Var hidden = forward_hidden(tape, ids, layout);
   double loss = lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale);
-  leave_unit(tape, num_units() - 1);
+  leave_unit(tape, head_unit());
   tape.backward();
   return loss;
 }
@@ -265,7 +346,7 @@ double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const Seq
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
   const double loss = lm_head_cross_entropy(no_grad, hidden, lm_head_, shift_labels(labels, config_.vocab_size), 1.0f);
-  leave_unit(no_grad, num_units() - 1);
+  leave_unit(no_grad, head_unit());
   return loss;
 }
 
@@ -273,7 +354,7 @@ Tensor DecoderModel::logits(const Tensor& ids, const SequenceLayout& layout) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
   Tensor out = lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
-  leave_unit(no_grad, num_units() - 1);
+  leave_unit(no_grad, head_unit());
   return out;
 }
 
@@ -324,6 +405,7 @@ Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& 
 }
 
 Tensor DecoderModel::logits_cached(const Tensor& ids, KvCache& cache) {
+  FAB_CHECK(is_whole(), "generation needs the whole model, not a pipeline stage");
   check_ids(ids, cache.length);
   const int64_t batch = ids.dim(0), n = ids.dim(1);
   FAB_CHECK(batch == cache.batch, "cache for {} sequences, ids for {}", cache.batch, batch);

@@ -1,6 +1,8 @@
 #pragma once
 // The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "models/model_config.h"
@@ -9,10 +11,21 @@
 
 namespace fab {
 
+// One pipeline stage's share of the model (parallel/pipeline_parallel.h builds it): model
+// chunks, each a range of decoder layers run in order (v chunks under the interleaved schedule),
+// and whether the stage holds the embedding (first stage) and the final norm + head (last).
+// A tied head on a stage without the embedding holds its own copy of model.embed_tokens.weight,
+// whose gradient the pipeline sums with the first stage's.
+struct PipelineStage {
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // [first, last) decoder layers
+  bool has_embedding = true, has_head = true;
+};
+
 struct DecoderOptions {
   Precision precision = Precision::fp32;
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
+  std::optional<PipelineStage> stage = std::nullopt;  // empty: the whole model
 };
 
 // Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
@@ -30,7 +43,7 @@ struct KvCache {
 };
 
 // Called around each unit of parameters — 0: the embedding, 1..L: the decoder layers, L + 1: the
-// final norm and lm_head — in forward, and through the tape in backward, so data parallelism can
+// final norm and lm_head (a pipeline stage numbers only the units it holds, in the same order) — in forward, and through the tape in backward, so data parallelism can
 // reduce a unit's gradients as soon as they are final and ZeRO-3 can gather a unit's parameters
 // just before it runs and free them after.
 class ModelHooks {
@@ -72,9 +85,21 @@ class DecoderModel {
   KvCache make_cache(int64_t batch, int64_t capacity) const;
   Tensor logits_cached(const Tensor& ids, KvCache& cache);
 
+  // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
+  // micro-batch on `tape`. `input` is the previous virtual stage's hidden states (B * T, C),
+  // whose gradient the tape's backward fills; on the stage's first chunk of a stage with the
+  // embedding it is null and `ids` are embedded instead. Returns the chunk's output, whose
+  // gradient the caller sets before tape.backward() unless it ends in stage_loss.
+  Var stage_forward(Tape& tape, int chunk, const Tensor& ids, const Var& input, const SequenceLayout& layout = {});
+  // The last stage: final norm, head and the loss of `hidden` (what the last chunk returned), as
+  // forward_backward: loss_scale * sum back-propagates, the unscaled sum is returned.
+  double stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale);
+  const PipelineStage& stage() const { return stage_; }
+  bool is_whole() const { return !options_.stage.has_value(); }
+
   // Parallelism wraps the model through these (nullptr: none).
   void set_hooks(ModelHooks* hooks) { hooks_ = hooks; }
-  int num_units() const { return int(config_.num_hidden_layers) + 2; }
+  int num_units() const { return int(unit_starts_.size()); }
   // Elements [first, second) of the flat buffers that hold the parameters of `unit`; the units
   // tile the buffers in order.
   std::pair<int64_t, int64_t> unit_range(int unit) const;
@@ -89,7 +114,14 @@ class DecoderModel {
   };
   void register_parameters();
   void bind_parameters();
+  void bind_layer(int64_t index);
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
+  Var embed(Tape& tape, const Tensor& ids);
+  // layers_[first, last) on x.
+  Var run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions, const Tensor& doc_start,
+                 int64_t batch, int64_t seq);
+  int layer_unit(size_t local_layer) const { return int(local_layer) + (stage_.has_embedding ? 1 : 0); }
+  int head_unit() const { return num_units() - 1; }
   void enter_unit(Tape& tape, int unit);
   void leave_unit(Tape& tape, int unit);
   Tensor positions_of(const Tensor& ids, const SequenceLayout& layout) const;
@@ -106,7 +138,10 @@ class DecoderModel {
   RopeTable rope_;
   Var embed_, final_norm_;
   Linear lm_head_;
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;       // the layers this stage holds, chunk after chunk
+  std::vector<size_t> chunk_first_;  // index into layers_ where each chunk starts (and one past the end)
+  PipelineStage stage_;              // the whole model: one chunk of every layer, embedding and head
+  std::vector<int64_t> unit_starts_;  // first element of each unit in the flat buffers
   ModelHooks* hooks_ = nullptr;
 };
 

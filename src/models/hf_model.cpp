@@ -23,7 +23,8 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
   }
   for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;
-    FAB_USER_CHECK(params.contains(name) || tied_head, "{}: unexpected tensor \"{}\" for a {} model",
+    // A pipeline stage holds only its part of the model's tensors.
+    FAB_USER_CHECK(params.contains(name) || tied_head || !model.is_whole(), "{}: unexpected tensor \"{}\" for a {} model",
                    weights.file_of(name).path(), name, model.config().model_type);
   }
   model.weights_changed();
@@ -41,12 +42,18 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
 }
 
 void save_model_folder(const DecoderModel& model, const std::string& folder, size_t max_shard_bytes) {
-  fs::create_directories(folder);
+  FAB_CHECK(model.is_whole(), "a pipeline stage's weights are saved through PipelineParallel::gather_weights");
   std::vector<NamedTensor> tensors;
   const ParamBuffer& params = model.params();
   for (const ParamInfo& p : params.params()) tensors.push_back({p.name, params.values().view(p.offset, p.shape)});
+  save_model_folder(model.config(), tensors, folder, max_shard_bytes);
+}
+
+void save_model_folder(const ModelConfig& config, const std::vector<NamedTensor>& tensors, const std::string& folder,
+                       size_t max_shard_bytes) {
+  fs::create_directories(folder);
   save_hf_weights(folder, tensors, max_shard_bytes);
-  write_file_atomically((fs::path(folder) / "config.json").string(), model_config_to_json(model.config()) + "\n");
+  write_file_atomically((fs::path(folder) / "config.json").string(), model_config_to_json(config) + "\n");
 }
 
 void copy_tokenizer_and_template_files(const std::string& from, const std::string& to) {

@@ -23,6 +23,9 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
 // Writes config.json and the weights (sharded above max_shard_bytes) as transformers expects.
 void save_model_folder(const DecoderModel& model, const std::string& folder,
                        size_t max_shard_bytes = size_t(5) << 30);
+// The same from named whole-model tensors (a pipeline's stages gathered).
+void save_model_folder(const ModelConfig& config, const std::vector<NamedTensor>& tensors, const std::string& folder,
+                       size_t max_shard_bytes = size_t(5) << 30);
 
 // Copies the files of a model folder that are not weights or config.json and that transformers
 // reads beside them (tokenizer files, chat_template.jinja, generation_config.json, ...), those

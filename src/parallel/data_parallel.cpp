@@ -133,19 +133,36 @@ void DataParallel::finish_gradients() {
   wait_all_buckets();
 }
 
+double DataParallel::squares_counted_here(const float* data, int64_t begin, int64_t end) const {
+  const KernelTable& k = kernels();
+  const auto [skip_begin, skip_end] = options_.norm_counted_elsewhere;
+  const int64_t cut = std::clamp(skip_begin, begin, end), resume = std::clamp(skip_end, cut, end);
+  return k.sum_squares(data, cut - begin) + k.sum_squares(data + (resume - begin), end - resume);
+}
+
 double DataParallel::clip_grad_norm(double max_norm) {
   ProfileScope profile("clip_grad_norm");
   const KernelTable& k = kernels();
-  if (options_.zero_stage == 0) return fab::clip_grad_norm(params_, max_norm);
+  if (options_.zero_stage == 0 && !options_.pipeline) return fab::clip_grad_norm(params_, max_norm);
+  if (options_.zero_stage == 0) {  // every dp rank holds the whole reduced gradient of its stage
+    float* g = params_.grads().data<float>();
+    double squares = squares_counted_here(g, 0, params_.numel());
+    options_.pipeline->all_reduce(&squares, 1, "gradient norm over the pipeline").wait();
+    const double norm = std::sqrt(squares);
+    const double coef = clip_coefficient(norm, max_norm);
+    if (coef < 1.0) k.scale(g, params_.numel(), float(coef));
+    return norm;
+  }
   // This rank's reduced gradients: its chunks of the flat buffer (ZeRO-1), or the shard accumulator.
   auto shard_grads = [this](const Bucket& b) {
     return options_.zero_stage >= 2 ? shard_grads_.data<float>() + b.shard_offset
                                     : params_.grads().data<float>() + b.own_begin;
   };
-  // Each rank's share of the squared norm, then the sum over the group.
+  // Each rank's share of the squared norm, then the sum over the group (and the stages).
   double squares = 0;
-  for (const Bucket& b : buckets_) squares += k.sum_squares(shard_grads(b), b.own_end - b.own_begin);
+  for (const Bucket& b : buckets_) squares += squares_counted_here(shard_grads(b), b.own_begin, b.own_end);
   group_.all_reduce(&squares, 1, "gradient norm").wait();
+  if (options_.pipeline) options_.pipeline->all_reduce(&squares, 1, "gradient norm over the pipeline").wait();
   const double norm = std::sqrt(squares);
   const double coef = clip_coefficient(norm, max_norm);
   if (coef < 1.0)

@@ -29,6 +29,11 @@ struct DataParallelOptions {
   int zero_stage = 0;
   int64_t bucket_bytes = 25 << 20;  // torch DDP's bucket_cap_mb default
   AdamWConfig adamw;
+  // Pipeline parallel: the gradient norm also sums over these stages, leaving out elements
+  // [first, second) of this stage's buffers, which another stage counts (a tied head's copy of
+  // the embedding).
+  Communicator* pipeline = nullptr;
+  std::pair<int64_t, int64_t> norm_counted_elsewhere{0, 0};
 };
 
 // What one rank holds of the model states, measured (resident pages of the flat buffers).
@@ -46,7 +51,8 @@ class DataParallel final : public ModelHooks {
   void begin_step(int64_t micro_batches);
   void begin_micro_batch(int64_t index);
   void finish_gradients();
-  // The global gradient L2 norm (over the whole group); clips as torch.nn.utils.clip_grad_norm_.
+  // The global gradient L2 norm (over the whole group, and the pipeline's stages); clips as
+  // torch.nn.utils.clip_grad_norm_.
   double clip_grad_norm(double max_norm);
   void optimizer_step(float lr);
 
@@ -86,6 +92,9 @@ class DataParallel final : public ModelHooks {
   void launch_gradient_bucket(Bucket& b);
   void retire(Bucket& b);
   void wait_all_buckets();
+  // Sum of squares of data[0, end - begin), which holds elements [begin, end) of the flat
+  // buffers, without those another pipeline stage counts.
+  double squares_counted_here(const float* data, int64_t begin, int64_t end) const;
   const KernelTable& kernels() const;  // the gradients' backend
   // ZeRO-3 parameter units.
   void gather(int unit, bool wait);

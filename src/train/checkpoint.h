@@ -14,6 +14,8 @@
 
 namespace fab {
 
+class PipelineParallel;
+
 struct TrainerState {
   int64_t global_step = 0;  // optimizer steps done
   Sampler::State sampler;
@@ -21,11 +23,14 @@ struct TrainerState {
   int64_t world_size = 1;      // data-parallel ranks of the run that saved it (the sampler position is per rank)
 };
 
-// Collective over the data-parallel group: every rank calls it.
+// Collective over the data-parallel group (and the pipeline's stages): every rank calls it. With
+// a pipeline, stage 0 writes the weights of every stage as one HF folder and each stage's
+// optimizer files are named stage-S-of-P-optimizer-rank-R-of-N.safetensors.
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml);
-// Restores weights, optimizer shards and state saved by save_checkpoint at any world size.
-TrainerState load_checkpoint(const std::string& dir, DataParallel& dp);
+                     const std::string& config_yaml, PipelineParallel* pipeline = nullptr);
+// Restores weights, optimizer shards and state saved by save_checkpoint at any data-parallel
+// world size; the pipeline_parallel_size must be the one it was saved with (a UserError names both).
+TrainerState load_checkpoint(const std::string& dir, DataParallel& dp, PipelineParallel* pipeline = nullptr);
 
 // The checkpoint-<N> folder of output_dir with the largest N, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);
