@@ -21,6 +21,7 @@
 #include "models/hf_model.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_parallel.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -161,6 +162,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = c.recompute_layers;
   options.max_seq_len = std::min(c.cutoff_len, longest_sequence(data));
+  if (layout.pp > 1) options.stage = pipeline_stage(layout.chunk_layers, layout.pp, mesh->coordinate("pp"));
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),

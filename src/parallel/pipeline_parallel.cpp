@@ -20,63 +20,7 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Parameters of one decoder layer: attention projections (+ biases, q/k norms), MLP, two norms.
-double layer_cost(const ModelConfig& c) {
-  const double C = double(c.hidden_size), q = double(c.num_attention_heads * c.head_dim),
-               kv = double(c.num_key_value_heads * c.head_dim);
-  double n = C * (q + 2 * kv) + q * C + 3 * C * double(c.intermediate_size) + 2 * C;
-  if (c.attention_bias) n += q + 2 * kv;
-  if (c.qk_norm) n += 2 * double(c.head_dim);
-  return n;
-}
-
 }  // namespace
-
-std::vector<int64_t> balanced_pipeline_split(const ModelConfig& c, int parts) {
-  const int64_t layers = c.num_hidden_layers;
-  FAB_USER_CHECK(parts >= 1 && parts <= layers,
-                 "{} pipeline parts (pipeline_parallel_size x virtual_pipeline_parallel_size) for {} layers: each part "
-                 "needs at least one layer",
-                 parts, layers);
-  const double layer = layer_cost(c), table = double(c.vocab_size * c.hidden_size);
-  std::vector<double> extra(size_t(parts), 0.0);
-  extra.front() += table;                             // embedding
-  extra.back() += table + double(c.hidden_size);      // head GEMM and final norm
-  auto caps_for = [&](double budget) {                // most layers each part can take
-    std::vector<int64_t> caps;
-    for (double e : extra) caps.push_back(std::max<int64_t>(0, int64_t((budget - e) / layer + 1e-9)));
-    return caps;
-  };
-  auto feasible = [&](const std::vector<int64_t>& caps) {
-    int64_t sum = 0;
-    for (int64_t n : caps) {
-      if (n < 1) return false;
-      sum += n;
-    }
-    return sum >= layers;
-  };
-  // The smallest budget (a part's cost is n * layer + extra) that fits every layer.
-  std::vector<double> budgets;
-  for (double e : extra)
-    for (int64_t n = 1; n <= layers; ++n) budgets.push_back(double(n) * layer + e);
-  std::sort(budgets.begin(), budgets.end());
-  std::vector<int64_t> counts;
-  for (double b : budgets)
-    if (feasible(counts = caps_for(b))) break;
-  // Give back the surplus from the costliest parts (the earliest of equals) until the sum is right.
-  int64_t surplus = -layers;
-  for (int64_t n : counts) surplus += n;
-  for (; surplus > 0; --surplus) {
-    size_t worst = counts.size();
-    for (size_t j = 0; j < counts.size(); ++j) {
-      if (counts[j] <= 1) continue;
-      const double cost = double(counts[j]) * layer + extra[j];
-      if (worst == counts.size() || cost > double(counts[worst]) * layer + extra[worst]) worst = j;
-    }
-    --counts[worst];
-  }
-  return counts;
-}
 
 PipelineStage pipeline_stage(const std::vector<int64_t>& layers_per_virtual, int stages, int stage) {
   FAB_CHECK(stages >= 1 && int(layers_per_virtual.size()) % stages == 0, "{} virtual stages over {} stages",

@@ -30,14 +30,8 @@
 
 namespace fab {
 
-// Layers per virtual stage (p * v of them, in virtual-stage order) that balance the cost of the
-// parts: a decoder layer costs its parameters (its FLOPs per token are 6x that), the embedding its
-// vocab_size * hidden_size parameters (memory: weights, gradients, AdamW moments) and the head its
-// vocab GEMM (vocab_size * hidden_size more, tied or not) plus the final norm. The embedding sits
-// on the first virtual stage and the head on the last, so those get fewer layers. Minimises the
-// largest part's cost (ties: earlier parts take fewer layers); every part gets at least one layer.
-std::vector<int64_t> balanced_pipeline_split(const ModelConfig& config, int parts);
-// What stage `stage` holds when virtual stage k has layers_per_virtual[k] layers: chunk c is
+// What stage `stage` holds when virtual stage k has layers_per_virtual[k] layers (the
+// ParallelLayout's chunk_layers: explicit pipeline_layers or balanced_layer_split): chunk c is
 // virtual stage c * p + s.
 PipelineStage pipeline_stage(const std::vector<int64_t>& layers_per_virtual, int stages, int stage);
 

@@ -15,6 +15,7 @@
 #include "train/batch.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_parallel.h"
 #include "train/checkpoint.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
@@ -50,6 +51,10 @@ class Trainer {
 
  private:
   double train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
+  double pipeline_step(int64_t micro_batches, float scale);
+  double eval_loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout);
+  nlohmann::json pipeline_metrics();
+  void barrier_all(const std::string& what);
   std::pair<double, double> count_step(int64_t micro_batches) const;  // (targets, tokens) of the next step
   void log_step(const StepRecord& record, double eval_loss);
   void show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed);
@@ -65,7 +70,8 @@ class Trainer {
   std::unique_ptr<Communicator> own_group_;  // when training alone
   DeviceMesh* mesh_ = nullptr;
   Communicator* group_;                       // data parallel
-  bool main_ = true;  // rank 0 of the group
+  bool main_ = true;  // rank 0 of the group (and the first pipeline stage)
+  std::unique_ptr<PipelineParallel> pipeline_;  // the model is one pipeline stage
   std::unique_ptr<DataParallel> dp_;
   CommStats comm_at_last_log_;
   int64_t steps_since_log_ = 0;
