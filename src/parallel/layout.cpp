@@ -66,6 +66,11 @@ void check_pipeline(const TrainConfig& c, const ModelConfig& m, const ParallelLa
                  "zero_stage 3 with pipeline_parallel_size {} is not supported: each stage already holds only its "
                  "layers; use zero_stage 1 or 2",
                  l.pp);
+  FAB_USER_CHECK(l.pp == 1 || c.zero_stage < 2 || !m.tie_word_embeddings,
+                 "zero_stage {} with pipeline_parallel_size {} and tie_word_embeddings is not supported yet: the tied "
+                 "embedding's gradient is summed between the first and last stage after the data-parallel reduction, "
+                 "which ZeRO-2 leaves only as shards; use zero_stage 1",
+                 c.zero_stage, l.pp);
   if (c.pipeline_layers.empty()) return;
   FAB_USER_CHECK(l.pp > 1, "pipeline_layers {} is set but pipeline_parallel_size is 1", join(c.pipeline_layers));
   FAB_USER_CHECK(int64_t(c.pipeline_layers.size()) == l.chunks(),

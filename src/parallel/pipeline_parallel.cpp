@@ -125,6 +125,9 @@ double PipelineParallel::forward_backward(const std::vector<PipelineMicroBatch>&
         break;
       case PipelineOp::forward: {
         const auto t0 = Clock::now();
+        // The fused head adds its weight gradient during the forward: under ZeRO-2 the previous
+        // micro-batch's reduce-scatter of those gradients must land first.
+        if (k == last_virtual) dp.begin_micro_batch(a.micro_batch);
         f.output = model_.stage_forward(f.tape, a.chunk, b.ids, f.input, b.layout);
         if (k == last_virtual) loss += model_.stage_loss(f.tape, f.output, b.labels, loss_scale);
         busy += seconds_since(t0);

@@ -64,8 +64,9 @@ class PipelineParallel {
   Communicator& group() { return stages_; }
 
   // Forward and backward of every micro-batch in the schedule's order, gradients accumulating
-  // in the model's buffers; `dp` is told each backward's micro-batch (its buckets reduce in the
-  // last one). Returns the sum of token losses (the last stage's; 0 elsewhere).
+  // in the model's buffers; `dp` is told the micro-batch of each backward, and of each forward
+  // through the head (which adds the head's weight gradient at once): its buckets reduce in the
+  // last one (ZeRO-0/1) or after each (ZeRO-2). Returns the sum of token losses (the last stage's; 0 elsewhere).
   double forward_backward(const std::vector<PipelineMicroBatch>& batches, float loss_scale, DataParallel& dp);
   // Tied embeddings: the first and last stage's embedding gradients become their sum.
   void sum_tied_gradients();
