@@ -1,7 +1,9 @@
 #pragma once
 // The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
+#include <chrono>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -124,6 +126,7 @@ class DecoderModel {
   int head_unit() const { return num_units() - 1; }
   void enter_unit(Tape& tape, int unit);
   void leave_unit(Tape& tape, int unit);
+  std::string unit_name(int unit) const;  // embedding, layer i, head
   Tensor positions_of(const Tensor& ids, const SequenceLayout& layout) const;
   Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, const Tensor& doc_start,
                     int64_t batch, int64_t seq);
@@ -143,6 +146,7 @@ class DecoderModel {
   PipelineStage stage_;              // the whole model: one chunk of every layer, embedding and head
   std::vector<int64_t> unit_starts_;  // first element of each unit in the flat buffers
   ModelHooks* hooks_ = nullptr;
+  std::chrono::steady_clock::time_point unit_started_;  // the trace's: when the running unit began
 };
 
 }  // namespace fab
