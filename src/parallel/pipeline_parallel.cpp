@@ -6,10 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/backend.h"
 #include "core/error.h"
 #include "core/profiler.h"
-#include "kernels/kernel_table.h"
 
 namespace fab {
 namespace {
