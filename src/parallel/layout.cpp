@@ -140,7 +140,6 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
   check_tensor_parallel(m, l.tp);
   check_pipeline(c, m, l);
   l.chunk_layers = c.pipeline_layers.empty() ? balanced_layer_split(m, l.chunks(), std::min(c.cutoff_len, m.max_position_embeddings)) : c.pipeline_layers;
-  FAB_USER_CHECK(l.tp == 1, "tensor_parallel_size {} is not implemented in Fabrica yet", l.tp);
   FAB_USER_CHECK(l.pp == 1, "pipeline_parallel_size {} is not implemented in Fabrica yet", l.pp);
   return l;
 }

@@ -16,6 +16,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
+#include "parallel/tensor_parallel.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -170,16 +171,24 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml) {
+                     const std::string& config_yaml, Communicator* tp) {
   Communicator& group = dp.group();
-  const bool main = group.rank() == 0;
+  const bool main = group.rank() == 0 && (!tp || tp->rank() == 0);
+  auto barrier = [&](const std::string& what) {  // every rank of both groups has reached it
+    group.barrier(what);
+    if (tp) tp->barrier(what);
+  };
   const fs::path final_dir(dir);
   const fs::path tmp = final_dir.string() + ".tmp";
   dp.gather_all_parameters();
+  const std::vector<NamedTensor> whole = tp ? gather_full_tensors(dp.model(), *tp) : std::vector<NamedTensor>();
   if (main) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    save_model_folder(dp.model(), tmp.string());
+    if (tp)
+      save_model_folder(dp.model().config(), whole, tmp.string());
+    else
+      save_model_folder(dp.model(), tmp.string());
     nlohmann::json j = {{"global_step", state.global_step},
                         {"sampler_epoch", state.sampler.epoch},
                         {"sampler_position", state.sampler.position},
@@ -189,11 +198,12 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
     write_file_atomically((tmp / "train_config.yaml").string(), config_yaml);
   }
   dp.release_gathered_parameters();
-  group.barrier("checkpoint: folder made");
-  // Without ZeRO every rank holds the whole optimizer state: rank 0 writes it once.
-  if (dp.zero_stage() > 0 || main)
+  barrier("checkpoint: folder made");
+  // Without ZeRO every data-parallel rank holds the whole optimizer state (of its tensor-parallel
+  // slices): data-parallel rank 0 writes it once.
+  if (dp.zero_stage() > 0 || group.rank() == 0)
     save_optimizer_shard(tmp / optimizer_file(group.rank(), group.size(), tp_place(dp)), dp);
-  group.barrier("checkpoint: shards written");
+  barrier("checkpoint: shards written");
   if (main) {
     for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());
     fsync_path(tmp);
@@ -201,7 +211,7 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
     fs::rename(tmp, final_dir);
     fsync_path(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
   }
-  group.barrier("checkpoint: renamed");
+  barrier("checkpoint: renamed");
 }
 
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {

@@ -19,6 +19,7 @@
 #include "core/stop_signals.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
+#include "parallel/tensor_parallel.h"
 #include "monitor/loss_plot.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
@@ -108,12 +109,18 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   FAB_USER_CHECK(!config_.output_dir.empty(), "output_dir is required");
   if (!mesh) own_group_ = std::make_unique<LocalCommunicator>();
   group_ = mesh ? &mesh->group("dp") : own_group_.get();
-  main_ = group_->rank() == 0;
+  if (mesh && mesh->sizes().tp > 1) tp_ = &mesh->group("tp");
+  FAB_CHECK((tp_ != nullptr) == (model_->options().tp != nullptr), "the model and the mesh disagree on tensor parallel");
+  main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0);
   DataParallelOptions dp;
   dp.zero_stage = int(config_.zero_stage);
   dp.bucket_bytes = int64_t(config_.ddp_bucket_size * double(1 << 20));
   dp.adamw = AdamWConfig{float(config_.adam_beta1), float(config_.adam_beta2), float(config_.adam_epsilon),
                          float(config_.weight_decay)};
+  if (tp_) {
+    dp.model_parallel_group = tp_;
+    dp.counted_once = replicated_ranges(*model_);
+  }
   dp_ = std::make_unique<DataParallel>(*model_, *group_, dp);
   sampler_ = std::make_unique<Sampler>(data_.train.size(), config_.per_device_train_batch_size, uint64_t(config_.seed),
                                        config_.shuffle, group_->rank(), group_->size());
@@ -158,7 +165,8 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
     sums[0] += model_->forward_backward(b.ids, b.labels, scale, {b.positions, b.doc_start});
   }
   dp_->finish_gradients();
-  group_->all_reduce(sums, 2, "loss").wait();
+  group_->all_reduce(sums, 2, "loss").wait();  // tensor-parallel peers hold the same loss sums
+  if (tp_) tp_->all_reduce(&sums[1], 1, "stop request").wait();
   stop_requested_ = sums[1] > 0;  // every rank stops after the same step
   const double loss = targets > 0 ? sums[0] / targets : 0.0;
   FAB_USER_CHECK(std::isfinite(loss), "loss is {} at step {}: stopping (lower learning_rate, check the data)", loss,
@@ -205,7 +213,8 @@ double Trainer::mfu(double tokens_per_s) const {
   const double t = double(data_.train.total_tokens()) / double(std::max<int64_t>(1, data_.train.size()));
   const double flops = 6 * n + 12.0 * double(m.num_hidden_layers) * t * double(m.hidden_size);
   const char* peak_env = std::getenv("FAB_PEAK_GFLOPS");
-  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * group_->size();
+  const int ranks = group_->size() * (tp_ ? tp_->size() : 1);
+  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * ranks;
   return tokens_per_s * flops / peak;
 }
 
@@ -280,9 +289,9 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
 void Trainer::save(int64_t step) {
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
-  save_checkpoint(dir, *dp_, state_, config_yaml_);
+  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_);
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
-  group_->barrier("checkpoints pruned");
+  barrier_all("checkpoints pruned");
 }
 
 // A checkpoint saved by N ranks resumes on M: the sampler position counts this rank's share of
@@ -300,7 +309,7 @@ void Trainer::resume(const std::string& checkpoint) {
   sampler_->restore(state_.sampler);
   if (main_) note_changed_settings(checkpoint, config_);
   if (main_) truncate_metrics(config_.output_dir, state_.global_step);
-  group_->barrier("resumed");
+  barrier_all("resumed");
   if (main_) std::printf("resumed from %s at step %lld\n", checkpoint.c_str(), (long long)state_.global_step);
 }
 
@@ -364,9 +373,14 @@ bool Trainer::run() {
 // The trained model as an HF folder in output_dir, with the tokenizer files copied beside it.
 void Trainer::finish() {
   dp_->gather_all_parameters();
-  if (main_) save_model_folder(*model_, config_.output_dir);
+  if (tp_) {
+    const std::vector<NamedTensor> whole = gather_full_tensors(*model_, *tp_);
+    if (main_) save_model_folder(model_->config(), whole, config_.output_dir);
+  } else if (main_) {
+    save_model_folder(*model_, config_.output_dir);
+  }
   dp_->release_gathered_parameters();
-  group_->barrier("final model written");
+  barrier_all("final model written");
   if (!main_) return;
   if (config_.plot_loss) {
     std::vector<double> steps, losses;
@@ -375,6 +389,12 @@ void Trainer::finish() {
                     "training loss of " + config_.output_dir);
   }
   copy_tokenizer_and_template_files(config_.model_name_or_path, config_.output_dir);
+}
+
+// The data-parallel barrier, then the tensor-parallel one: every rank of the mesh has reached it.
+void Trainer::barrier_all(const std::string& what) {
+  group_->barrier(what);
+  if (tp_) tp_->barrier(what);
 }
 
 }  // namespace fab
