@@ -64,6 +64,13 @@ TEST(ParallelLayout, AutomaticSplitBalancesTheHead) {
   EXPECT_EQ(balanced_layer_split(model(5, 1), 5, 16), (std::vector<int64_t>(5, 1)));
 }
 
+TEST(ParallelLayout, TensorParallelTakesItsRanksFromTheWorld) {
+  const ParallelLayout l = parallel_layout(config("tensor_model_parallel_size: 2\nsequence_parallel: true\n"), model(4), 4);
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_TRUE(l.sequence_parallel);
+}
+
 TEST(ParallelLayout, ConflictsNameTheSizes) {
   auto expect = [](const std::string& yaml, int world, const std::string& words, int64_t layers = 4) {
     const std::string e = error_of(config(yaml), model(layers), world);
