@@ -218,28 +218,38 @@ double Trainer::mfu(double tokens_per_s) const {
   return tokens_per_s * flops / peak;
 }
 
-// Data-parallel figures since the last log: per-rank model-state bytes, bytes this rank sent per
-// step, and the fraction of communication time hidden behind computation.
+// Parallel figures since the last log: the model-state bytes of every rank of the mesh, the bytes
+// this rank sent per step over the data-parallel group (and over the tensor-parallel one), and the
+// fraction of data-parallel communication time hidden behind computation.
 nlohmann::json Trainer::parallel_metrics() {
   const ModelStateBytes mine = dp_->state_bytes();
-  std::vector<double> bytes(size_t(3 * group_->size()), 0.0);
-  bytes[size_t(3 * group_->rank())] = double(mine.parameters);
-  bytes[size_t(3 * group_->rank() + 1)] = double(mine.gradients);
-  bytes[size_t(3 * group_->rank() + 2)] = double(mine.optimizer_state);
+  // One slot per rank of the mesh, in world-rank order (tp fastest).
+  const int tp = tp_ ? tp_->size() : 1, ranks = group_->size() * tp;
+  const size_t slot = size_t(group_->rank() * tp + (tp_ ? tp_->rank() : 0));
+  std::vector<double> bytes(size_t(3 * ranks), 0.0);
+  bytes[3 * slot] = double(mine.parameters);
+  bytes[3 * slot + 1] = double(mine.gradients);
+  bytes[3 * slot + 2] = double(mine.optimizer_state);
   const CommStats now = group_->stats();
-  const double sent = double(now.bytes_sent - comm_at_last_log_.bytes_sent) / double(std::max<int64_t>(1, steps_since_log_));
+  const double sent = double(now.bytes_sent - comm_at_last_log_.bytes_sent) / double(std::max<int64_t>(1, steps_since_log_));  // dp
   const double busy = now.busy_seconds - comm_at_last_log_.busy_seconds;
   const double blocked = now.blocked_seconds - comm_at_last_log_.blocked_seconds;
+  const int64_t steps = std::max<int64_t>(1, steps_since_log_);
+  const double tp_sent = tp_ ? double(tp_->stats().bytes_sent - tp_at_last_log_.bytes_sent) / double(steps) : 0.0;
   group_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
+  if (tp_) tp_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
   comm_at_last_log_ = group_->stats();
+  if (tp_) tp_at_last_log_ = tp_->stats();
   steps_since_log_ = 0;
   nlohmann::json params = nlohmann::json::array(), grads = nlohmann::json::array(), opt = nlohmann::json::array();
-  for (int r = 0; r < group_->size(); ++r) {
+  for (int r = 0; r < ranks; ++r) {
     params.push_back(int64_t(bytes[size_t(3 * r)]));
     grads.push_back(int64_t(bytes[size_t(3 * r + 1)]));
     opt.push_back(int64_t(bytes[size_t(3 * r + 2)]));
   }
-  return {{"world_size", group_->size()},
+  return {{"world_size", ranks},
+          {"tensor_parallel_size", tp},
+          {"comm_tp_bytes_sent_per_step", int64_t(tp_sent)},
           {"zero_stage", dp_->zero_stage()},
           {"memory_parameters_bytes", params},
           {"memory_gradients_bytes", grads},

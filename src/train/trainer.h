@@ -69,7 +69,7 @@ class Trainer {
   Communicator* tp_ = nullptr;                // tensor parallel, when the model is split
   bool main_ = true;  // rank 0 of the group (and of the tensor-parallel group)
   std::unique_ptr<DataParallel> dp_;
-  CommStats comm_at_last_log_;
+  CommStats comm_at_last_log_, tp_at_last_log_;
   int64_t steps_since_log_ = 0;
   bool stop_requested_ = false;  // some rank got SIGINT/SIGTERM (agreed in the step's all-reduce)
   std::unique_ptr<Sampler> sampler_;

@@ -117,6 +117,52 @@ TEST(TensorParallel, LlamaGradientsEqualOneProcess) { check_gradients("llama", k
 TEST(TensorParallel, Qwen2GradientsEqualOneProcessWithRecompute) { check_gradients("qwen2", kQwen2, true); }
 TEST(TensorParallel, Qwen3GradientsEqualOneProcess) { check_gradients("qwen3", kQwen3, false); }
 
+// Bytes one forward + backward sends over the tp group, against the formula: 4 collectives of
+// rows x hidden floats per layer plus one each for the embedding and the head, each a ring that
+// sends 2 (t - 1) / t of them (all-reduce; under sp an all-gather and a reduce-scatter, (t - 1) / t
+// each, of the padded rows), plus the head's row maxima (all-gather) and sums (all-reduce of
+// 2 doubles a row). Under sp the norm weights' gradients are all-reduced too.
+TEST(TensorParallel, BytesSentAreTheFormula) {
+  const std::string dir = model_folder("bytes", kLlama);
+  const ModelConfig config = load_model_config(dir + "/config.json");
+  auto group = tp_group();
+  const double t = group->size(), ring = 2 * (t - 1) / t, L = double(config.num_hidden_layers);
+  const double C = double(config.hidden_size);
+  Tensor ids = Tensor::empty({3, 7}, DType::i64, MemoryCategory::activations);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = (i * 3) % config.vocab_size;
+  for (bool sp : {false, true}) {
+    TensorParallel tp(*group, sp);
+    auto model = load_model_folder(dir, {Precision::fp32, false, 64, &tp});
+    const double rows = sp ? double(RowShard::of(21, group->size()).padded) : 21.0;
+    const int64_t before = group->stats().bytes_sent;
+    model->forward_backward(ids, ids, 0.1f);
+    const double head = (t - 1) * 21 * 4 + ring * 2 * 21 * 8;
+    const double norms = sp ? ring * 4 * C * (2 * L + 1) : 0.0;
+    const double expected = ring * 4 * rows * C * (4 * L + 2) + head + norms;
+    EXPECT_NEAR(double(group->stats().bytes_sent - before) / expected, 1.0, 1e-9) << "sp " << sp;
+  }
+}
+
+// Each rank holds 1/tp of every split tensor (the vocabulary rounded up to a multiple of tp).
+TEST(TensorParallel, EachRankHoldsItsShareOfTheSplitTensors) {
+  const ModelConfig config = parse_model_config(kQwen2, "test");
+  DecoderModel one(config);
+  auto group = tp_group();
+  TensorParallel tp(*group, false);
+  DecoderOptions options;
+  options.tp = &tp;
+  DecoderModel sliced(config, options);
+  for (size_t i = 0; i < one.params().params().size(); ++i) {
+    const ParamInfo& whole = one.params().params()[i];
+    const ShardSpec& s = sliced.shard(i);
+    const int64_t expected = s.split_dim < 0 ? whole.numel()
+                             : whole.name.find("embed_tokens") != std::string::npos || whole.name == "lm_head.weight"
+                                 ? (config.vocab_size + 1) / 2 * config.hidden_size
+                                 : whole.numel() / 2;
+    EXPECT_EQ(sliced.params().params()[i].numel(), expected) << whole.name;
+  }
+}
+
 // Random initialisation from a seed gives every rank the slices of one process's weights.
 TEST(TensorParallel, SeededInitialisationIsOneProcesssSliced) {
   for (const char* config_json : {kLlama, kQwen3}) {
