@@ -186,19 +186,19 @@ void DecoderModel::weights_changed() {
   if (params_.has_bf16()) params_.refresh_bf16();
 }
 
-// Under tensor parallel, this rank's heads and intermediate features only: enter() before the
-// column-parallel q/k/v and gate/up, leave() after the row-parallel o_proj and down.
+// Under tensor parallel, this rank's heads and intermediate features only: q/k/v and gate/up are
+// column-parallel, o_proj and down row-parallel.
 Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const Tensor& positions,
                                 const Tensor& doc_start, int64_t batch, int64_t seq) {
   const ModelConfig& c = config_;
   const int64_t H = heads_, KV = kv_heads_, D = c.head_dim, rows = batch * seq;
   const float eps = float(c.rms_norm_eps);
   TensorParallelOps* tp = options_.tp;
-  auto enter = [&](const Var& v) { return tp ? tp->enter_parallel_region(tape, v, rows) : v; };
-  auto leave = [&](const Var& v) { return tp ? tp->leave_parallel_region(tape, v, rows) : v; };
+  auto column = [&](const Var& v, const Linear& w) { return tp ? tp->column_parallel_linear(tape, v, w, rows) : linear(tape, v, w); };
+  auto row = [&](const Var& v, const Linear& w) { return tp ? tp->row_parallel_linear(tape, v, w, rows) : linear(tape, v, w); };
   // Attention block: x + o_proj(attn(rope(q), rope(k), v))
-  Var h = enter(rmsnorm(tape, x, shared(tape, l.input_norm), eps));
-  std::vector<Var> qkv = split_columns(tape, linear(tape, h, l.qkv), {H * D, KV * D, KV * D});
+  Var h = rmsnorm(tape, x, shared(tape, l.input_norm), eps);
+  std::vector<Var> qkv = split_columns(tape, column(h, l.qkv), {H * D, KV * D, KV * D});
   Var q = qkv[0], k = qkv[1], v = qkv[2];
   if (c.qk_norm) {  // RMSNorm over each head's head_dim features (this rank's heads: gradients summed)
     q = rmsnorm(tape, q, tp ? tp->shared_weight(tape, l.q_norm) : l.q_norm, eps);
@@ -207,10 +207,10 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
   q = rope(tape, q, positions, rope_, H);
   k = rope(tape, k, positions, rope_, KV);
   const AttentionShape shape{batch, seq, H, KV, D, float(1.0 / std::sqrt(double(D)))};
-  Var x2 = add(tape, x, leave(linear(tape, attention(tape, q, k, v, shape, doc_start), l.o_proj)));
+  Var x2 = add(tape, x, row(attention(tape, q, k, v, shape, doc_start), l.o_proj));
   // MLP block: x + down(silu(gate(x)) * up(x))
-  Var gate_up = linear(tape, enter(rmsnorm(tape, x2, shared(tape, l.post_norm), eps)), l.gate_up);
-  return add(tape, x2, leave(linear(tape, swiglu(tape, gate_up, intermediate_), l.down)));
+  Var gate_up = column(rmsnorm(tape, x2, shared(tape, l.post_norm), eps), l.gate_up);
+  return add(tape, x2, row(swiglu(tape, gate_up, intermediate_), l.down));
 }
 
 void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {

@@ -28,12 +28,12 @@ class TensorParallelOps {
   virtual int size() const = 0;
   virtual int rank() const = 0;
   virtual bool sequence_parallel() const = 0;
-  // Before a column-parallel linear: x (rows replicated, or this rank's rows under sp) becomes
-  // the full (rows, C) input every rank uses.
-  virtual Var enter_parallel_region(Tape& tape, const Var& x, int64_t rows) = 0;
-  // After a row-parallel linear: the partial sums of every rank become the sum (all rows, or this
-  // rank's rows under sp).
-  virtual Var leave_parallel_region(Tape& tape, const Var& partial, int64_t rows) = 0;
+  // A column-parallel linear (layer: this rank's output features): x is every row, or under sp
+  // this rank's rows (gathered inside); the result is this rank's features of every row.
+  virtual Var column_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) = 0;
+  // A row-parallel linear (layer: this rank's input features, x: this rank's features of every
+  // row): the partial products of every rank summed, all rows (or this rank's rows under sp).
+  virtual Var row_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) = 0;
   // A replicated weight applied to this rank's part of the data (the norms under sp, qwen3's
   // q/k norms on this rank's heads): the same value, its gradient summed over the group.
   virtual Var shared_weight(Tape& tape, const Var& weight) = 0;

@@ -63,6 +63,28 @@ Tensor to_bf16(const Tensor& x) {
   return out;
 }
 
+// Every rank's rows of the stream, in rank order: (rows, C), padding dropped.
+Tensor all_gather_rows(const Tensor& local, const RowShard& s, Communicator& group) {
+  const int64_t c = local.dim(-1);
+  FAB_CHECK(rows_of(local) == s.local, "{} local rows, expected {}", rows_of(local), s.local);
+  Tensor buf = new_activation({s.padded, c});
+  std::memcpy(buf.data<float>() + group.rank() * s.local * c, local.data<float>(), local.bytes());
+  group.all_gather(buf.data<float>(), buf.numel(), "sequence parallel: all-gather of rows").wait();
+  return buf.view(0, {s.rows, c});
+}
+
+// This rank's rows of the sum over ranks of g (rows, C).
+Tensor reduce_scatter_of(const Tensor& g, const RowShard& s, Communicator& group) {
+  const int64_t c = g.dim(-1);
+  Tensor buf = padded_copy(g, s);
+  group.reduce_scatter(buf.data<float>(), buf.numel(), "sequence parallel: reduce-scatter of rows").wait();
+  return buf.view(group.rank() * s.local * c, {s.local, c});
+}
+
+// Drops the value of a row-parallel layer's partial products once they are reduced: nothing
+// reads it again (backward needs only its gradient), and it is as large as the whole stream.
+void release_value(const Var& partial) { partial->value = Tensor(); }
+
 }  // namespace
 
 RowShard RowShard::of(int64_t rows, int ranks) {
@@ -93,6 +115,7 @@ Var reduce_from_region(Tape& tape, const Var& partial, Communicator& group) {
   Tensor sum = new_activation(partial->value.shape());
   std::memcpy(sum.data<float>(), partial->value.data<float>(), partial->value.bytes());
   all_reduce(group, sum, "tensor parallel: partial sums out of the region");
+  release_value(partial);
   Var y = make_var(sum);
   tape.push([partial, y] { accumulate_grad(partial, grad_of(y)); });
   return y;
@@ -104,17 +127,10 @@ Var reduce_from_region(Tape& tape, const Var& partial, Communicator& group) {
 Var gather_rows(Tape& tape, const Var& local, int64_t rows, Communicator& group) {
   ProfileScope profile("gather_rows");
   const RowShard s = RowShard::of(rows, group.size());
-  const int64_t c = local->value.dim(-1);
-  FAB_CHECK(rows_of(local->value) == s.local, "gather_rows: {} local rows, expected {}", rows_of(local->value), s.local);
-  Tensor buf = new_activation({s.padded, c});
-  std::memcpy(buf.data<float>() + group.rank() * s.local * c, local->value.data<float>(), local->value.bytes());
-  group.all_gather(buf.data<float>(), buf.numel(), "sequence parallel: all-gather of rows").wait();
-  Var y = make_var(buf.view(0, {rows, c}));
-  tape.push([local, y, s, c, &group] {
+  Var y = make_var(all_gather_rows(local->value, s, group));
+  tape.push([local, y, s, &group] {
     ProfileScope profile("gather_rows backward");
-    Tensor g = padded_copy(grad_of(y), s);
-    group.reduce_scatter(g.data<float>(), g.numel(), "sequence parallel: reduce-scatter of row gradients").wait();
-    accumulate_grad(local, g.view(group.rank() * s.local * c, {s.local, c}));
+    accumulate_grad(local, reduce_scatter_of(grad_of(y), s, group));
   });
   return y;
 }
@@ -124,16 +140,11 @@ Var gather_rows(Tape& tape, const Var& local, int64_t rows, Communicator& group)
 Var reduce_scatter_rows(Tape& tape, const Var& partial, int64_t rows, Communicator& group) {
   ProfileScope profile("reduce_scatter_rows");
   const RowShard s = RowShard::of(rows, group.size());
-  const int64_t c = partial->value.dim(-1);
-  Tensor buf = padded_copy(partial->value, s);
-  group.reduce_scatter(buf.data<float>(), buf.numel(), "sequence parallel: reduce-scatter of rows").wait();
-  Var y = make_var(buf.view(group.rank() * s.local * c, {s.local, c}));
-  tape.push([partial, y, s, rows, c, &group] {
+  Var y = make_var(reduce_scatter_of(partial->value, s, group));
+  release_value(partial);
+  tape.push([partial, y, s, &group] {
     ProfileScope profile("reduce_scatter_rows backward");
-    Tensor g = new_activation({s.padded, c});
-    std::memcpy(g.data<float>() + group.rank() * s.local * c, grad_of(y).data<float>(), size_t(s.local * c) * 4);
-    group.all_gather(g.data<float>(), g.numel(), "sequence parallel: all-gather of row gradients").wait();
-    accumulate_grad(partial, g.view(0, {rows, c}));
+    accumulate_grad(partial, all_gather_rows(grad_of(y), s, group));
   });
   return y;
 }
@@ -148,6 +159,38 @@ Var sum_gradient_over(Tape& tape, const Var& weight, Communicator& group) {
     kernels_for(w->grad).accumulate(w->grad.data<float>(), grad_of(weight).data<float>(), w->grad.numel());
   });
   return w;
+}
+
+// y = X W^T + b with X = gather_rows(local) (rows, C):  db += sum_rows dy;  dW += dy^T X, with X
+// all-gathered again;  dX = dy W, whose rows are reduce-scattered to their ranks (gather_rows'
+// backward): dlocal += this rank's rows of sum over ranks of dX.
+Var gathered_linear(Tape& tape, const Var& local, const Linear& layer, int64_t rows, Communicator& group) {
+  ProfileScope profile("gathered_linear");
+  const RowShard s = RowShard::of(rows, group.size());
+  const Tensor& w = layer.weight->value;
+  const int64_t in = w.dim(1), out_features = w.dim(0);
+  const KernelTable& k = kernels_for(w);
+  const bool bf16 = layer.weight_bf16.defined();
+  const Tensor& w_compute = bf16 ? layer.weight_bf16 : w;
+  auto gathered = [local, s, bf16, &group] {
+    Tensor x = all_gather_rows(local->value, s, group);
+    return bf16 ? to_bf16(x) : x;
+  };
+  Var y = make_var(new_activation({rows, out_features}));
+  gemm(k, gathered(), false, w_compute, true, y->value.data<float>(), rows, out_features, in, false);
+  if (layer.bias) k.add_bias(y->value.data<float>(), layer.bias->value.data<float>(), rows, out_features);
+  tape.push([local, layer, y, w_compute, gathered, s, rows, in, out_features, bf16, &group] {
+    ProfileScope profile("gathered_linear backward");
+    const KernelTable& k = kernels_for(w_compute);
+    Tensor dy = grad_of(y);
+    if (layer.bias) k.bias_backward(dy.data<float>(), rows, out_features, grad_of(layer.bias).data<float>());
+    const Tensor dy_compute = bf16 ? to_bf16(dy) : dy;
+    gemm(k, dy_compute, true, gathered(), false, grad_of(layer.weight).data<float>(), out_features, in, rows, true);
+    Tensor dx = new_activation({rows, in});
+    gemm(k, dy_compute, false, w_compute, false, dx.data<float>(), rows, in, out_features, false);
+    accumulate_grad(local, reduce_scatter_of(dx, s, group));
+  });
+  return y;
 }
 
 // out[i] = table[ids[i] - vocab_begin] for ids in the slice, else 0;  dtable[id - begin] += dout[i].
@@ -271,11 +314,12 @@ double vocab_parallel_cross_entropy(Tape& tape, const Var& hidden, const Linear&
 
 // TensorParallel: the decoder's calls, as the pairs above ----------------------------------------
 
-Var TensorParallel::enter_parallel_region(Tape& tape, const Var& x, int64_t rows) {
-  return sp_ ? gather_rows(tape, x, rows, group_) : copy_to_region(tape, x, group_);
+Var TensorParallel::column_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) {
+  return sp_ ? gathered_linear(tape, x, layer, rows, group_) : linear(tape, copy_to_region(tape, x, group_), layer);
 }
 
-Var TensorParallel::leave_parallel_region(Tape& tape, const Var& partial, int64_t rows) {
+Var TensorParallel::row_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) {
+  Var partial = linear(tape, x, layer);
   return sp_ ? reduce_scatter_rows(tape, partial, rows, group_) : reduce_from_region(tape, partial, group_);
 }
 
@@ -288,7 +332,7 @@ Var TensorParallel::embedding(Tape& tape, const Tensor& ids, const Var& table, i
 
 double TensorParallel::lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
                                              float loss_scale, int64_t vocab_begin, int64_t vocab, int64_t rows) {
-  Var full = enter_parallel_region(tape, hidden, rows);
+  Var full = sp_ ? gather_rows(tape, hidden, rows, group_) : copy_to_region(tape, hidden, group_);
   return vocab_parallel_cross_entropy(tape, full, head, labels, loss_scale, vocab_begin, vocab, group_);
 }
 

@@ -13,8 +13,10 @@
 // and, with sequence_parallel (the residual stream and the norms on rows/tp rows per rank):
 //   gather_rows         forward all-gather    backward reduce-scatter
 //   reduce_scatter_rows forward reduce-scatter backward all-gather
-// A layer is  x -> norm -> enter (copy | gather) -> column-parallel linear -> ... -> row-parallel
-// linear -> leave (reduce | reduce-scatter) -> + x. Replicated weights that see only this rank's
+// A layer is  x -> norm -> (copy | gather) -> column-parallel linear -> ... -> row-parallel
+// linear -> (reduce | reduce-scatter) -> + x. Under sp the gathered input of a column-parallel
+// linear is gathered again in backward instead of kept (gathered_linear), and the row-parallel
+// partial products are dropped once reduced, so what a layer keeps for backward is 1/tp. Replicated weights that see only this rank's
 // rows or heads (norms under sp, q/k norms) get their gradient summed over the group
 // (shared_weight). The head never gathers the logits: each rank has its vocabulary slice's
 // logits, and the row max, the sum of exponentials and the target's logit are combined over the
@@ -43,6 +45,9 @@ Var reduce_from_region(Tape& tape, const Var& partial, Communicator& group);
 Var gather_rows(Tape& tape, const Var& local, int64_t rows, Communicator& group);
 Var reduce_scatter_rows(Tape& tape, const Var& partial, int64_t rows, Communicator& group);
 Var sum_gradient_over(Tape& tape, const Var& weight, Communicator& group);
+// Sequence parallel's column-parallel linear: gather_rows then linear, but the gathered rows are
+// not kept for backward (all-gathered again there), so a layer's saved activations are 1/tp.
+Var gathered_linear(Tape& tape, const Var& local, const Linear& layer, int64_t rows, Communicator& group);
 // Rows of table (this rank's vocabulary slice, first id vocab_begin) for ids in the slice, zero
 // rows for the others: each rank's partial sum of the embedding.
 Var embedding_slice(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin);
@@ -59,8 +64,8 @@ class TensorParallel final : public TensorParallelOps {
   bool sequence_parallel() const override { return sp_; }
   Communicator& group() const { return group_; }
 
-  Var enter_parallel_region(Tape& tape, const Var& x, int64_t rows) override;
-  Var leave_parallel_region(Tape& tape, const Var& partial, int64_t rows) override;
+  Var column_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) override;
+  Var row_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) override;
   Var shared_weight(Tape& tape, const Var& weight) override;
   Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin) override;
   double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,

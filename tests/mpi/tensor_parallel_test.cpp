@@ -121,7 +121,8 @@ TEST(TensorParallel, Qwen3GradientsEqualOneProcess) { check_gradients("qwen3", k
 // rows x hidden floats per layer plus one each for the embedding and the head, each a ring that
 // sends 2 (t - 1) / t of them (all-reduce; under sp an all-gather and a reduce-scatter, (t - 1) / t
 // each, of the padded rows), plus the head's row maxima (all-gather) and sums (all-reduce of
-// 2 doubles a row). Under sp the norm weights' gradients are all-reduced too.
+// 2 doubles a row). Under sp the norm weights' gradients are all-reduced too, and each
+// column-parallel input is all-gathered once more in backward (5 per layer, as Megatron's sp).
 TEST(TensorParallel, BytesSentAreTheFormula) {
   const std::string dir = model_folder("bytes", kLlama);
   const ModelConfig config = load_model_config(dir + "/config.json");
@@ -138,7 +139,8 @@ TEST(TensorParallel, BytesSentAreTheFormula) {
     model->forward_backward(ids, ids, 0.1f);
     const double head = (t - 1) * 21 * 4 + ring * 2 * 21 * 8;
     const double norms = sp ? ring * 4 * C * (2 * L + 1) : 0.0;
-    const double expected = ring * 4 * rows * C * (4 * L + 2) + head + norms;
+    const double collectives = (sp ? 5 : 4) * L + 2;  // sp gathers a column-parallel input again in backward
+    const double expected = ring * 4 * rows * C * collectives + head + norms;
     EXPECT_NEAR(double(group->stats().bytes_sent - before) / expected, 1.0, 1e-9) << "sp " << sp;
   }
 }
