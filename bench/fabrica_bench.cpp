@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, nullptr, {}};
   if (tp) {
     dp_options.model_parallel_group = world.get();
-    dp_options.counted_once = replicated_ranges(model);
+    dp_options.not_counted = ranges_counted_elsewhere(model);
   }
   DataParallel dp(model, dp_group, dp_options);
 

@@ -69,12 +69,14 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
 void DecoderModel::register_parameters() {
   const ModelConfig& c = config_;
   const int64_t C = c.hidden_size, D = c.head_dim, tp = tp_size();
-  FAB_USER_CHECK(c.num_attention_heads % tp == 0 && c.num_key_value_heads % tp == 0 && c.intermediate_size % tp == 0,
-                 "tensor_parallel_size {} must divide num_attention_heads {}, num_key_value_heads {} and "
-                 "intermediate_size {}",
-                 tp, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size);
+  const int64_t KV = c.num_key_value_heads;
+  FAB_USER_CHECK(c.num_attention_heads % tp == 0 && (KV % tp == 0 || tp % KV == 0) && c.intermediate_size % tp == 0,
+                 "tensor_parallel_size {} must divide num_attention_heads {} and intermediate_size {}, and divide "
+                 "or be a multiple of num_key_value_heads {}",
+                 tp, c.num_attention_heads, c.intermediate_size, KV);
   heads_ = c.num_attention_heads / tp;
-  kv_heads_ = c.num_key_value_heads / tp;
+  kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
+  kv_heads_ = KV * kv_replicas_ / tp;
   intermediate_ = c.intermediate_size / tp;
   add_parameter("model.embed_tokens.weight", {c.vocab_size, C}, 0);
   vocab_begin_ = shards_.back().begin;
@@ -82,12 +84,12 @@ void DecoderModel::register_parameters() {
     const std::string p = layer_prefix(i);
     add_parameter(p + "input_layernorm.weight", {C}, -1);
     add_parameter(p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}, 0);
-    add_parameter(p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, C}, 0, true);
-    add_parameter(p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, C}, 0, true);
+    add_parameter(p + "self_attn.k_proj.weight", {KV * D, C}, 0, true, kv_replicas_);
+    add_parameter(p + "self_attn.v_proj.weight", {KV * D, C}, 0, true, kv_replicas_);
     if (c.attention_bias) {
       add_parameter(p + "self_attn.q_proj.bias", {c.num_attention_heads * D}, 0);
-      add_parameter(p + "self_attn.k_proj.bias", {c.num_key_value_heads * D}, 0, true);
-      add_parameter(p + "self_attn.v_proj.bias", {c.num_key_value_heads * D}, 0, true);
+      add_parameter(p + "self_attn.k_proj.bias", {KV * D}, 0, true, kv_replicas_);
+      add_parameter(p + "self_attn.v_proj.bias", {KV * D}, 0, true, kv_replicas_);
     }
     if (c.qk_norm) {
       add_parameter(p + "self_attn.q_norm.weight", {D}, -1);
@@ -103,14 +105,15 @@ void DecoderModel::register_parameters() {
   if (!c.tie_word_embeddings) add_parameter("lm_head.weight", {c.vocab_size, C}, 0);
 }
 
-// This rank's slice: ceil(full / tp) rows or columns (the vocabulary may end in padding).
-void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed) {
-  ShardSpec s{tp_size() > 1 ? split_dim : -1, full_shape, 0, 0};
+// This rank's slice: ceil(full / parts) rows or columns, parts = tp / replicas (the vocabulary
+// may end in padding).
+void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed, int replicas) {
+  ShardSpec s{tp_size() > 1 ? split_dim : -1, full_shape, 0, 0, replicas};
   Shape local = full_shape;
   if (s.split_dim >= 0) {
-    const int64_t n = full_shape[size_t(s.split_dim)], tp = tp_size();
-    s.length = (n + tp - 1) / tp;
-    s.begin = s.length * options_.tp->rank();
+    const int64_t n = full_shape[size_t(s.split_dim)], parts = tp_size() / replicas;
+    s.length = (n + parts - 1) / parts;
+    s.begin = s.length * (options_.tp->rank() / replicas);
     local[size_t(s.split_dim)] = s.length;
   } else {
     s.length = full_shape[0];
@@ -198,7 +201,8 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
   auto row = [&](const Var& v, const Linear& w) { return tp ? tp->row_parallel_linear(tape, v, w, rows) : linear(tape, v, w); };
   // Attention block: x + o_proj(attn(rope(q), rope(k), v))
   Var h = rmsnorm(tape, x, shared(tape, l.input_norm), eps);
-  std::vector<Var> qkv = split_columns(tape, column(h, l.qkv), {H * D, KV * D, KV * D});
+  const Linear qkv_weights = kv_replicas_ > 1 ? tp->replicated_rows(tape, l.qkv, H * D, kv_replicas_) : l.qkv;
+  std::vector<Var> qkv = split_columns(tape, column(h, qkv_weights), {H * D, KV * D, KV * D});
   Var q = qkv[0], k = qkv[1], v = qkv[2];
   if (c.qk_norm) {  // RMSNorm over each head's head_dim features (this rank's heads: gradients summed)
     q = rmsnorm(tape, q, tp ? tp->shared_weight(tape, l.q_norm) : l.q_norm, eps);

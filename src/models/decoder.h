@@ -95,7 +95,7 @@ class DecoderModel {
     Linear qkv, o_proj, gate_up, down;
   };
   void register_parameters();
-  void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false);
+  void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false, int replicas = 1);
   int tp_size() const { return options_.tp ? options_.tp->size() : 1; }
   Var shared(Tape& tape, const Var& weight) const;  // a replicated weight seen on part of the data
   void bind_parameters();
@@ -123,6 +123,7 @@ class DecoderModel {
   std::vector<ShardSpec> shards_;  // one per parameter
   // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.
   int64_t heads_ = 0, kv_heads_ = 0, intermediate_ = 0, vocab_begin_ = 0;
+  int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
 };
 
 }  // namespace fab

@@ -12,12 +12,14 @@ namespace fab {
 // `split_dim` (0: rows, column-parallel weights, their biases and the vocabulary; 1: columns,
 // row-parallel weights) that this rank holds. split_dim -1: every rank holds it whole. A slice may
 // run past the HF tensor's end (a vocabulary tp does not divide, padded): those rows are padding,
-// zero, never loaded, never saved.
+// zero, never loaded, never saved. `replicas` > 1: groups of that many neighbouring ranks hold the
+// same slice (K/V heads when tp exceeds them: each group shares one head).
 struct ShardSpec {
   int split_dim = -1;
   Shape full_shape;
   int64_t begin = 0;  // first row / column of this rank's slice
   int64_t length = 0;  // rows / columns of the slice (padding included)
+  int replicas = 1;
 };
 
 // The tensor-parallel group: the decoder calls these where Megatron's split needs communication.
@@ -37,6 +39,9 @@ class TensorParallelOps {
   // A replicated weight applied to this rank's part of the data (the norms under sp, qwen3's
   // q/k norms on this rank's heads): the same value, its gradient summed over the group.
   virtual Var shared_weight(Tape& tape, const Var& weight) = 0;
+  // `layer` whose rows from `first_row` on are replicated over groups of `replicas` neighbouring
+  // ranks (the K/V heads a group shares): the same values; those rows' gradients summed over the group.
+  virtual Linear replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas) = 0;
   // The vocabulary-parallel embedding: `table` holds rows [vocab_begin, vocab_begin + rows) of
   // the (padded) vocabulary. Returns the residual stream (all rows, or this rank's under sp).
   virtual Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin) = 0;

@@ -136,10 +136,10 @@ void DataParallel::finish_gradients() {
 double DataParallel::sum_squares(const float* g, int64_t begin, int64_t end) const {
   const KernelTable& k = kernels();
   Communicator* mp = options_.model_parallel_group;
-  if (!mp || mp->rank() == 0) return k.sum_squares(g, end - begin);
+  if (!mp || options_.not_counted.empty()) return k.sum_squares(g, end - begin);
   double squares = 0;
   int64_t at = begin;
-  for (const auto& [first, last] : options_.counted_once) {  // ascending, disjoint
+  for (const auto& [first, last] : options_.not_counted) {  // ascending, disjoint
     const int64_t skip_from = std::clamp(first, at, end), skip_to = std::clamp(last, at, end);
     squares += k.sum_squares(g + (at - begin), skip_from - at);
     at = std::max(at, skip_to);

@@ -30,10 +30,10 @@ struct DataParallelOptions {
   int64_t bucket_bytes = 25 << 20;  // torch DDP's bucket_cap_mb default
   AdamWConfig adamw;
   // Tensor parallel: the model holds slices, and the gradient norm sums over this group too.
-  // `counted_once`: flat-buffer ranges every rank of it holds whole (replicated parameters), which
-  // only its rank 0 counts.
+  // `not_counted`: flat-buffer ranges (ascending) this rank leaves out of the norm because another
+  // rank of the group holds the same parameters and counts them.
   Communicator* model_parallel_group = nullptr;
-  std::vector<std::pair<int64_t, int64_t>> counted_once;
+  std::vector<std::pair<int64_t, int64_t>> not_counted;
 };
 
 // What one rank holds of the model states, measured (resident pages of the flat buffers).

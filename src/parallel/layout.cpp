@@ -32,9 +32,9 @@ void check_tensor_parallel(const ModelConfig& m, int tp) {
                  "tensor_parallel_size {} does not divide config.json's num_attention_heads {}: each rank holds "
                  "whole attention heads",
                  tp, m.num_attention_heads);
-  FAB_USER_CHECK(m.num_key_value_heads % tp == 0,
-                 "tensor_parallel_size {} does not divide config.json's num_key_value_heads {}: each rank holds "
-                 "whole key/value heads",
+  FAB_USER_CHECK(m.num_key_value_heads % tp == 0 || tp % m.num_key_value_heads == 0,
+                 "tensor_parallel_size {} neither divides nor is a multiple of config.json's num_key_value_heads {}: "
+                 "each rank holds whole key/value heads (its own, or one shared by a group of ranks)",
                  tp, m.num_key_value_heads);
   FAB_USER_CHECK(m.intermediate_size % tp == 0,
                  "tensor_parallel_size {} does not divide config.json's intermediate_size {}: the MLP is split "

@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -193,6 +194,39 @@ Var gathered_linear(Tape& tape, const Var& local, const Linear& layer, int64_t r
   return y;
 }
 
+namespace {
+
+// g[first, end) becomes the sum of that part over the ranks of this rank's group of `replicas`:
+// one all-reduce over the whole group of a buffer with a slot per group, each rank's part in its
+// group's slot (the parts are small: K/V rows).
+void sum_over_replicas(Tensor& g, int64_t first, int replicas, Communicator& group) {
+  const int64_t n = g.numel() - first, slot = group.rank() / replicas;
+  Tensor buf = Tensor::zeros({n * (group.size() / replicas)}, DType::f32, MemoryCategory::temporaries);
+  std::memcpy(buf.data<float>() + slot * n, g.data<float>() + first, size_t(n) * sizeof(float));
+  all_reduce(group, buf, "tensor parallel: gradient of shared key/value heads");
+  std::memcpy(g.data<float>() + first, buf.data<float>() + slot * n, size_t(n) * sizeof(float));
+}
+
+}  // namespace
+
+// Each rank of a group applies the shared rows W_s to its own heads: L = sum_r L_r(W_s), so
+// dL/dW_s = sum over the group of each rank's; the other rows are this rank's own.
+Linear replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas, Communicator& group) {
+  Linear fresh = layer;
+  fresh.weight = make_var(layer.weight->value);
+  if (layer.bias) fresh.bias = make_var(layer.bias->value);
+  tape.push([layer, fresh, first_row, replicas, &group] {
+    const int64_t cols = layer.weight->value.numel() / layer.weight->value.dim(0);
+    for (auto [mine, real, first] : {std::tuple{fresh.weight, layer.weight, first_row * cols},
+                                     std::tuple{fresh.bias, layer.bias, first_row}}) {
+      if (!mine || !mine->grad.defined()) continue;
+      sum_over_replicas(mine->grad, first, replicas, group);
+      kernels_for(mine->grad).accumulate(mine->grad.data<float>(), grad_of(real).data<float>(), mine->grad.numel());
+    }
+  });
+  return fresh;
+}
+
 // out[i] = table[ids[i] - vocab_begin] for ids in the slice, else 0;  dtable[id - begin] += dout[i].
 Var embedding_slice(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin) {
   ProfileScope profile("embedding_slice");
@@ -325,6 +359,10 @@ Var TensorParallel::row_parallel_linear(Tape& tape, const Var& x, const Linear& 
 
 Var TensorParallel::shared_weight(Tape& tape, const Var& weight) { return sum_gradient_over(tape, weight, group_); }
 
+Linear TensorParallel::replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas) {
+  return fab::replicated_rows(tape, layer, first_row, replicas, group_);
+}
+
 Var TensorParallel::embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin) {
   Var partial = embedding_slice(tape, ids, table, vocab_begin);
   return sp_ ? reduce_scatter_rows(tape, partial, ids.numel(), group_) : reduce_from_region(tape, partial, group_);
@@ -357,8 +395,12 @@ std::vector<NamedTensor> gather_full_tensors(const DecoderModel& model, Communic
     Tensor all = Tensor::empty({n * ranks}, DType::f32, MemoryCategory::temporaries);
     std::memcpy(all.data<float>() + rank * n, local.data<float>(), local.bytes());
     group.all_gather(all.data<float>(), all.numel(), "tensor parallel: whole " + p.name).wait();
-    if (s.split_dim == 0) {  // slices stacked by rows; the padding rows are last
-      std::memcpy(full.data<float>(), all.data<float>(), full.bytes());
+    if (s.split_dim == 0) {  // slices stacked by rows (one per group of replicas); the padding rows are last
+      const int64_t parts = ranks / s.replicas;
+      for (int64_t q = 0; q < parts; ++q) {
+        const int64_t at = q * n, take = std::min(n, full.numel() - at);
+        if (take > 0) std::memcpy(full.data<float>() + at, all.data<float>() + q * s.replicas * n, size_t(take) * 4);
+      }
     } else {  // (rows, cols) slices side by side
       const int64_t r = p.shape[0], cols = p.shape[1], full_cols = s.full_shape[1];
       for (int q = 0; q < ranks; ++q)
@@ -371,11 +413,15 @@ std::vector<NamedTensor> gather_full_tensors(const DecoderModel& model, Communic
   return out;
 }
 
-std::vector<std::pair<int64_t, int64_t>> replicated_ranges(const DecoderModel& model) {
+std::vector<std::pair<int64_t, int64_t>> ranges_counted_elsewhere(const DecoderModel& model) {
   std::vector<std::pair<int64_t, int64_t>> ranges;
+  const int rank = model.options().tp ? model.options().tp->rank() : 0;
   const auto& infos = model.params().params();
-  for (size_t i = 0; i < infos.size(); ++i)
-    if (model.shard(i).split_dim < 0) ranges.push_back({infos[i].offset, infos[i].offset + infos[i].numel()});
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const ShardSpec& s = model.shard(i);
+    const bool elsewhere = s.split_dim < 0 ? rank != 0 : rank % s.replicas != 0;
+    if (elsewhere) ranges.push_back({infos[i].offset, infos[i].offset + infos[i].numel()});
+  }
   return ranges;
 }
 

@@ -2,7 +2,8 @@
 // Tensor parallelism (Megatron-LM's split) and sequence parallelism over one group of ranks,
 // applied to the single-device DecoderModel from outside through TensorParallelOps.
 //
-// The split: q/k/v column-parallel by heads (K/V heads split; tp must divide them), o_proj
+// The split: q/k/v column-parallel by heads (K/V heads split, or when tp is a multiple of them,
+// each shared by a group of tp / num_key_value_heads neighbouring ranks), o_proj
 // row-parallel, gate/up column-parallel, down row-parallel, biases with their weights; the
 // embedding and the head vocabulary-parallel (a vocabulary tp does not divide is padded at the
 // end; the padding is never loaded, saved or given probability). Norm weights are replicated.
@@ -45,6 +46,9 @@ Var reduce_from_region(Tape& tape, const Var& partial, Communicator& group);
 Var gather_rows(Tape& tape, const Var& local, int64_t rows, Communicator& group);
 Var reduce_scatter_rows(Tape& tape, const Var& partial, int64_t rows, Communicator& group);
 Var sum_gradient_over(Tape& tape, const Var& weight, Communicator& group);
+// `layer` with its rows from `first_row` on shared by each group of `replicas` neighbouring ranks:
+// the same values, those rows' gradients summed over the group.
+Linear replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas, Communicator& group);
 // Sequence parallel's column-parallel linear: gather_rows then linear, but the gathered rows are
 // not kept for backward (all-gathered again there), so a layer's saved activations are 1/tp.
 Var gathered_linear(Tape& tape, const Var& local, const Linear& layer, int64_t rows, Communicator& group);
@@ -67,6 +71,7 @@ class TensorParallel final : public TensorParallelOps {
   Var column_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) override;
   Var row_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) override;
   Var shared_weight(Tape& tape, const Var& weight) override;
+  Linear replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas) override;
   Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin) override;
   double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
                                float loss_scale, int64_t vocab_begin, int64_t vocab, int64_t rows) override;
@@ -81,8 +86,9 @@ class TensorParallel final : public TensorParallelOps {
 // them. `grads`: the gradients instead of the weights.
 std::vector<NamedTensor> gather_full_tensors(const DecoderModel& model, Communicator& group, bool grads = false);
 
-// Flat-buffer ranges [first, second) of the parameters every rank of the group holds whole: the
-// gradient norm counts them once (on group rank 0), the split ones on every rank.
-std::vector<std::pair<int64_t, int64_t>> replicated_ranges(const DecoderModel& model);
+// Flat-buffer ranges [first, second) of parameters this rank leaves out of the gradient norm: those
+// every rank holds whole (counted by tp rank 0) and those a group of ranks shares (counted by the
+// group's first rank). The split ones count on every rank.
+std::vector<std::pair<int64_t, int64_t>> ranges_counted_elsewhere(const DecoderModel& model);
 
 }  // namespace fab

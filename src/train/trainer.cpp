@@ -119,7 +119,7 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
                          float(config_.weight_decay)};
   if (tp_) {
     dp.model_parallel_group = tp_;
-    dp.counted_once = replicated_ranges(*model_);
+    dp.not_counted = ranges_counted_elsewhere(*model_);
   }
   dp_ = std::make_unique<DataParallel>(*model_, *group_, dp);
   sampler_ = std::make_unique<Sampler>(data_.train.size(), config_.per_device_train_batch_size, uint64_t(config_.seed),

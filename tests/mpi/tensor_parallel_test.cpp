@@ -26,6 +26,10 @@ const char* kLlama = R"({"model_type":"llama","vocab_size":67,"hidden_size":32,"
 const char* kQwen2 = R"({"model_type":"qwen2","vocab_size":67,"hidden_size":32,"intermediate_size":48,
   "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":64,
   "tie_word_embeddings":false})";
+// One K/V head (multi-query attention) with biases and q/k norms: tp 2 shares it between the ranks.
+const char* kOneKvHead = R"({"model_type":"qwen3","vocab_size":61,"hidden_size":32,"intermediate_size":48,
+  "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":1,"head_dim":8,"attention_bias":true,
+  "max_position_embeddings":64,"tie_word_embeddings":false})";
 const char* kQwen3 = R"({"model_type":"qwen3","vocab_size":61,"hidden_size":32,"intermediate_size":48,
   "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,
   "max_position_embeddings":64,"tie_word_embeddings":true})";
@@ -116,6 +120,7 @@ void check_gradients(const std::string& name, const char* config_json, bool reco
 TEST(TensorParallel, LlamaGradientsEqualOneProcess) { check_gradients("llama", kLlama, false); }
 TEST(TensorParallel, Qwen2GradientsEqualOneProcessWithRecompute) { check_gradients("qwen2", kQwen2, true); }
 TEST(TensorParallel, Qwen3GradientsEqualOneProcess) { check_gradients("qwen3", kQwen3, false); }
+TEST(TensorParallel, SharedKeyValueHeadGradientsEqualOneProcess) { check_gradients("one-kv", kOneKvHead, false); }
 
 // Bytes one forward + backward sends over the tp group, against the formula: 4 collectives of
 // rows x hidden floats per layer plus one each for the embedding and the head, each a ring that
@@ -167,7 +172,7 @@ TEST(TensorParallel, EachRankHoldsItsShareOfTheSplitTensors) {
 
 // Random initialisation from a seed gives every rank the slices of one process's weights.
 TEST(TensorParallel, SeededInitialisationIsOneProcesssSliced) {
-  for (const char* config_json : {kLlama, kQwen3}) {
+  for (const char* config_json : {kLlama, kQwen3, kOneKvHead}) {
     const ModelConfig config = parse_model_config(config_json, "test");
     DecoderModel one(config);
     one.init_random(7);

@@ -1,6 +1,6 @@
 // Training with tensor parallel 2 (and sequence parallel) through the Trainer against one process
 // with the same global batch, evaluating on the way: the per-step losses of 20 fp32 steps within
-// 1e-5 relative on llama, qwen2 (with recompute) and qwen3, under ZeRO-1 (tp) and ZeRO-3
+// 1e-5 relative on llama, qwen2 (with recompute), qwen3 and a model with one K/V head, under ZeRO-1 (tp) and ZeRO-3
 // (tp + sp); at 4 ranks the same tests run dp 2 x tp 2. bf16 follows one process's bf16 run. A
 // tp-2 run resumes bit for bit, its output folder holds the whole HF tensors, and a checkpoint
 // saved at another tensor_parallel_size is refused naming both.
@@ -30,6 +30,10 @@ const char* kQwen2 = R"({"model_type":"qwen2","vocab_size":67,"hidden_size":32,"
 const char* kQwen3 = R"({"model_type":"qwen3","vocab_size":65,"hidden_size":32,"intermediate_size":48,
   "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":16,
   "max_position_embeddings":64,"tie_word_embeddings":true})";
+
+// tp 2 shares its one K/V head.
+const char* kOneKvHead = R"({"model_type":"llama","vocab_size":67,"hidden_size":32,"intermediate_size":48,
+  "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":1,"max_position_embeddings":64})";
 
 std::string test_dir(const std::string& name) {
   return "/tmp/fabrica-mpi-test-" + std::to_string(test::world().size()) + "/tp-train-" + name;
@@ -117,6 +121,9 @@ TEST(TensorParallelTraining, Qwen2ReproducesTheSingleProcessLosses) {
   check_losses("qwen2", kQwen2, "recompute_layers: true\n");
 }
 TEST(TensorParallelTraining, Qwen3ReproducesTheSingleProcessLosses) { check_losses("qwen3", kQwen3, ""); }
+TEST(TensorParallelTraining, SharedKeyValueHeadReproducesTheSingleProcessLosses) {
+  check_losses("one-kv", kOneKvHead, "");
+}
 
 // bf16 (bf16 GEMM inputs, fp32 master weights) at tp 2 + sp with ZeRO-2 follows one process's bf16 losses.
 TEST(TensorParallelTraining, Bf16FollowsOneProcess) {
