@@ -1,6 +1,8 @@
 #pragma once
 // The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
+#include <chrono>
+#include <string>
 #include <vector>
 
 #include "models/model_config.h"
@@ -104,6 +106,7 @@ class DecoderModel {
   void check_whole(const char* what) const;  // a UserError under tensor parallel
   void enter_unit(Tape& tape, int unit);
   void leave_unit(Tape& tape, int unit);
+  std::string unit_name(int unit) const;  // embedding, layer i, head
   Tensor positions_of(const Tensor& ids, const SequenceLayout& layout) const;
   Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, const Tensor& doc_start,
                     int64_t batch, int64_t seq);
@@ -124,6 +127,7 @@ class DecoderModel {
   // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.
   int64_t heads_ = 0, kv_heads_ = 0, intermediate_ = 0, vocab_begin_ = 0;
   int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
+  std::chrono::steady_clock::time_point unit_started_;  // the trace's: when the running unit began
 };
 
 }  // namespace fab
