@@ -198,8 +198,12 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
   const int64_t H = heads_, KV = kv_heads_, D = c.head_dim, rows = batch * seq;
   const float eps = float(c.rms_norm_eps);
   TensorParallelOps* tp = options_.tp;
-  auto column = [&](const Var& v, const Linear& w) { return tp ? tp->column_parallel_linear(tape, v, w, rows) : linear(tape, v, w); };
-  auto row = [&](const Var& v, const Linear& w) { return tp ? tp->row_parallel_linear(tape, v, w, rows) : linear(tape, v, w); };
+  auto column = [&](const Var& v, const Linear& w) {
+    return tp ? tp->column_parallel_linear(tape, v, w, rows) : linear(tape, v, w);
+  };
+  auto row = [&](const Var& v, const Linear& w) {
+    return tp ? tp->row_parallel_linear(tape, v, w, rows) : linear(tape, v, w);
+  };
   // Attention block: x + o_proj(attn(rope(q), rope(k), v))
   Var h = rmsnorm(tape, x, shared(tape, l.input_norm), eps);
   const Linear qkv_weights = kv_replicas_ > 1 ? tp->replicated_rows(tape, l.qkv, H * D, kv_replicas_) : l.qkv;
