@@ -7,6 +7,7 @@
 
 #include "models/model_config.h"
 #include "models/param_buffer.h"
+#include "models/sharding.h"
 #include "nn/ops.h"
 
 namespace fab {
@@ -15,6 +16,9 @@ struct DecoderOptions {
   Precision precision = Precision::fp32;
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
+  // Tensor parallel (parallel/tensor_parallel.h); nullptr: this process holds every parameter.
+  // The model registers only this rank's slices (ShardSpec) and calls it where they meet.
+  TensorParallelOps* tp = nullptr;
 };
 
 // Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
@@ -80,6 +84,9 @@ class DecoderModel {
   // Elements [first, second) of the flat buffers that hold the parameters of `unit`; the units
   // tile the buffers in order.
   std::pair<int64_t, int64_t> unit_range(int unit) const;
+  // How parameter i (of params().params()) is sliced under tensor parallel; split_dim -1 when
+  // this rank holds it whole.
+  const ShardSpec& shard(size_t i) const { return shards_[i]; }
 
   // Targets that count in the loss: labels[b, t + 1] != -100.
   static int64_t count_targets(const Tensor& labels);
@@ -90,8 +97,13 @@ class DecoderModel {
     Linear qkv, o_proj, gate_up, down;
   };
   void register_parameters();
+  void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false, int replicas = 1);
+  int tp_size() const { return options_.tp ? options_.tp->size() : 1; }
+  Var shared(Tape& tape, const Var& weight) const;  // a replicated weight seen on part of the data
   void bind_parameters();
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
+  double head_loss(Tape& tape, const Var& hidden, const Tensor& targets, float loss_scale);
+  void check_whole(const char* what) const;  // a UserError under tensor parallel
   void enter_unit(Tape& tape, int unit);
   void leave_unit(Tape& tape, int unit);
   std::string unit_name(int unit) const;  // embedding, layer i, head
@@ -111,6 +123,10 @@ class DecoderModel {
   Linear lm_head_;
   std::vector<Layer> layers_;
   ModelHooks* hooks_ = nullptr;
+  std::vector<ShardSpec> shards_;  // one per parameter
+  // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.
+  int64_t heads_ = 0, kv_heads_ = 0, intermediate_ = 0, vocab_begin_ = 0;
+  int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
   std::chrono::steady_clock::time_point unit_started_;  // the trace's: when the running unit began
 };
 

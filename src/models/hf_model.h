@@ -9,7 +9,8 @@
 
 namespace fab {
 
-// Copies every parameter from `weights` by its HF name, converting F32/BF16/F16 to f32. A missing
+// Copies every parameter from `weights` by its HF name, converting F32/BF16/F16 to f32 (under
+// tensor parallel, this rank's slice of it: DecoderModel::shard). A missing
 // tensor, a shape mismatch or an unexpected extra tensor is a UserError naming it (a tied model may
 // also carry lm_head.weight, as some exports do; it is ignored).
 void load_weights(DecoderModel& model, const HfWeights& weights);
@@ -22,6 +23,9 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
 
 // Writes config.json and the weights (sharded above max_shard_bytes) as transformers expects.
 void save_model_folder(const DecoderModel& model, const std::string& folder,
+                       size_t max_shard_bytes = size_t(5) << 30);
+// The same from whole tensors (a tensor-parallel model's, gathered by parallel/tensor_parallel.h).
+void save_model_folder(const ModelConfig& config, const std::vector<NamedTensor>& tensors, const std::string& folder,
                        size_t max_shard_bytes = size_t(5) << 30);
 
 // Copies the files of a model folder that are not weights or config.json and that transformers

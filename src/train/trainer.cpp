@@ -21,6 +21,7 @@
 #include "comm/world.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
+#include "parallel/tensor_parallel.h"
 #include "monitor/loss_plot.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
@@ -115,12 +116,18 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   FAB_USER_CHECK(!config_.output_dir.empty(), "output_dir is required");
   if (!mesh) own_group_ = std::make_unique<LocalCommunicator>();
   group_ = mesh ? &mesh->group("dp") : own_group_.get();
-  main_ = group_->rank() == 0;
+  if (mesh && mesh->sizes().tp > 1) tp_ = &mesh->group("tp");
+  FAB_CHECK((tp_ != nullptr) == (model_->options().tp != nullptr), "the model and the mesh disagree on tensor parallel");
+  main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0);
   DataParallelOptions dp;
   dp.zero_stage = int(config_.zero_stage);
   dp.bucket_bytes = int64_t(config_.ddp_bucket_size * double(1 << 20));
   dp.adamw = AdamWConfig{float(config_.adam_beta1), float(config_.adam_beta2), float(config_.adam_epsilon),
                          float(config_.weight_decay)};
+  if (tp_) {
+    dp.model_parallel_group = tp_;
+    dp.not_counted = ranges_counted_elsewhere(*model_);
+  }
   dp_ = std::make_unique<DataParallel>(*model_, *group_, dp);
   sampler_ = std::make_unique<Sampler>(data_.train.size(), config_.per_device_train_batch_size, uint64_t(config_.seed),
                                        config_.shuffle, group_->rank(), group_->size());
@@ -171,7 +178,8 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   }
   sums[size_t(3 + group_->rank())] = double(!std::isfinite(sums[0]));
   dp_->finish_gradients();
-  group_->all_reduce(sums.data(), int64_t(sums.size()), "loss").wait();
+  group_->all_reduce(sums.data(), int64_t(sums.size()), "loss").wait();  // tp peers hold the same loss sums
+  if (tp_) tp_->all_reduce(&sums[1], 2, "stop request and timed save").wait();
   stop_requested_ = sums[1] > 0;  // every rank stops after the same step
   save_due_ = sums[2] > 0;
   std::string ranks;
@@ -271,32 +279,43 @@ double Trainer::mfu(double tokens_per_s) const {
   const double t = double(data_.train.total_tokens()) / double(std::max<int64_t>(1, data_.train.size()));
   const double flops = 6 * n + 12.0 * double(m.num_hidden_layers) * t * double(m.hidden_size);
   const char* peak_env = std::getenv("FAB_PEAK_GFLOPS");
-  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * group_->size();
+  const int ranks = group_->size() * (tp_ ? tp_->size() : 1);
+  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * ranks;
   return tokens_per_s * flops / peak;
 }
 
-// Data-parallel figures since the last log: per-rank model-state bytes, bytes this rank sent per
-// step, and the fraction of communication time hidden behind computation.
+// Parallel figures since the last log: the model-state bytes of every rank of the mesh, the bytes
+// this rank sent per step over the data-parallel group (and over the tensor-parallel one), and the
+// fraction of data-parallel communication time hidden behind computation.
 nlohmann::json Trainer::parallel_metrics() {
   const ModelStateBytes mine = dp_->state_bytes();
-  std::vector<double> bytes(size_t(3 * group_->size()), 0.0);
-  bytes[size_t(3 * group_->rank())] = double(mine.parameters);
-  bytes[size_t(3 * group_->rank() + 1)] = double(mine.gradients);
-  bytes[size_t(3 * group_->rank() + 2)] = double(mine.optimizer_state);
+  // One slot per rank of the mesh, in world-rank order (tp fastest).
+  const int tp = tp_ ? tp_->size() : 1, ranks = group_->size() * tp;
+  const size_t slot = size_t(group_->rank() * tp + (tp_ ? tp_->rank() : 0));
+  std::vector<double> bytes(size_t(3 * ranks), 0.0);
+  bytes[3 * slot] = double(mine.parameters);
+  bytes[3 * slot + 1] = double(mine.gradients);
+  bytes[3 * slot + 2] = double(mine.optimizer_state);
   const CommStats now = group_->stats();
-  const double sent = double(now.bytes_sent - comm_at_last_log_.bytes_sent) / double(std::max<int64_t>(1, steps_since_log_));
+  const double sent = double(now.bytes_sent - comm_at_last_log_.bytes_sent) / double(std::max<int64_t>(1, steps_since_log_));  // dp
   const double busy = now.busy_seconds - comm_at_last_log_.busy_seconds;
   const double blocked = now.blocked_seconds - comm_at_last_log_.blocked_seconds;
+  const int64_t steps = std::max<int64_t>(1, steps_since_log_);
+  const double tp_sent = tp_ ? double(tp_->stats().bytes_sent - tp_at_last_log_.bytes_sent) / double(steps) : 0.0;
   group_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
+  if (tp_) tp_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
   comm_at_last_log_ = group_->stats();
+  if (tp_) tp_at_last_log_ = tp_->stats();
   steps_since_log_ = 0;
   nlohmann::json params = nlohmann::json::array(), grads = nlohmann::json::array(), opt = nlohmann::json::array();
-  for (int r = 0; r < group_->size(); ++r) {
+  for (int r = 0; r < ranks; ++r) {
     params.push_back(int64_t(bytes[size_t(3 * r)]));
     grads.push_back(int64_t(bytes[size_t(3 * r + 1)]));
     opt.push_back(int64_t(bytes[size_t(3 * r + 2)]));
   }
-  return {{"world_size", group_->size()},
+  return {{"world_size", ranks},
+          {"tensor_parallel_size", tp},
+          {"comm_tp_bytes_sent_per_step", int64_t(tp_sent)},
           {"zero_stage", dp_->zero_stage()},
           {"memory_parameters_bytes", params},
           {"memory_gradients_bytes", grads},
@@ -350,9 +369,9 @@ void Trainer::save(int64_t step) {
   last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
-  save_checkpoint(dir, *dp_, state_, config_yaml_);
+  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_);
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
-  group_->barrier("checkpoints pruned");
+  barrier_all("checkpoints pruned");
 }
 
 // A checkpoint saved by N ranks resumes on M: the sampler position counts this rank's share of
@@ -370,7 +389,7 @@ void Trainer::resume(const std::string& checkpoint) {
   sampler_->restore(state_.sampler);
   if (main_) note_changed_settings(checkpoint, config_);
   if (main_) truncate_metrics(config_.output_dir, state_.global_step);
-  group_->barrier("resumed");
+  barrier_all("resumed");
   if (main_) std::printf("resumed from %s at step %lld\n", checkpoint.c_str(), (long long)state_.global_step);
 }
 
@@ -442,9 +461,14 @@ bool Trainer::run() {
 // The trained model as an HF folder in output_dir, with the tokenizer files copied beside it.
 void Trainer::finish() {
   dp_->gather_all_parameters();
-  if (main_) save_model_folder(*model_, config_.output_dir);
+  if (tp_) {
+    const std::vector<NamedTensor> whole = gather_full_tensors(*model_, *tp_);
+    if (main_) save_model_folder(model_->config(), whole, config_.output_dir);
+  } else if (main_) {
+    save_model_folder(*model_, config_.output_dir);
+  }
   dp_->release_gathered_parameters();
-  group_->barrier("final model written");
+  barrier_all("final model written");
   if (!main_) return;
   if (config_.plot_loss) {
     std::vector<double> steps, losses;
@@ -453,6 +477,12 @@ void Trainer::finish() {
                     "training loss of " + config_.output_dir);
   }
   copy_tokenizer_and_template_files(config_.model_name_or_path, config_.output_dir);
+}
+
+// The data-parallel barrier, then the tensor-parallel one: every rank of the mesh has reached it.
+void Trainer::barrier_all(const std::string& what) {
+  group_->barrier(what);
+  if (tp_) tp_->barrier(what);
 }
 
 }  // namespace fab

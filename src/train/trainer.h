@@ -66,6 +66,7 @@ class Trainer {
   void save(int64_t step);
   void resume(const std::string& checkpoint);
   void finish();
+  void barrier_all(const std::string& what);  // every rank of the mesh
 
   TrainConfig config_;
   std::unique_ptr<DecoderModel> model_;
@@ -73,9 +74,10 @@ class Trainer {
   std::unique_ptr<Communicator> own_group_;  // when training alone
   DeviceMesh* mesh_ = nullptr;
   Communicator* group_;                       // data parallel
-  bool main_ = true;  // rank 0 of the group
+  Communicator* tp_ = nullptr;                // tensor parallel, when the model is split
+  bool main_ = true;  // rank 0 of the group (and of the tensor-parallel group)
   std::unique_ptr<DataParallel> dp_;
-  CommStats comm_at_last_log_;
+  CommStats comm_at_last_log_, tp_at_last_log_;
   int64_t steps_since_log_ = 0;
   bool stop_requested_ = false;  // some rank got SIGINT/SIGTERM (agreed in the step's all-reduce)
   bool save_due_ = false;        // save_every_minutes passed on rank 0's clock (agreed likewise)
