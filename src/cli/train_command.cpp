@@ -152,6 +152,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = c.recompute_layers;
   options.max_seq_len = std::min(c.cutoff_len, longest_sequence(data));
+  options.value_head = c.stage == "rm";
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),
@@ -167,7 +168,9 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   bool finished = false;
   {
-    Trainer trainer(c, std::move(model), TrainData{data.train, data.eval, pad}, comm.get());
+    Trainer trainer(c, std::move(model),
+                    TrainData{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)},
+                    comm.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     finished = trainer.run();
   }

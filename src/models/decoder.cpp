@@ -90,6 +90,10 @@ void DecoderModel::register_parameters() {
   }
   params_.add("model.norm.weight", {C});
   if (!c.tie_word_embeddings) params_.add("lm_head.weight", {c.vocab_size, C});
+  if (options_.value_head) {
+    params_.add("v_head.summary.weight", {1, C});
+    params_.add("v_head.summary.bias", {1});
+  }
 }
 
 Linear DecoderModel::make_linear(const std::vector<std::string>& weights,
@@ -106,6 +110,7 @@ void DecoderModel::bind_parameters() {
   embed_ = params_.var("model.embed_tokens.weight");
   final_norm_ = params_.var("model.norm.weight");
   lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
+  if (options_.value_head) value_head_ = {params_.var("v_head.summary.weight"), params_.var("v_head.summary.bias"), {}};
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = layer_prefix(i), a = p + "self_attn.";
     Layer l;
@@ -260,6 +265,19 @@ double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, f
   tape.backward();
   return loss;
 }
+
+double DecoderModel::forward_with_head(const Tensor& ids, bool with_grad,
+                                       const std::function<double(Tape&, const Var&)>& head,
+                                       const SequenceLayout& layout) {
+  Tape tape(with_grad);
+  Var hidden = forward_hidden(tape, ids, layout);
+  const double loss = head(tape, hidden);
+  leave_unit(tape, num_units() - 1);
+  if (with_grad) tape.backward();
+  return loss;
+}
+
+Tensor DecoderModel::shifted_labels(const Tensor& labels) const { return shift_labels(labels, config_.vocab_size); }
 
 double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout) {
   Tape no_grad(false);
