@@ -1,3 +1,4 @@
+# Run by hand: /work/lfvenv/bin/python tests/reference/crosscheck_pref_formulas.py
 # Cross-check make_pref_reference.py's formulas against TRL 0.24's DPOTrainer.dpo_loss and
 # KTOTrainer.kto_loss and LLaMA-Factory 0.9.5's odds_ratio_loss / simpo_loss, taken from their
 # source files (exec'd alone: importing trl needs optional packages this venv lacks).
