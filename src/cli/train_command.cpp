@@ -47,12 +47,15 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
   const auto start = std::chrono::steady_clock::now();
   PreparedData data = prepare_data(c, tokenizer);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::string train = data.train.packed()
-                                ? format("{} train sequences packed from {} samples", data.train.size(),
-                                         data.train.samples())
-                                : format("{} train samples", data.train.size());
+  const bool pairs = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";  // 2 sequences per item
+  const std::string train =
+      data.train.packed() ? format("{} train sequences packed from {} samples", data.train.size(), data.train.samples())
+      : pairs             ? format("{} train {} ({} sequences)", data.train.size() / 2,
+                                   c.stage == "kto" ? "examples" : "pairs", data.train.size())
+                          : format("{} train samples", data.train.size());
   std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
-              train.c_str(), (long long)data.eval.size(), data.eval.packed() ? "sequences" : "samples",
+              train.c_str(), (long long)(pairs ? data.eval.size() / 2 : data.eval.size()),
+              data.eval.packed() ? "sequences" : pairs ? "items" : "samples",
               (long long)data.stats.tokens, (long long)data.stats.truncated, (long long)data.stats.skipped,
               data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
   return data;

@@ -76,6 +76,21 @@ for name in dpo kto reward; do
 done
 echo "ok: dpo, kto and rm on 2 data-parallel ranks = one process"
 
+# A reward model resumed from a checkpoint continues bit for bit (its value head is restored).
+rm_common="$short_run bf16=false cutoff_len=64 learning_rate=1.0e-3 max_samples=16 max_steps=4 save_steps=2"
+# shellcheck disable=SC2086
+"$fabrica" train reward.yaml $rm_common output_dir=rm_full >rm_full.log 2>&1 || { cat rm_full.log; fail "rm run"; }
+cp -r rm_full rm_resumed
+# shellcheck disable=SC2086
+"$fabrica" train reward.yaml $rm_common output_dir=rm_resumed resume_from_checkpoint=rm_resumed/checkpoint-2 \
+  >rm_resumed.log 2>&1 || { cat rm_resumed.log; fail "rm resume"; }
+python3 - <<'PY' || fail "resumed reward model"
+import json
+full, resumed = ([json.loads(l)["loss"] for l in open(f"{d}/metrics.jsonl")] for d in ("rm_full", "rm_resumed"))
+assert full == resumed and len(full) == 4, (full, resumed)
+PY
+echo "ok: a resumed reward model reproduces the uninterrupted run exactly"
+
 # Bad data: one clear error naming the file and the field, exit code 2.
 mkdir bad
 cat > bad/dataset_info.json <<'JSON'

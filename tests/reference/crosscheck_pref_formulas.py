@@ -2,11 +2,11 @@
 # Cross-check make_pref_reference.py's formulas against TRL 0.24's DPOTrainer.dpo_loss and
 # KTOTrainer.kto_loss and LLaMA-Factory 0.9.5's odds_ratio_loss / simpo_loss, taken from their
 # source files (exec'd alone: importing trl needs optional packages this venv lacks).
-import ast, enum, math, sys, types, torch
+import ast, enum, math, os, sys, sysconfig, types, torch
 import torch.nn.functional as F
-sys.path.insert(0, "/work/wt-pref/tests/reference")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_pref_reference as m
-SITE = "/work/lfvenv/lib/python3.11/site-packages/"
+SITE = sysconfig.get_paths()["purelib"] + "/"
 
 def method(path, cls, name):
     tree = ast.parse(open(SITE + path).read())
