@@ -185,6 +185,9 @@ void check_ranges(const TrainConfig& c, Require& require) {
   require(c.save_total_limit >= 0, format("save_total_limit must be >= 0 (0: keep all), got {}", c.save_total_limit));
   require(c.eval_steps >= 0, format("eval_steps must be >= 0, got {}", c.eval_steps));
   require(c.warmup_steps >= 0, format("warmup_steps must be >= 0, got {}", c.warmup_steps));
+  require(c.max_restarts >= 0, format("max_restarts must be >= 0, got {}", c.max_restarts));
+  require(c.restart_backoff_s >= 0 && c.restart_backoff_s <= 3600,
+          format("restart_backoff_s must be in [0, 3600] seconds, got {}", c.restart_backoff_s));
 }
 
 // The preference stages' settings, with the ranges LLaMA-Factory's FinetuningArguments accepts.
