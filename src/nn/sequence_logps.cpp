@@ -84,7 +84,8 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
       });
       const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
       gemm(k, dz, false, w_compute, false, dh + r0 * c, n, c, vocab, true);
-      gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
+      if (head.weight->requires_grad)  // a frozen head (LoRA's base) gets no gradient
+        gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
     }
   });
   return out;
@@ -108,16 +109,16 @@ RowScores row_scores(Tape& tape, const Var& hidden, const Linear& head, const st
   if (!tape.recording()) return out;
   tape.push([hidden, head, rows, grad = out.grad, c] {
     float* dh = grad_of(hidden).data<float>();
-    float* dw = grad_of(head.weight).data<float>();
+    float* dw = head.weight->requires_grad ? grad_of(head.weight).data<float>() : nullptr;
     const float* h = hidden->value.data<float>();
     const float* w = head.weight->value.data<float>();
     for (size_t i = 0; i < rows.size(); ++i) {
       const float g = (*grad)[i];
       for (int64_t j = 0; j < c; ++j) {
         dh[rows[i] * c + j] += g * w[j];
-        dw[j] += g * h[rows[i] * c + j];
+        if (dw) dw[j] += g * h[rows[i] * c + j];
       }
-      if (head.bias) grad_of(head.bias).data<float>()[0] += g;
+      if (head.bias && head.bias->requires_grad) grad_of(head.bias).data<float>()[0] += g;
     }
   });
   return out;
