@@ -51,12 +51,15 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
   const auto start = std::chrono::steady_clock::now();
   PreparedData data = prepare_data(c, tokenizer);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::string train = data.train.packed()
-                                ? format("{} train sequences packed from {} samples", data.train.size(),
-                                         data.train.samples())
-                                : format("{} train samples", data.train.size());
+  const bool pairs = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";  // 2 sequences per item
+  const std::string train =
+      data.train.packed() ? format("{} train sequences packed from {} samples", data.train.size(), data.train.samples())
+      : pairs             ? format("{} train {} ({} sequences)", data.train.size() / 2,
+                                   c.stage == "kto" ? "examples" : "pairs", data.train.size())
+                          : format("{} train samples", data.train.size());
   std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
-              train.c_str(), (long long)data.eval.size(), data.eval.packed() ? "sequences" : "samples",
+              train.c_str(), (long long)(pairs ? data.eval.size() / 2 : data.eval.size()),
+              data.eval.packed() ? "sequences" : pairs ? "items" : "samples",
               (long long)data.stats.tokens, (long long)data.stats.truncated, (long long)data.stats.skipped,
               data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
   return data;
@@ -174,6 +177,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
     tp = std::make_unique<TensorParallel>(mesh->group("tp"), layout.sequence_parallel);
     options.tp = tp.get();
   }
+  options.value_head = c.stage == "rm";
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),
@@ -191,7 +195,9 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   bool finished = false;
   {
-    Trainer trainer(c, std::move(model), TrainData{data.train, data.eval, pad}, mesh.get());
+    Trainer trainer(c, std::move(model),
+                    TrainData{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)},
+                    mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     finished = trainer.run();
   }

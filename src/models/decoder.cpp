@@ -104,6 +104,10 @@ void DecoderModel::register_parameters() {
   }
   add_parameter("model.norm.weight", {C}, -1);
   if (!c.tie_word_embeddings) add_parameter("lm_head.weight", {c.vocab_size, C}, 0);
+  if (options_.value_head) {
+    add_parameter("v_head.summary.weight", {1, C}, -1);
+    add_parameter("v_head.summary.bias", {1}, -1);
+  }
 }
 
 // This rank's slice: ceil(full / parts) rows or columns, parts = tp / replicas (the vocabulary
@@ -141,6 +145,7 @@ void DecoderModel::bind_parameters() {
   embed_ = params_.var("model.embed_tokens.weight");
   final_norm_ = params_.var("model.norm.weight");
   lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
+  if (options_.value_head) value_head_ = {params_.var("v_head.summary.weight"), params_.var("v_head.summary.bias"), {}};
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = layer_prefix(i), a = p + "self_attn.";
     Layer l;
@@ -343,6 +348,19 @@ double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, f
   tape.backward();
   return loss;
 }
+
+double DecoderModel::forward_with_head(const Tensor& ids, bool with_grad,
+                                       const std::function<double(Tape&, const Var&)>& head,
+                                       const SequenceLayout& layout) {
+  Tape tape(with_grad);
+  Var hidden = forward_hidden(tape, ids, layout);
+  const double loss = head(tape, hidden);
+  leave_unit(tape, num_units() - 1);
+  if (with_grad) tape.backward();
+  return loss;
+}
+
+Tensor DecoderModel::shifted_labels(const Tensor& labels) const { return shift_labels(labels, config_.vocab_size); }
 
 double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout) {
   Tape no_grad(false);

@@ -1,6 +1,7 @@
 #pragma once
 // The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
+#include <functional>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -19,6 +20,9 @@ struct DecoderOptions {
   // Tensor parallel (parallel/tensor_parallel.h); nullptr: this process holds every parameter.
   // The model registers only this rank's slices (ShardSpec) and calls it where they meet.
   TensorParallelOps* tp = nullptr;
+  // The reward model's scalar head (TRL's ValueHead): v_head.summary.weight (1, C) and .bias (1),
+  // in the last unit after lm_head.
+  bool value_head = false;
 };
 
 // Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
@@ -70,6 +74,17 @@ class DecoderModel {
                           const SequenceLayout& layout = {});
   // Sum of token losses without gradients (evaluation).
   double loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout = {});
+  // For losses that are not per token (the preference stages): runs the model to the final norm,
+  // then `head(tape, hidden)` with hidden (B * T, C), which returns the loss and has set the
+  // upstream gradients of the ops it recorded; then back-propagates when `with_grad`. Returns
+  // what `head` returned.
+  double forward_with_head(const Tensor& ids, bool with_grad, const std::function<double(Tape&, const Var&)>& head,
+                           const SequenceLayout& layout = {});
+  const Linear& lm_head() const { return lm_head_; }
+  const Linear& value_head() const { return value_head_; }  // null weight without options.value_head
+  // The targets of each position: labels[b, t + 1], -100 at t = T - 1, (B * T) i64.
+  Tensor shifted_labels(const Tensor& labels) const;
+
   // (B, T, vocab) logits.
   Tensor logits(const Tensor& ids, const SequenceLayout& layout = {});
 
@@ -120,7 +135,7 @@ class DecoderModel {
   ParamBuffer params_;
   RopeTable rope_;
   Var embed_, final_norm_;
-  Linear lm_head_;
+  Linear lm_head_, value_head_;
   std::vector<Layer> layers_;
   ModelHooks* hooks_ = nullptr;
   std::vector<ShardSpec> shards_;  // one per parameter

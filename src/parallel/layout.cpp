@@ -139,6 +139,11 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "ranks)");
   check_tensor_parallel(m, l.tp);
   check_pipeline(c, m, l);
+  const bool preference = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";
+  FAB_USER_CHECK(!preference || (l.tp == 1 && l.pp == 1),
+                 "stage {} with tensor_parallel_size {} and pipeline_parallel_size {} is not implemented in Fabrica "
+                 "yet: the preference stages run data parallel (and ZeRO) only",
+                 c.stage, l.tp, l.pp);
   l.chunk_layers = c.pipeline_layers.empty() ? balanced_layer_split(m, l.chunks(), std::min(c.cutoff_len, m.max_position_embeddings)) : c.pipeline_layers;
   FAB_USER_CHECK(l.pp == 1, "pipeline_parallel_size {} is not implemented in Fabrica yet", l.pp);
   return l;

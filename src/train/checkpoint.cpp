@@ -233,6 +233,7 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
   load_weights(dp.model(), HfWeights::open(dir));
+  if (dp.model().options().value_head) load_value_head(dp.model(), dir);
   dp.weights_loaded();
   load_optimizer_shards(dir, dp);
   std::ifstream in(fs::path(dir) / "trainer_state.json");

@@ -129,7 +129,14 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
     dp.not_counted = ranges_counted_elsewhere(*model_);
   }
   dp_ = std::make_unique<DataParallel>(*model_, *group_, dp);
-  sampler_ = std::make_unique<Sampler>(data_.train.size(), config_.per_device_train_batch_size, uint64_t(config_.seed),
+  objective_ = make_stage_objective(
+      config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
+  if (objective_) {
+    train_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
+    eval_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
+  }
+  const int64_t items = objective_ ? objective_->items(data_.train) : data_.train.size();
+  sampler_ = std::make_unique<Sampler>(items, config_.per_device_train_batch_size, uint64_t(config_.seed),
                                        config_.shuffle, group_->rank(), group_->size());
   total_steps_ = count_total_steps(config_, sampler_->batches_per_epoch());
   warmup_steps_ = config_.warmup_steps > 0 ? config_.warmup_steps
@@ -141,12 +148,20 @@ Trainer::~Trainer() = default;
 
 // The targets and tokens of this rank's next `micro_batches` micro-batches, counted on a copy of
 // the sampler: each batch is collated, counted and dropped, so memory holds one micro-batch
-// however many the step accumulates.
+// however many the step accumulates. A preference stage's loss is a mean over its items (pairs,
+// examples): they are its targets.
 std::pair<double, double> Trainer::count_step(int64_t micro_batches) const {
   trace::Scope traced(trace::kData, "count the step's targets");
   Sampler ahead = *sampler_;
   double targets = 0, tokens = 0;
   for (int64_t m = 0; m < micro_batches; ++m) {
+    if (objective_) {
+      for (int64_t item : ahead.next_batch()) {
+        targets += 1;
+        tokens += double(data_.train.length(2 * item) + data_.train.length(2 * item + 1));
+      }
+      continue;
+    }
     const Batch b = collate(data_.train, ahead.next_batch(), data_.pad_id, config_.neat_packing);
     targets += double(DecoderModel::count_targets(b.labels));
     tokens += double(b.tokens);
@@ -173,8 +188,7 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
   for (int64_t m = 0; m < micro_batches; ++m) {
     dp_->begin_micro_batch(m);
-    const Batch b = collate_traced(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
-    sums[0] += model_->forward_backward(b.ids, b.labels, scale, {b.positions, b.doc_start});
+    sums[0] += micro_batch(scale);
   }
   sums[size_t(3 + group_->rank())] = double(!std::isfinite(sums[0]));
   dp_->finish_gradients();
@@ -243,11 +257,56 @@ bool Trainer::timed_save_due() const {
          std::chrono::steady_clock::now() - last_save_ >= std::chrono::duration<double>(60 * config_.save_every_minutes);
 }
 
+// Forward and backward of this rank's next micro-batch; returns its loss sum.
+double Trainer::micro_batch(float loss_scale) {
+  if (objective_)
+    return objective_->step(*model_, DataSplit::train, sampler_->next_batch(), loss_scale, true, *train_metrics_,
+                            *group_);
+  const Batch b = collate_traced(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
+  return model_->forward_backward(b.ids, b.labels, loss_scale, {b.positions, b.doc_start});
+}
+
+// A preference stage's evaluation: its mean loss over the evaluation items and its metrics, the
+// batches dealt to the ranks as in evaluate(); a rank without a batch in the last round runs item
+// 0 and drops the result.
+double Trainer::evaluate_stage() {
+  eval_metrics_->clear();
+  StageMetrics dropped(objective_->metric_names());
+  double sums[2] = {0, 0};  // loss, items
+  const int64_t items = objective_->items(data_.eval), batch = config_.per_device_eval_batch_size;
+  const int64_t ranks = group_->size(), batches = (items + batch - 1) / batch, rounds = (batches + ranks - 1) / ranks;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t start = (round * ranks + group_->rank()) * batch;
+    std::vector<int64_t> idx;
+    for (int64_t i = start; i < std::min(items, start + batch); ++i) idx.push_back(i);
+    const bool none = idx.empty();
+    const double loss = objective_->step(*model_, DataSplit::eval, none ? std::vector<int64_t>{0} : idx, 1.0f, false,
+                                         none ? dropped : *eval_metrics_, *group_);
+    if (!none) sums[0] += loss, sums[1] += double(idx.size());
+  }
+  dp_->release_gathered_parameters();
+  group_->all_reduce(sums, 2, "evaluation loss").wait();
+  eval_metrics_->all_reduce(*group_);
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
+}
+
+// The preference stage's metrics since the last log (and of the evaluation just run): collective.
+nlohmann::json Trainer::stage_metrics(double eval_loss) {
+  if (!objective_) return nlohmann::json::object();
+  train_metrics_->all_reduce(*group_);
+  nlohmann::json j = objective_->metrics_json(*train_metrics_, "");
+  train_metrics_->clear();
+  if (std::isfinite(eval_loss)) j.update(objective_->metrics_json(*eval_metrics_, "eval_"));
+  j.update(objective_->memory_json());
+  return j;
+}
+
 // Mean loss over the evaluation set (no gradients); each rank takes every N-th batch. Every rank
 // runs the same number of forward passes (ZeRO-3 gathers parameters in each): one without a
 // batch of its own in the last round runs a one-token pass with no target, which adds nothing.
 double Trainer::evaluate() {
   if (data_.eval.size() == 0) return NAN;
+  if (objective_) return evaluate_stage();
   double sums[2] = {0, 0};  // loss, targets
   const int64_t batch = config_.per_device_eval_batch_size, ranks = group_->size();
   const int64_t batches = (data_.eval.size() + batch - 1) / batch, rounds = (batches + ranks - 1) / ranks;
@@ -338,6 +397,7 @@ void Trainer::show_progress(int64_t step, double loss, double lr, double tokens_
 
 void Trainer::log_step(const StepRecord& r, double eval_loss) {
   const nlohmann::json parallel = parallel_metrics();  // collective: every rank
+  const nlohmann::json stage = stage_metrics(eval_loss);  // collective too
   if (!main_) return;
   nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
                       {"lr", r.lr},              {"grad_norm", r.grad_norm},
@@ -345,11 +405,15 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
                       {"skipped_steps", std::count_if(state_.losses.begin(), state_.losses.end(),
                                                       [](double loss) { return !std::isfinite(loss); })}};
   j.update(parallel);
+  j.update(stage);
   std::string eval_text;
   if (std::isfinite(eval_loss)) {
     j["eval_loss"] = eval_loss;
-    j["eval_perplexity"] = std::exp(eval_loss);
-    eval_text = format("  eval_loss {}  eval_ppl {}", eval_loss, std::exp(eval_loss));
+    eval_text = format("  eval_loss {}", eval_loss);
+    if (!objective_) {  // a token-level loss
+      j["eval_perplexity"] = std::exp(eval_loss);
+      eval_text += format("  eval_ppl {}", std::exp(eval_loss));
+    }
   }
   metrics_->write(j.dump());
   if (tensorboard_) {
@@ -398,6 +462,10 @@ bool Trainer::run() {
   const LrSchedule schedule = make_schedule(config_, total_steps_, warmup_steps_);
   const std::string checkpoint = checkpoint_to_resume(config_);
   const bool resuming = !checkpoint.empty();
+  if (objective_) {  // the reference is the starting weights: before a resume replaces them
+    objective_->prepare(*model_, *group_);
+    dp_->release_gathered_parameters();
+  }
   if (resuming) resume(checkpoint);
   // Only now: a resume that fails leaves the earlier run's train_config.yaml as it was.
   if (main_) {
