@@ -77,58 +77,103 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
 
 namespace {
 
+// split_dim: Megatron's split under tensor parallel, 0 for column-parallel weights (q/k/v by
+// heads, gate/up), their biases and the vocabulary; 1 for row-parallel weights (o_proj, down);
+// -1 (replicated) for the norms. replicas: ranks that share each slice (K/V heads when tp >
+// num_key_value_heads).
 struct ParamSpec {
   std::string name;
   Shape shape;
+  int split_dim = -1;
   bool packed_after_previous = false;  // fused with the previous one (q/k/v, gate/up)
   bool starts_unit = false;
+  int replicas = 1;
 };
 
-void add_layer_specs(const ModelConfig& c, int64_t i, std::vector<ParamSpec>& out) {
-  const int64_t C = c.hidden_size, D = c.head_dim;
+void add_layer_specs(const ModelConfig& c, int64_t i, int kv_replicas, std::vector<ParamSpec>& out) {
+  const int64_t C = c.hidden_size, D = c.head_dim, KV = c.num_key_value_heads;
   const std::string p = layer_prefix(i);
-  out.push_back({p + "input_layernorm.weight", {C}, false, true});
-  out.push_back({p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}});
-  out.push_back({p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, C}, true});
-  out.push_back({p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, C}, true});
+  out.push_back({p + "input_layernorm.weight", {C}, -1, false, true});
+  out.push_back({p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}, 0});
+  out.push_back({p + "self_attn.k_proj.weight", {KV * D, C}, 0, true, false, kv_replicas});
+  out.push_back({p + "self_attn.v_proj.weight", {KV * D, C}, 0, true, false, kv_replicas});
   if (c.attention_bias) {
-    out.push_back({p + "self_attn.q_proj.bias", {c.num_attention_heads * D}});
-    out.push_back({p + "self_attn.k_proj.bias", {c.num_key_value_heads * D}, true});
-    out.push_back({p + "self_attn.v_proj.bias", {c.num_key_value_heads * D}, true});
+    out.push_back({p + "self_attn.q_proj.bias", {c.num_attention_heads * D}, 0});
+    out.push_back({p + "self_attn.k_proj.bias", {KV * D}, 0, true, false, kv_replicas});
+    out.push_back({p + "self_attn.v_proj.bias", {KV * D}, 0, true, false, kv_replicas});
   }
   if (c.qk_norm) {
-    out.push_back({p + "self_attn.q_norm.weight", {D}});
-    out.push_back({p + "self_attn.k_norm.weight", {D}});
+    out.push_back({p + "self_attn.q_norm.weight", {D}, -1});
+    out.push_back({p + "self_attn.k_norm.weight", {D}, -1});
   }
-  out.push_back({p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}});
-  out.push_back({p + "post_attention_layernorm.weight", {C}});
-  out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, C}});
-  out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, C}, true});
-  out.push_back({p + "mlp.down_proj.weight", {C, c.intermediate_size}});
+  out.push_back({p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}, 1});
+  out.push_back({p + "post_attention_layernorm.weight", {C}, -1});
+  out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, C}, 0});
+  out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, C}, 0, true});
+  out.push_back({p + "mlp.down_proj.weight", {C, c.intermediate_size}, 1});
 }
 
 // The parameters a stage holds, in buffer order: embedding, its chunks' layers, final norm and
-// head (a tied head on a stage without the embedding: its own copy of the embedding).
-std::vector<ParamSpec> parameter_specs(const ModelConfig& c, const PipelineStage& stage) {
+// head (a tied head on a stage without the embedding: its own copy of the embedding), and the
+// reward model's value head.
+std::vector<ParamSpec> parameter_specs(const ModelConfig& c, const PipelineStage& stage, bool value_head,
+                                       int kv_replicas) {
   std::vector<ParamSpec> out;
   const int64_t C = c.hidden_size;
-  if (stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, false, true});
+  if (stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, 0, false, true});
   for (const auto& [first, last] : stage.chunks)
-    for (int64_t i = first; i < last; ++i) add_layer_specs(c, i, out);
+    for (int64_t i = first; i < last; ++i) add_layer_specs(c, i, kv_replicas, out);
   if (!stage.has_head) return out;
-  out.push_back({"model.norm.weight", {C}, false, true});
-  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, C}});
-  else if (!stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}});
+  out.push_back({"model.norm.weight", {C}, -1, false, true});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, C}, 0});
+  else if (!stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, 0});
+  if (value_head) {
+    out.push_back({"v_head.summary.weight", {1, C}, -1});
+    out.push_back({"v_head.summary.bias", {1}, -1});
+  }
   return out;
 }
 
 }  // namespace
 
 void DecoderModel::register_parameters() {
-  for (const ParamSpec& p : parameter_specs(config_, stage_)) {
-    params_.add(p.name, p.shape, p.packed_after_previous);
+  const ModelConfig& c = config_;
+  const int64_t tp = tp_size(), KV = c.num_key_value_heads;
+  FAB_USER_CHECK(c.num_attention_heads % tp == 0 && (KV % tp == 0 || tp % KV == 0) && c.intermediate_size % tp == 0,
+                 "tensor_parallel_size {} must divide num_attention_heads {} and intermediate_size {}, and divide "
+                 "or be a multiple of num_key_value_heads {}",
+                 tp, c.num_attention_heads, c.intermediate_size, KV);
+  FAB_CHECK(tp == 1 || is_whole(), "tensor parallel within a pipeline stage is not implemented yet");
+  heads_ = c.num_attention_heads / tp;
+  kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
+  kv_heads_ = KV * kv_replicas_ / tp;
+  intermediate_ = c.intermediate_size / tp;
+  for (const ParamSpec& p : parameter_specs(c, stage_, options_.value_head, kv_replicas_)) {
+    add_parameter(p.name, p.shape, p.split_dim, p.packed_after_previous, p.replicas);
+    if (p.name == "model.embed_tokens.weight") vocab_begin_ = shards_.back().begin;
     if (p.starts_unit) unit_starts_.push_back(params_.info(p.name).offset);
   }
+}
+
+// This rank's slice: ceil(full / parts) rows or columns, parts = tp / replicas (the vocabulary
+// may end in padding).
+void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed, int replicas) {
+  ShardSpec s{tp_size() > 1 ? split_dim : -1, full_shape, 0, 0, replicas};
+  Shape local = full_shape;
+  if (s.split_dim >= 0) {
+    const int64_t n = full_shape[size_t(s.split_dim)], parts = tp_size() / replicas;
+    s.length = (n + parts - 1) / parts;
+    s.begin = s.length * (options_.tp->rank() / replicas);
+    local[size_t(s.split_dim)] = s.length;
+  } else {
+    s.length = full_shape[0];
+  }
+  params_.add(name, local, packed);
+  shards_.push_back(s);
+}
+
+Var DecoderModel::shared(Tape& tape, const Var& weight) const {
+  return options_.tp && options_.tp->sequence_parallel() ? options_.tp->shared_weight(tape, weight) : weight;
 }
 
 Linear DecoderModel::make_linear(const std::vector<std::string>& weights,
@@ -146,6 +191,7 @@ void DecoderModel::bind_parameters() {
   if (stage_.has_head) {
     final_norm_ = params_.var("model.norm.weight");
     lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
+    if (options_.value_head) value_head_ = {params_.var("v_head.summary.weight"), params_.var("v_head.summary.bias"), {}};
   }
   for (const auto& [first, last] : stage_.chunks) {
     chunk_first_.push_back(layers_.size());
@@ -173,18 +219,29 @@ void DecoderModel::bind_layer(int64_t i) {
   layers_.push_back(l);
 }
 
-// A pipeline stage draws the whole model's sequence and keeps its own parameters' values, so
-// every layout starts from the same weights as one process (and a tied copy equals the original).
+// The draws of the whole model's tensors, in the order one process makes them: a pipeline stage
+// keeps its own parameters' values (a tied copy equals the original) and a tensor-parallel rank
+// those of its slice, so every layout starts from the same weights.
 void DecoderModel::init_random(uint64_t seed) {
   Rng rng(seed);
   float* values = params_.values().data<float>();
-  for (const ParamSpec& p : parameter_specs(config_, stage_of(config_, {}))) {
-    float* w = params_.contains(p.name) ? values + params_.info(p.name).offset : nullptr;
+  for (const ParamSpec& p : parameter_specs(config_, stage_of(config_, {}), options_.value_head, kv_replicas_)) {
+    const bool held = params_.contains(p.name);
+    const ShardSpec* s = held ? &shards_[params_.index(p.name)] : nullptr;
+    float* w = held ? values + params_.info(p.name).offset : nullptr;
     const bool is_norm = p.name.find("norm.weight") != std::string::npos;
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    const int64_t cols = p.shape.size() > 1 ? p.shape[1] : 1;
     for (int64_t i = 0; i < shape_numel(p.shape); ++i) {
-      const float x = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
-      if (w) w[i] = x;
+      const float value = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
+      if (!w) continue;
+      if (s->split_dim < 0) {
+        w[i] = value;
+        continue;
+      }
+      const int64_t row = i / cols, col = i % cols, at = s->split_dim == 0 ? row - s->begin : col - s->begin;
+      if (at < 0 || at >= s->length) continue;
+      w[s->split_dim == 0 ? at * cols + col : row * s->length + at] = value;
     }
   }
   weights_changed();
@@ -194,26 +251,36 @@ void DecoderModel::weights_changed() {
   if (params_.has_bf16()) params_.refresh_bf16();
 }
 
+// Under tensor parallel, this rank's heads and intermediate features only: q/k/v and gate/up are
+// column-parallel, o_proj and down row-parallel.
 Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const Tensor& positions,
                                 const Tensor& doc_start, int64_t batch, int64_t seq) {
   const ModelConfig& c = config_;
-  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
+  const int64_t H = heads_, KV = kv_heads_, D = c.head_dim, rows = batch * seq;
   const float eps = float(c.rms_norm_eps);
+  TensorParallelOps* tp = options_.tp;
+  auto column = [&](const Var& v, const Linear& w) {
+    return tp ? tp->column_parallel_linear(tape, v, w, rows) : linear(tape, v, w);
+  };
+  auto row = [&](const Var& v, const Linear& w) {
+    return tp ? tp->row_parallel_linear(tape, v, w, rows) : linear(tape, v, w);
+  };
   // Attention block: x + o_proj(attn(rope(q), rope(k), v))
-  Var h = rmsnorm(tape, x, l.input_norm, eps);
-  std::vector<Var> qkv = split_columns(tape, linear(tape, h, l.qkv), {H * D, KV * D, KV * D});
+  Var h = rmsnorm(tape, x, shared(tape, l.input_norm), eps);
+  const Linear qkv_weights = kv_replicas_ > 1 ? tp->replicated_rows(tape, l.qkv, H * D, kv_replicas_) : l.qkv;
+  std::vector<Var> qkv = split_columns(tape, column(h, qkv_weights), {H * D, KV * D, KV * D});
   Var q = qkv[0], k = qkv[1], v = qkv[2];
-  if (c.qk_norm) {  // RMSNorm over each head's head_dim features
-    q = rmsnorm(tape, q, l.q_norm, eps);
-    k = rmsnorm(tape, k, l.k_norm, eps);
+  if (c.qk_norm) {  // RMSNorm over each head's head_dim features (this rank's heads: gradients summed)
+    q = rmsnorm(tape, q, tp ? tp->shared_weight(tape, l.q_norm) : l.q_norm, eps);
+    k = rmsnorm(tape, k, tp ? tp->shared_weight(tape, l.k_norm) : l.k_norm, eps);
   }
   q = rope(tape, q, positions, rope_, H);
   k = rope(tape, k, positions, rope_, KV);
   const AttentionShape shape{batch, seq, H, KV, D, float(1.0 / std::sqrt(double(D)))};
-  Var x2 = add(tape, x, linear(tape, attention(tape, q, k, v, shape, doc_start), l.o_proj));
+  Var x2 = add(tape, x, row(attention(tape, q, k, v, shape, doc_start), l.o_proj));
   // MLP block: x + down(silu(gate(x)) * up(x))
-  Var gate_up = linear(tape, rmsnorm(tape, x2, l.post_norm, eps), l.gate_up);
-  return add(tape, x2, linear(tape, swiglu(tape, gate_up, c.intermediate_size), l.down));
+  Var gate_up = column(rmsnorm(tape, x2, shared(tape, l.post_norm), eps), l.gate_up);
+  return add(tape, x2, row(swiglu(tape, gate_up, intermediate_), l.down));
 }
 
 void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {
@@ -296,7 +363,8 @@ Tensor DecoderModel::positions_of(const Tensor& ids, const SequenceLayout& layou
 
 Var DecoderModel::embed(Tape& tape, const Tensor& ids) {
   enter_unit(tape, 0);
-  Var x = embedding(tape, ids.reshape({ids.numel()}), embed_);
+  const Tensor flat_ids = ids.reshape({ids.numel()});
+  Var x = options_.tp ? options_.tp->embedding(tape, flat_ids, embed_, vocab_begin_) : embedding(tape, flat_ids, embed_);
   leave_unit(tape, 0);
   return x;
 }
@@ -322,7 +390,19 @@ Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLa
   const Tensor positions = positions_of(ids, layout);
   Var x = run_layers(tape, 0, layers_.size(), embed(tape, ids), positions, layout.doc_start, batch, seq);
   enter_unit(tape, head_unit());  // left by the caller after lm_head
-  return rmsnorm(tape, x, final_norm_, float(config_.rms_norm_eps));
+  return rmsnorm(tape, x, shared(tape, final_norm_), float(config_.rms_norm_eps));
+}
+
+double DecoderModel::head_loss(Tape& tape, const Var& hidden, const Tensor& targets, float loss_scale) {
+  if (!options_.tp) return lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale);
+  return options_.tp->lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale, vocab_begin_,
+                                            config_.vocab_size, targets.numel());
+}
+
+void DecoderModel::check_whole(const char* what) const {
+  FAB_USER_CHECK(!options_.tp, "{} with tensor_parallel_size {} is not implemented: run it on the saved model folder",
+                 what, tp_size());
+  FAB_CHECK(is_whole(), "{} needs the whole model, not a pipeline stage", what);
 }
 
 Var DecoderModel::stage_forward(Tape& tape, int chunk, const Tensor& ids, const Var& input,
@@ -355,21 +435,35 @@ double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, f
   Tensor targets = shift_labels(labels, config_.vocab_size);
   Tape tape;
   Var hidden = forward_hidden(tape, ids, layout);
-  double loss = lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale);
+  double loss = head_loss(tape, hidden, targets, loss_scale);
   leave_unit(tape, head_unit());
   tape.backward();
   return loss;
 }
 
+double DecoderModel::forward_with_head(const Tensor& ids, bool with_grad,
+                                       const std::function<double(Tape&, const Var&)>& head,
+                                       const SequenceLayout& layout) {
+  Tape tape(with_grad);
+  Var hidden = forward_hidden(tape, ids, layout);
+  const double loss = head(tape, hidden);
+  leave_unit(tape, head_unit());
+  if (with_grad) tape.backward();
+  return loss;
+}
+
+Tensor DecoderModel::shifted_labels(const Tensor& labels) const { return shift_labels(labels, config_.vocab_size); }
+
 double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
-  const double loss = lm_head_cross_entropy(no_grad, hidden, lm_head_, shift_labels(labels, config_.vocab_size), 1.0f);
+  const double loss = head_loss(no_grad, hidden, shift_labels(labels, config_.vocab_size), 1.0f);
   leave_unit(no_grad, head_unit());
   return loss;
 }
 
 Tensor DecoderModel::logits(const Tensor& ids, const SequenceLayout& layout) {
+  check_whole("logits");
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
   Tensor out = lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
@@ -424,7 +518,7 @@ Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& 
 }
 
 Tensor DecoderModel::logits_cached(const Tensor& ids, KvCache& cache) {
-  FAB_CHECK(is_whole(), "generation needs the whole model, not a pipeline stage");
+  check_whole("generation");
   check_ids(ids, cache.length);
   const int64_t batch = ids.dim(0), n = ids.dim(1);
   FAB_CHECK(batch == cache.batch, "cache for {} sequences, ids for {}", cache.batch, batch);

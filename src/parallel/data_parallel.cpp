@@ -133,24 +133,31 @@ void DataParallel::finish_gradients() {
   wait_all_buckets();
 }
 
-double DataParallel::squares_counted_here(const float* data, int64_t begin, int64_t end) const {
+double DataParallel::sum_squares(const float* g, int64_t begin, int64_t end) const {
   const KernelTable& k = kernels();
-  const auto [skip_begin, skip_end] = options_.norm_counted_elsewhere;
-  const int64_t cut = std::clamp(skip_begin, begin, end), resume = std::clamp(skip_end, cut, end);
-  return k.sum_squares(data, cut - begin) + k.sum_squares(data + (resume - begin), end - resume);
+  Communicator* mp = options_.model_parallel_group;
+  if (!mp || options_.not_counted.empty()) return k.sum_squares(g, end - begin);
+  double squares = 0;
+  int64_t at = begin;
+  for (const auto& [first, last] : options_.not_counted) {  // ascending, disjoint
+    const int64_t skip_from = std::clamp(first, at, end), skip_to = std::clamp(last, at, end);
+    squares += k.sum_squares(g + (at - begin), skip_from - at);
+    at = std::max(at, skip_to);
+  }
+  return squares + k.sum_squares(g + (at - begin), end - at);
 }
 
 double DataParallel::clip_grad_norm(double max_norm) {
   ProfileScope profile("clip_grad_norm");
   const KernelTable& k = kernels();
-  if (options_.zero_stage == 0 && !options_.pipeline) return fab::clip_grad_norm(params_, max_norm);
-  if (options_.zero_stage == 0) {  // every dp rank holds the whole reduced gradient of its stage
-    float* g = params_.grads().data<float>();
-    double squares = squares_counted_here(g, 0, params_.numel());
-    options_.pipeline->all_reduce(&squares, 1, "gradient norm over the pipeline").wait();
+  Communicator* mp = options_.model_parallel_group;
+  if (options_.zero_stage == 0 && !mp) return fab::clip_grad_norm(params_, max_norm);
+  if (options_.zero_stage == 0) {  // every rank of the data-parallel group holds the same sums
+    double squares = sum_squares(params_.grads().data<float>(), 0, params_.numel());
+    mp->all_reduce(&squares, 1, "gradient norm over the model-parallel group").wait();
     const double norm = std::sqrt(squares);
     const double coef = clip_coefficient(norm, max_norm);
-    if (coef < 1.0) k.scale(g, params_.numel(), float(coef));
+    if (coef < 1.0) k.scale(params_.grads().data<float>(), params_.numel(), float(coef));
     return norm;
   }
   // This rank's reduced gradients: its chunks of the flat buffer (ZeRO-1), or the shard accumulator.
@@ -160,9 +167,9 @@ double DataParallel::clip_grad_norm(double max_norm) {
   };
   // Each rank's share of the squared norm, then the sum over the group (and the stages).
   double squares = 0;
-  for (const Bucket& b : buckets_) squares += squares_counted_here(shard_grads(b), b.own_begin, b.own_end);
+  for (const Bucket& b : buckets_) squares += sum_squares(shard_grads(b), b.own_begin, b.own_end);
   group_.all_reduce(&squares, 1, "gradient norm").wait();
-  if (options_.pipeline) options_.pipeline->all_reduce(&squares, 1, "gradient norm over the pipeline").wait();
+  if (mp) mp->all_reduce(&squares, 1, "gradient norm over the model-parallel group").wait();
   const double norm = std::sqrt(squares);
   const double coef = clip_coefficient(norm, max_norm);
   if (coef < 1.0)

@@ -18,6 +18,7 @@
 #include "io/safetensors.h"
 #include "models/hf_model.h"
 #include "parallel/pipeline_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -54,8 +55,29 @@ std::string stage_prefix(const PipelineParallel* pipeline) {
   return pipeline ? format("stage-{}-of-{}-", pipeline->stage(), pipeline->num_stages()) : "";
 }
 
-std::string optimizer_file(int rank, int ranks) {
-  return "optimizer-rank-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".safetensors";
+// Tensor parallel: (this rank's slot, slots) of the group, (0, 1) without it.
+std::pair<int, int> tp_place(const DataParallel& dp) {
+  const TensorParallelOps* tp = dp.model().options().tp;
+  return tp ? std::pair{tp->rank(), tp->size()} : std::pair{0, 1};
+}
+
+// optimizer-rank-R-of-N.safetensors, with -tp-T-of-P before the extension under tensor parallel
+// (each tp rank's pieces are slices of its own).
+std::string optimizer_file(int rank, int ranks, std::pair<int, int> tp) {
+  const std::string suffix = tp.second > 1 ? "-tp-" + std::to_string(tp.first) + "-of-" + std::to_string(tp.second) : "";
+  return "optimizer-rank-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + suffix + ".safetensors";
+}
+
+// An integer of a shard's metadata, `fallback` when absent (shards saved without tensor parallel).
+int64_t metadata_int(const SafetensorsFile& f, const std::string& key, int64_t fallback) {
+  const auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) return fallback;
+  int64_t value = -1;
+  const std::string& text = it->second;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  FAB_USER_CHECK(error == std::errc() && end == text.data() + text.size() && value >= 0,
+                 "{}: metadata \"{}\" must be a non-negative integer, got \"{}\"", f.path(), key, text);
+  return value;
 }
 
 // This rank's AdamW moments, with the list of (parameter, first element, length) they hold.
@@ -64,8 +86,12 @@ void save_optimizer_shard(const fs::path& path, const DataParallel& dp) {
   nlohmann::json segments = nlohmann::json::array();
   for (const OptimizerSegment& s : opt.segments())
     segments.push_back({dp.model().params().params()[s.param].name, s.begin, s.length});
+  const auto [tp_rank, tp_size] = tp_place(dp);
   save_safetensors(path.string(), {{"exp_avg", opt.exp_avg()}, {"exp_avg_sq", opt.exp_avg_sq()}},
-                   {{"step", std::to_string(opt.steps_taken())}, {"segments", segments.dump()}});
+                   {{"step", std::to_string(opt.steps_taken())},
+                    {"segments", segments.dump()},
+                    {"tensor_parallel_size", std::to_string(tp_size)},
+                    {"tensor_parallel_rank", std::to_string(tp_rank)}});
 }
 
 struct SavedPiece {
@@ -93,8 +119,17 @@ void load_optimizer_shards(const fs::path& dir, DataParallel& dp, const std::str
       files.push_back(SafetensorsFile::open(e.path().string()));
   FAB_USER_CHECK(!files.empty(), "{}: no {}optimizer-rank-*.safetensors (not a complete checkpoint)", dir.string(),
                  prefix);
+  // Optimizer state saved at another tensor_parallel_size would have to be cut anew: not implemented.
+  const auto [tp_rank, tp_size] = tp_place(dp);
+  for (const SafetensorsFile& f : files)
+    FAB_USER_CHECK(metadata_int(f, "tensor_parallel_size", 1) == tp_size,
+                   "{}: saved at tensor_parallel_size {}, resumed at tensor_parallel_size {}: resuming at another "
+                   "tensor-parallel layout is not implemented (resume at tensor_parallel_size {}, or start from the "
+                   "checkpoint's model folder without resume_from_checkpoint)",
+                   dir.string(), metadata_int(f, "tensor_parallel_size", 1), tp_size, metadata_int(f, "tensor_parallel_size", 1));
   std::map<std::string, std::vector<SavedPiece>> pieces;
   for (const SafetensorsFile& f : files) {
+    if (metadata_int(f, "tensor_parallel_rank", 0) != tp_rank) continue;
     try {
       int64_t at = 0;
       for (const auto& seg : nlohmann::json::parse(f.metadata().at("segments"))) {
@@ -160,13 +195,15 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml, PipelineParallel* pipeline) {
+                     const std::string& config_yaml, Communicator* tp, PipelineParallel* pipeline) {
   Communicator& group = dp.group();
   const bool stage_main = group.rank() == 0;  // of this stage's data-parallel group
-  const bool main = stage_main && (!pipeline || pipeline->stage() == 0);
-  // The data-parallel group's barrier, then the pipeline's: together every rank of the job.
+  const bool main = stage_main && (!tp || tp->rank() == 0) && (!pipeline || pipeline->stage() == 0);
+  // The data-parallel group's barrier, then the tensor-parallel group's or the pipeline's:
+  // together every rank of the job.
   auto barrier = [&](const std::string& what) {
     group.barrier(what);
+    if (tp) tp->barrier(what);
     if (pipeline) pipeline->group().barrier(what);
   };
   const fs::path final_dir(dir);
@@ -174,11 +211,14 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   dp.gather_all_parameters();
   std::vector<NamedTensor> stages_weights;
   if (pipeline && stage_main) stages_weights = pipeline->gather_weights();
+  const std::vector<NamedTensor> whole = tp ? gather_full_tensors(dp.model(), *tp) : std::vector<NamedTensor>();
   if (main) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
     if (pipeline)
       save_model_folder(dp.model().config(), stages_weights, tmp.string());
+    else if (tp)
+      save_model_folder(dp.model().config(), whole, tmp.string());
     else
       save_model_folder(dp.model(), tmp.string());
     nlohmann::json j = {{"global_step", state.global_step},
@@ -193,9 +233,10 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   stages_weights.clear();
   dp.release_gathered_parameters();
   barrier("checkpoint: folder made");
-  // Without ZeRO every rank of a stage holds its whole optimizer state: its rank 0 writes it once.
+  // Without ZeRO every data-parallel rank of a stage holds the whole optimizer state (of its
+  // tensor-parallel slices): data-parallel rank 0 writes it once.
   if (dp.zero_stage() > 0 || stage_main)
-    save_optimizer_shard(tmp / (stage_prefix(pipeline) + optimizer_file(group.rank(), group.size())), dp);
+    save_optimizer_shard(tmp / (stage_prefix(pipeline) + optimizer_file(group.rank(), group.size(), tp_place(dp))), dp);
   barrier("checkpoint: shards written");
   if (main) {
     for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());
@@ -221,6 +262,7 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp, PipelineP
                    "another pipeline layout is not implemented yet (its optimizer state is per stage)",
                    dir, saved_stages, stages);
     load_weights(dp.model(), HfWeights::open(dir));
+    if (dp.model().options().value_head) load_value_head(dp.model(), dir);
     dp.weights_loaded();
     load_optimizer_shards(dir, dp, stage_prefix(pipeline));
     TrainerState s;

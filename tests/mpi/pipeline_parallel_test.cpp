@@ -88,8 +88,8 @@ void expect_stage_gradients_match(const std::string& config_json, int virtual_st
   PipelineParallel pipeline(stage, w, virtual_stages);
   LocalCommunicator alone;
   DataParallelOptions dp_options;
-  dp_options.pipeline = &w;
-  dp_options.norm_counted_elsewhere = pipeline.norm_counted_elsewhere();
+  dp_options.model_parallel_group = &w;
+  dp_options.not_counted = {pipeline.norm_counted_elsewhere()};
   DataParallel dp(stage, alone, dp_options);
   dp.begin_step(int64_t(batches.size()));
   double loss = pipeline.forward_backward(batches, scale, dp);
