@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
 #include "core/file_write.h"
@@ -10,20 +11,20 @@ namespace fab {
 namespace fs = std::filesystem;
 
 void load_weights(DecoderModel& model, const HfWeights& weights) {
-  ParamBuffer& params = model.params();
-  for (const ParamInfo& p : params.params()) {
-    FAB_USER_CHECK(weights.contains(p.name), "missing tensor \"{}\" {} in the model weights", p.name,
-                   shape_str(p.shape));
-    const SafetensorsFile& file = weights.file_of(p.name);
-    const SafetensorsEntry& e = file.entries().at(p.name);
-    FAB_USER_CHECK(e.shape == p.shape, "{}: tensor \"{}\" has shape {} but config.json implies {}", file.path(),
-                   p.name, shape_str(e.shape), shape_str(p.shape));
-    Tensor t = file.as_f32(p.name);
-    std::memcpy(params.values().data<float>() + p.offset, t.data<float>(), t.bytes());
+  std::set<std::string> known;
+  for (const auto& [p, buffer] : model.base_parameters()) {
+    known.insert(p->name);
+    FAB_USER_CHECK(weights.contains(p->name), "missing tensor \"{}\" {} in the model weights", p->name,
+                   shape_str(p->shape));
+    const SafetensorsFile& file = weights.file_of(p->name);
+    const SafetensorsEntry& e = file.entries().at(p->name);
+    FAB_USER_CHECK(e.shape == p->shape, "{}: tensor \"{}\" has shape {} but config.json implies {}", file.path(),
+                   p->name, shape_str(e.shape), shape_str(p->shape));
+    buffer->set_values(*p, file.as_f32(p->name).data<float>());
   }
   for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;
-    FAB_USER_CHECK(params.contains(name) || tied_head, "{}: unexpected tensor \"{}\" for a {} model",
+    FAB_USER_CHECK(known.count(name) || tied_head, "{}: unexpected tensor \"{}\" for a {} model",
                    weights.file_of(name).path(), name, model.config().model_type);
   }
   model.weights_changed();
@@ -43,8 +44,7 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
 void save_model_folder(const DecoderModel& model, const std::string& folder, size_t max_shard_bytes) {
   fs::create_directories(folder);
   std::vector<NamedTensor> tensors;
-  const ParamBuffer& params = model.params();
-  for (const ParamInfo& p : params.params()) tensors.push_back({p.name, params.values().view(p.offset, p.shape)});
+  for (const auto& [p, buffer] : model.base_parameters()) tensors.push_back({p->name, buffer->values_f32(*p)});
   save_hf_weights(folder, tensors, max_shard_bytes);
   write_file_atomically((fs::path(folder) / "config.json").string(), model_config_to_json(model.config()) + "\n");
 }

@@ -16,6 +16,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
+#include "train/finetuning.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -136,7 +137,7 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml) {
+                     const std::string& config_yaml, const std::string& base_model) {
   Communicator& group = dp.group();
   const bool main = group.rank() == 0;
   const fs::path final_dir(dir);
@@ -145,7 +146,7 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   if (main) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    save_model_folder(dp.model(), tmp.string());
+    save_trained_weights(dp.model(), tmp.string(), base_model);
     nlohmann::json j = {{"global_step", state.global_step},
                         {"sampler_epoch", state.sampler.epoch},
                         {"sampler_position", state.sampler.position},
@@ -172,7 +173,7 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
-  load_weights(dp.model(), HfWeights::open(dir));
+  load_trained_weights(dp.model(), dir);
   dp.weights_loaded();
   load_optimizer_shards(dir, dp);
   std::ifstream in(fs::path(dir) / "trainer_state.json");

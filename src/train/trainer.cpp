@@ -21,6 +21,7 @@
 #include "optim/lr_schedule.h"
 #include "monitor/loss_plot.h"
 #include "monitor/tensorboard.h"
+#include "train/finetuning.h"
 #include "train/metrics_log.h"
 
 namespace fab {
@@ -155,6 +156,9 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   for (int64_t m = 0; m < micro_batches; ++m) {
     dp_->begin_micro_batch(m);
     const Batch b = collate(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
+    // LoRA dropout masks: one stream per (seed, rank, micro-batch of the run), so a resumed run draws the same.
+    model_->set_dropout_seed((uint64_t(config_.seed) * 1000003u + uint64_t(group_->rank())) * 0x100000001b3ull +
+                             uint64_t(step * micro_batches + m));
     sums[0] += model_->forward_backward(b.ids, b.labels, scale, {b.positions, b.doc_start});
   }
   dp_->finish_gradients();
@@ -235,6 +239,7 @@ nlohmann::json Trainer::parallel_metrics() {
           {"memory_parameters_bytes", params},
           {"memory_gradients_bytes", grads},
           {"memory_optimizer_state_bytes", opt},
+          {"memory_frozen_parameters_bytes", model_->frozen().bytes() + model_->frozen_bf16().bytes()},
           {"comm_bytes_sent_per_step", int64_t(sent)},
           {"comm_hidden_fraction", busy > 0 ? std::clamp(1.0 - blocked / busy, 0.0, 1.0) : 1.0}};
 }
@@ -280,7 +285,7 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
 void Trainer::save(int64_t step) {
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
-  save_checkpoint(dir, *dp_, state_, config_yaml_);
+  save_checkpoint(dir, *dp_, state_, config_yaml_, config_.model_name_or_path);
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
   group_->barrier("checkpoints pruned");
 }
@@ -364,7 +369,7 @@ bool Trainer::run() {
 // The trained model as an HF folder in output_dir, with the tokenizer files copied beside it.
 void Trainer::finish() {
   dp_->gather_all_parameters();
-  if (main_) save_model_folder(*model_, config_.output_dir);
+  if (main_) save_trained_weights(*model_, config_.output_dir, config_.model_name_or_path);
   dp_->release_gathered_parameters();
   group_->barrier("final model written");
   if (!main_) return;
