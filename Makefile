@@ -18,8 +18,10 @@ build: $(BUILD)/build.ninja
 
 # Reference fixtures from PyTorch (Debian's python3-torch, system python3).
 $(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/reference/safetensors_io.py \
+    tests/reference/make_lora_reference.py \
     tests/reference/rope_transformers.json
 	/usr/bin/python3 tests/reference/make_reference.py $(BUILD)/reference
+	/usr/bin/python3 tests/reference/make_lora_reference.py $(BUILD)/reference
 
 # Tokenizer parity fixture from Hugging Face `tokenizers` (PyPI, in build/pyref/.venv).
 $(BUILD)/reference/tokenizer_parity.json: tests/tokenizer/tokenizer_parity.py tests/tokenizer/tokenizer_parity_texts.py \
