@@ -87,10 +87,9 @@ std::vector<std::string> freeze_patterns(const TrainConfig& c, int64_t num_layer
 
 void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& options) {
   if (c.finetuning_type == "lora") {
-    options.lora = c.adapter_name_or_path.empty() ? lora_from_config(c) : read_adapter_config(c.adapter_name_or_path);
-    options.lora.seed = uint64_t(c.seed);
-    const std::vector<std::string> modules = options.lora.modules_to_save;
-    options.trainable = [modules](const std::string& name) { return in_modules(name, modules); };
+    LoraOptions lora = c.adapter_name_or_path.empty() ? lora_from_config(c) : read_adapter_config(c.adapter_name_or_path);
+    lora.seed = uint64_t(c.seed);
+    use_lora(lora, options);
   } else if (c.finetuning_type == "freeze") {
     const std::vector<std::string> patterns = freeze_patterns(c, num_layers);
     options.trainable = [patterns](const std::string& name) {
@@ -98,6 +97,12 @@ void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& 
                          [&](const std::string& p) { return name.find(p) != std::string::npos; });
     };
   }
+}
+
+void use_lora(const LoraOptions& lora, DecoderOptions& options) {
+  options.lora = lora;
+  const std::vector<std::string> modules = lora.modules_to_save;
+  options.trainable = [modules](const std::string& name) { return in_modules(name, modules); };
 }
 
 void load_initial_adapter(const TrainConfig& c, DecoderModel& model) {

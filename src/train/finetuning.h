@@ -15,6 +15,9 @@ namespace fab {
 // freeze_trainable_layers / _modules / freeze_extra_modules. A bad name is a UserError.
 void apply_finetuning(const TrainConfig& config, int64_t num_layers, DecoderOptions& options);
 
+// LoRA adapters with these options: options.lora, and only PEFT's modules_to_save train.
+void use_lora(const LoraOptions& lora, DecoderOptions& options);
+
 // After the base weights are loaded: the adapter of adapter_name_or_path, if any.
 void load_initial_adapter(const TrainConfig& config, DecoderModel& model);
 
