@@ -19,6 +19,8 @@
 #include "launch/launcher.h"
 #include "launch/output_dir_lock.h"
 #include "models/hf_model.h"
+#include "parallel/layout.h"
+#include "parallel/mesh.h"
 #include "train/checkpoint.h"
 #include "train/finetuning.h"
 #include "train/trainer.h"
@@ -103,9 +105,14 @@ void check_run_config(const TrainConfig& c) {
                  c.output_dir);
 }
 
+ParallelLayout layout_of_run(const TrainConfig& c, int world_size) {
+  return parallel_layout(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string()), world_size);
+}
+
 // Run by hand with nproc_per_node > 1 or a cluster: this process becomes the launcher.
 int launch(const TrainConfig& c, int argc, char** argv) {
   const ClusterFile cluster = c.cluster.empty() ? ClusterFile{} : load_cluster_file(c.cluster);
+  layout_of_run(c, cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots());  // fails before any worker starts
   std::vector<std::string> worker = {fs::read_symlink("/proc/self/exe").string()};
   for (int i = 1; i < argc; ++i) worker.push_back(argv[i]);
   const auto command = mpirun_command(c, cluster, worker);
@@ -145,6 +152,8 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
     if (!OutputDirLock::held_by_launcher(c.output_dir)) lock.emplace(c.output_dir);
   }
   comm->barrier("configuration checked");
+  const ParallelLayout layout = layout_of_run(c, world.size);
+  auto mesh = std::make_unique<DeviceMesh>(*comm, layout.sizes());
   if (world.size > 1) start_rank_log(c.output_dir, world.rank);
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
   PreparedData data = prepare_on_node(c, tokenizer, world, *comm);
@@ -174,11 +183,12 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   bool finished = false;
   {
-    Trainer trainer(c, std::move(model), TrainData{data.train, data.eval, pad}, comm.get());
+    Trainer trainer(c, std::move(model), TrainData{data.train, data.eval, pad}, mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     finished = trainer.run();
   }
   if (finished && main) std::printf("done: model saved to %s\n", c.output_dir.c_str());
+  mesh.reset();  // its groups before the world they were split from
   comm.reset();
   leave_world();
   return 0;

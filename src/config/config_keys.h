@@ -378,4 +378,18 @@
   X(nproc_per_node, nproc_per_node, int64_t, 1, Own, "Worker processes on this machine (torchrun's name); fabrica train starts them through mpirun") \
   X(cluster, cluster, std::string, "", Own, "Cluster file from `fabrica init` (hosts, slots, network interface): launch across machines") \
   X(zero_stage, zero_stage, int64_t, 0, Own, "ZeRO stage: 0 (plain data parallel), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters) sharded") \
-  X(ddp_bucket_size, ddp_bucket_size, double, 25.0, Own, "Gradient bucket size in MB (torch DDP's bucket_cap_mb): each bucket is reduced while backward goes on")
+  X(ddp_bucket_size, ddp_bucket_size, double, 25.0, Own, "Gradient bucket size in MB (torch DDP's bucket_cap_mb): each bucket is reduced while backward goes on") \
+  /* model parallelism (Fabrica's own keys; Megatron's spellings are aliases, below) */                 \
+  X(tensor_parallel_size, tensor_parallel_size, int64_t, 1, Own, "Tensor-parallel ranks (Megatron's split of each layer; tensor_model_parallel_size is an alias). world = tp x pp x dp, tp fastest") \
+  X(sequence_parallel, sequence_parallel, bool, false, Own, "With tensor parallel: norms and the residual stream on 1/tp of the tokens, all-gather / reduce-scatter instead of all-reduce") \
+  X(pipeline_parallel_size, pipeline_parallel_size, int64_t, 1, Own, "Pipeline stages (pipeline_model_parallel_size is an alias)") \
+  X(virtual_pipeline_parallel_size, virtual_pipeline_parallel_size, int64_t, 1, Own, "Model chunks per pipeline stage for interleaved 1F1B (virtual_pipeline_model_parallel_size is an alias)") \
+  X(pipeline_layers, pipeline_layers, std::vector<int64_t>, {}, Own, "Decoder layers of each pipeline stage (of each virtual chunk, in stage order, with interleaving), e.g. [3, 5]; empty: an automatic split that balances the embedding and the head") \
+  X(pipeline_schedule, pipeline_schedule, std::string, "1f1b", Own, "1f1b or interleaved_1f1b (needs virtual_pipeline_parallel_size > 1)")
+
+// Other spellings of keys, read as the key they name (Megatron's, as LLaMA-Factory's mcore backend
+// and verl write them). Setting both spellings is an error.
+#define FAB_CONFIG_ALIASES(A)                                                                                       \
+  A(tensor_model_parallel_size, tensor_parallel_size)                                                               \
+  A(pipeline_model_parallel_size, pipeline_parallel_size)                                                           \
+  A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)

@@ -31,6 +31,7 @@ const char* type_name() {
   if constexpr (std::is_same_v<T, bool>) return "bool";
   if constexpr (std::is_same_v<T, int64_t>) return "int";
   if constexpr (std::is_same_v<T, double>) return "float";
+  if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "list of int";
   return "string";
 }
 
@@ -93,6 +94,16 @@ std::string read_value(const YAML::Node& node, double& out) {
     return "expected a number";
   }
 }
+std::string read_value(const YAML::Node& node, std::vector<int64_t>& out) {
+  if (!node.IsSequence()) return "expected a list of integers, e.g. [4, 4]";
+  out.clear();
+  for (const YAML::Node& item : node) {
+    int64_t value = 0;
+    if (!item.IsScalar() || !read_value(item, value).empty()) return "expected a list of integers, e.g. [4, 4]";
+    out.push_back(value);
+  }
+  return "";
+}
 std::string read_value(const YAML::Node& node, std::string& out) {
   if (node.IsSequence()) {  // report_to: [tensorboard] and the like: a comma-separated string
     out.clear();
@@ -105,6 +116,15 @@ std::string read_value(const YAML::Node& node, std::string& out) {
   if (!node.IsScalar()) return "expected a string";
   out = node.as<std::string>();
   return "";
+}
+
+// The key an alias names, or `key` itself.
+std::string canonical_key(const std::string& key) {
+#define FAB_CONFIG_ALIAS(alias, target) \
+  if (key == #alias) return #target;
+  FAB_CONFIG_ALIASES(FAB_CONFIG_ALIAS)
+#undef FAB_CONFIG_ALIAS
+  return key;
 }
 
 struct Problems {
@@ -124,8 +144,9 @@ bool equals_default(const std::string& key, const YAML::Node& value) {
   return same;
 }
 
-void apply_key(TrainConfig& c, const std::string& key, const YAML::Node& value, const std::string& where,
+void apply_key(TrainConfig& c, const std::string& given_key, const YAML::Node& value, const std::string& where,
                Problems& problems) {
+  const std::string key = canonical_key(given_key);
   auto it = schema().find(key);
   if (it == schema().end()) {
     const std::string guess = closest_key(key);
@@ -270,9 +291,11 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
       continue;
     }
     const std::string key = item.first.as<std::string>();
-    const auto [seen, is_new] = first_line.emplace(key, item.first.Mark().line + 1);
+    const auto [seen, is_new] = first_line.emplace(canonical_key(key), item.first.Mark().line + 1);
     if (!is_new) {
-      problems.add(format("{}: key \"{}\" is set twice (first on line {})", where, key, seen->second));
+      const std::string also = canonical_key(key) == key ? "" : format(" (as its alias \"{}\")", key);
+      problems.add(format("{}: key \"{}\" is set twice{} (first on line {})", where, canonical_key(key), also,
+                          seen->second));
       continue;
     }
     apply_key(c, key, item.second, where, problems);
@@ -339,6 +362,10 @@ std::string train_config_to_yaml(const TrainConfig& c) {
   return std::string(out.c_str()) + "\n";
 }
 
+namespace {
+std::string default_text(const std::string& def) { return def == "{}" ? "[]" : def; }
+}  // namespace
+
 std::string config_reference_markdown() {
   std::ostringstream md;
   md << "# Configuration reference\n\n"
@@ -351,10 +378,15 @@ std::string config_reference_markdown() {
   static const char* status_text[] = {"yes", "accepted", "later", "fabrica"};
   // Schema order, not alphabetical: related keys stay together.
 #define FAB_CONFIG_ROW(key, field, type, def, status, doc)                                                  \
-  md << "| `" << #key << "` | " << type_name<type>() << " | `" << std::string(#def) << "` | "              \
+  md << "| `" << #key << "` | " << type_name<type>() << " | `" << default_text(#def) << "` | "            \
      << status_text[int(Status::status)] << " | " << doc << " |\n";
   FAB_CONFIG_KEYS(FAB_CONFIG_ROW)
 #undef FAB_CONFIG_ROW
+  md << "\nAliases (other spellings read as the key they name; setting both is an error):\n\n"
+        "| alias | key |\n|---|---|\n";
+#define FAB_CONFIG_ALIAS_ROW(alias, target) md << "| `" << #alias << "` | `" << #target << "` |\n";
+  FAB_CONFIG_ALIASES(FAB_CONFIG_ALIAS_ROW)
+#undef FAB_CONFIG_ALIAS_ROW
   return md.str();
 }
 

@@ -104,11 +104,11 @@ int64_t count_total_steps(const TrainConfig& c, int64_t batches_per_epoch) {
   return int64_t(steps);
 }
 
-Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, Communicator* group)
-    : config_(std::move(config)), model_(std::move(model)), data_(std::move(data)) {
+Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, DeviceMesh* mesh)
+    : config_(std::move(config)), model_(std::move(model)), data_(std::move(data)), mesh_(mesh) {
   FAB_USER_CHECK(!config_.output_dir.empty(), "output_dir is required");
-  if (!group) own_group_ = std::make_unique<LocalCommunicator>();
-  group_ = group ? group : own_group_.get();
+  if (!mesh) own_group_ = std::make_unique<LocalCommunicator>();
+  group_ = mesh ? &mesh->group("dp") : own_group_.get();
   main_ = group_->rank() == 0;
   DataParallelOptions dp;
   dp.zero_stage = int(config_.zero_stage);

@@ -14,6 +14,7 @@
 #include "models/decoder.h"
 #include "train/batch.h"
 #include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
 #include "train/checkpoint.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
@@ -32,9 +33,10 @@ struct StepRecord {
 
 class Trainer {
  public:
-  // `group`: the data-parallel group (nullptr: this process alone). Every rank of it runs a
-  // Trainer with the same config; rank 0 writes metrics, logs and the final model.
-  Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, Communicator* group = nullptr);
+  // `mesh`: this rank's process groups (nullptr: this process alone); data parallelism runs over
+  // its "dp" group. Every rank runs a Trainer with the same config; rank 0 of the data-parallel
+  // group writes metrics, logs and the final model.
+  Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, DeviceMesh* mesh = nullptr);
   ~Trainer();
 
   // Trains to the end (or until SIGINT/SIGTERM, after which it saves a checkpoint and returns
@@ -61,7 +63,8 @@ class Trainer {
   std::unique_ptr<DecoderModel> model_;
   TrainData data_;
   std::unique_ptr<Communicator> own_group_;  // when training alone
-  Communicator* group_;
+  DeviceMesh* mesh_ = nullptr;
+  Communicator* group_;                       // data parallel
   bool main_ = true;  // rank 0 of the group
   std::unique_ptr<DataParallel> dp_;
   CommStats comm_at_last_log_;

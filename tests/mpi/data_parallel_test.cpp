@@ -55,7 +55,8 @@ TrainConfig config_for(const std::string& model, const std::string& output, int6
 std::vector<StepRecord> train(const TrainConfig& c, Communicator* group) {
   auto model = load_model_folder(c.model_name_or_path, {Precision::fp32, false, 64}, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(48, 1), test::synthetic_samples(6, 2), 0};
-  Trainer trainer(c, std::move(model), std::move(data), group);
+  DeviceMesh mesh(*group, ParallelSizes{.dp = group->size()});
+  Trainer trainer(c, std::move(model), std::move(data), &mesh);
   trainer.run();
   return trainer.history();
 }

@@ -1,0 +1,148 @@
+#include "parallel/layout.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace fab {
+namespace {
+
+std::string join(const std::vector<int64_t>& values) {
+  std::string out;
+  for (int64_t v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return "[" + out + "]";
+}
+
+// Forward FLOPs per token (backward is twice these for every part, so the ratios hold):
+// 2 per weight of each GEMM, and causal attention's QK^T and PV over half the sequence on average.
+double layer_flops(const ModelConfig& m, int64_t sequence_length) {
+  const double C = double(m.hidden_size), D = double(m.head_dim), H = double(m.num_attention_heads),
+               KV = double(m.num_key_value_heads), I = double(m.intermediate_size);
+  const double gemm = 2 * (C * (H + 2 * KV) * D + H * D * C + 3 * C * I);
+  const double attention = 2 * 2 * H * D * double(sequence_length) / 2;
+  return gemm + attention;
+}
+
+double head_flops(const ModelConfig& m) { return 2.0 * double(m.vocab_size) * double(m.hidden_size); }
+
+void check_tensor_parallel(const ModelConfig& m, int tp) {
+  FAB_USER_CHECK(m.num_attention_heads % tp == 0,
+                 "tensor_parallel_size {} does not divide config.json's num_attention_heads {}: each rank holds "
+                 "whole attention heads",
+                 tp, m.num_attention_heads);
+  FAB_USER_CHECK(m.num_key_value_heads % tp == 0,
+                 "tensor_parallel_size {} does not divide config.json's num_key_value_heads {}: each rank holds "
+                 "whole key/value heads",
+                 tp, m.num_key_value_heads);
+  FAB_USER_CHECK(m.intermediate_size % tp == 0,
+                 "tensor_parallel_size {} does not divide config.json's intermediate_size {}: the MLP is split "
+                 "evenly",
+                 tp, m.intermediate_size);
+}
+
+void check_pipeline(const TrainConfig& c, const ModelConfig& m, const ParallelLayout& l) {
+  const int64_t layers = m.num_hidden_layers;
+  FAB_USER_CHECK(l.vpp == 1 || l.pp > 1,
+                 "virtual_pipeline_parallel_size {} needs pipeline_parallel_size > 1 (it is the model chunks of "
+                 "each pipeline stage)",
+                 l.vpp);
+  FAB_USER_CHECK(l.schedule == "1f1b" || l.schedule == "interleaved_1f1b",
+                 "pipeline_schedule \"{}\": expected 1f1b or interleaved_1f1b", l.schedule);
+  FAB_USER_CHECK((l.schedule == "interleaved_1f1b") == (l.vpp > 1),
+                 "pipeline_schedule {} with virtual_pipeline_parallel_size {}: interleaved_1f1b runs several model "
+                 "chunks per stage (set virtual_pipeline_parallel_size > 1), 1f1b one",
+                 l.schedule, l.vpp);
+  FAB_USER_CHECK(l.chunks() <= layers,
+                 "pipeline_parallel_size {} x virtual_pipeline_parallel_size {} = {} model chunks, but config.json "
+                 "has {} layers (each chunk needs at least one)",
+                 l.pp, l.vpp, l.chunks(), layers);
+  FAB_USER_CHECK(l.vpp == 1 || c.gradient_accumulation_steps % l.pp == 0,
+                 "interleaved_1f1b runs the micro-batches in groups of pipeline_parallel_size: "
+                 "gradient_accumulation_steps {} is not a multiple of pipeline_parallel_size {}",
+                 c.gradient_accumulation_steps, l.pp);
+  FAB_USER_CHECK(l.pp == 1 || c.zero_stage < 3,
+                 "zero_stage 3 with pipeline_parallel_size {} is not supported: each stage already holds only its "
+                 "layers; use zero_stage 1 or 2",
+                 l.pp);
+  if (c.pipeline_layers.empty()) return;
+  FAB_USER_CHECK(l.pp > 1, "pipeline_layers {} is set but pipeline_parallel_size is 1", join(c.pipeline_layers));
+  FAB_USER_CHECK(int64_t(c.pipeline_layers.size()) == l.chunks(),
+                 "pipeline_layers {} has {} entries; expected pipeline_parallel_size {} x "
+                 "virtual_pipeline_parallel_size {} = {}",
+                 join(c.pipeline_layers), c.pipeline_layers.size(), l.pp, l.vpp, l.chunks());
+  const int64_t sum = std::accumulate(c.pipeline_layers.begin(), c.pipeline_layers.end(), int64_t(0));
+  const bool positive = std::all_of(c.pipeline_layers.begin(), c.pipeline_layers.end(), [](int64_t n) { return n > 0; });
+  FAB_USER_CHECK(positive && sum == layers,
+                 "pipeline_layers {}: expected positive layer counts summing to config.json's num_hidden_layers {}",
+                 join(c.pipeline_layers), layers);
+}
+
+}  // namespace
+
+int64_t ParallelLayout::first_layer(int chunk) const {
+  FAB_CHECK(chunk >= 0 && chunk < int(chunk_layers.size()), "chunk {} of {}", chunk, chunk_layers.size());
+  return std::accumulate(chunk_layers.begin(), chunk_layers.begin() + chunk, int64_t(0));
+}
+
+std::vector<int64_t> balanced_layer_split(const ModelConfig& m, int chunks, int64_t sequence_length) {
+  const int64_t layers = m.num_hidden_layers;
+  FAB_CHECK(chunks >= 1 && chunks <= layers, "{} chunks of {} layers", chunks, layers);
+  const double layer = layer_flops(m, sequence_length), head = head_flops(m);
+  // cost(k, first, n): chunk k holding layers [first, first + n).
+  auto cost = [&](int k, int64_t n) { return double(n) * layer + (k == chunks - 1 ? head : 0.0); };
+  // best[k][i]: the least possible costliest chunk when chunks 0..k-1 hold the first i layers.
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(size_t(chunks + 1), std::vector<double>(size_t(layers + 1), kNone));
+  std::vector<std::vector<int64_t>> take(size_t(chunks + 1), std::vector<int64_t>(size_t(layers + 1), 0));
+  best[0][0] = 0;
+  for (int k = 0; k < chunks; ++k)
+    for (int64_t i = k; i <= layers; ++i) {
+      if (best[size_t(k)][size_t(i)] == kNone) continue;
+      for (int64_t n = 1; i + n <= layers - (chunks - 1 - k); ++n) {
+        const double worst = std::max(best[size_t(k)][size_t(i)], cost(k, n));
+        // Ties go to the split that puts fewer layers first (the first stage holds the most
+        // activations in flight under 1F1B).
+        if (worst < best[size_t(k + 1)][size_t(i + n)]) {
+          best[size_t(k + 1)][size_t(i + n)] = worst;
+          take[size_t(k + 1)][size_t(i + n)] = n;
+        }
+      }
+    }
+  std::vector<int64_t> split(static_cast<size_t>(chunks));
+  for (int k = chunks, i = int(layers); k > 0; --k) {
+    split[size_t(k - 1)] = take[size_t(k)][size_t(i)];
+    i -= int(split[size_t(k - 1)]);
+  }
+  return split;
+}
+
+ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int world_size) {
+  ParallelLayout l;
+  FAB_USER_CHECK(c.tensor_parallel_size >= 1 && c.pipeline_parallel_size >= 1 && c.virtual_pipeline_parallel_size >= 1,
+                 "tensor_parallel_size {}, pipeline_parallel_size {} and virtual_pipeline_parallel_size {} must each "
+                 "be at least 1",
+                 c.tensor_parallel_size, c.pipeline_parallel_size, c.virtual_pipeline_parallel_size);
+  l.tp = int(c.tensor_parallel_size);
+  l.pp = int(c.pipeline_parallel_size);
+  l.vpp = int(c.virtual_pipeline_parallel_size);
+  l.sequence_parallel = c.sequence_parallel;
+  l.schedule = c.pipeline_schedule;
+  FAB_USER_CHECK(world_size % (l.tp * l.pp) == 0,
+                 "{} ranks is not a multiple of tensor_parallel_size {} x pipeline_parallel_size {} = {} (world = tp "
+                 "x pp x dp)",
+                 world_size, l.tp, l.pp, l.tp * l.pp);
+  l.dp = world_size / (l.tp * l.pp);
+  FAB_USER_CHECK(!l.sequence_parallel || l.tp > 1,
+                 "sequence_parallel needs tensor_parallel_size > 1 (it splits the tokens over the tensor-parallel "
+                 "ranks)");
+  check_tensor_parallel(m, l.tp);
+  check_pipeline(c, m, l);
+  l.chunk_layers = c.pipeline_layers.empty() ? balanced_layer_split(m, l.chunks(), std::min(c.cutoff_len, m.max_position_embeddings)) : c.pipeline_layers;
+  FAB_USER_CHECK(l.tp == 1, "tensor_parallel_size {} is not implemented in Fabrica yet", l.tp);
+  FAB_USER_CHECK(l.pp == 1, "pipeline_parallel_size {} is not implemented in Fabrica yet", l.pp);
+  return l;
+}
+
+}  // namespace fab

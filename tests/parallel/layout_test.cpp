@@ -1,0 +1,91 @@
+// The parallel layout read from a config: sizes, Megatron's aliases, the automatic layer split
+// that balances the LM head, and every conflicting combination refused with the sizes named.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "parallel/layout.h"
+
+namespace fab {
+namespace {
+
+ModelConfig model(int64_t layers, int64_t vocab = 64) {
+  return parse_model_config(R"({"model_type":"llama","vocab_size":)" + std::to_string(vocab) +
+                                R"(,"hidden_size":32,"intermediate_size":48,"num_hidden_layers":)" +
+                                std::to_string(layers) +
+                                R"(,"num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":64})",
+                            "config.json");
+}
+
+TrainConfig config(const std::string& yaml) { return parse_train_config("output_dir: out\n" + yaml, "run.yaml"); }
+
+std::string error_of(const TrainConfig& c, const ModelConfig& m, int world) {
+  try {
+    parallel_layout(c, m, world);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ParallelLayout, DataParallelTakesTheRanksLeft) {
+  const ParallelLayout l = parallel_layout(config(""), model(2), 4);
+  EXPECT_EQ(l.tp, 1);
+  EXPECT_EQ(l.pp, 1);
+  EXPECT_EQ(l.dp, 4);
+  EXPECT_EQ(l.chunk_layers, (std::vector<int64_t>{2}));
+}
+
+TEST(ParallelLayout, MegatronSpellingsAreAliases) {
+  const TrainConfig c = config("tensor_model_parallel_size: 2\npipeline_model_parallel_size: 2\n"
+                               "virtual_pipeline_model_parallel_size: 2\npipeline_schedule: interleaved_1f1b\n");
+  EXPECT_EQ(c.tensor_parallel_size, 2);
+  EXPECT_EQ(c.pipeline_parallel_size, 2);
+  EXPECT_EQ(c.virtual_pipeline_parallel_size, 2);
+  try {
+    config("tensor_parallel_size: 2\ntensor_model_parallel_size: 2\n");
+    FAIL() << "both spellings accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"tensor_parallel_size\" is set twice (as its alias "
+                                         "\"tensor_model_parallel_size\")"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(config("pipeline_layers: [1, 3]\n").pipeline_layers, (std::vector<int64_t>{1, 3}));
+  EXPECT_THROW(config("pipeline_layers: 4\n"), UserError);
+}
+
+TEST(ParallelLayout, AutomaticSplitBalancesTheHead) {
+  // Equal layers and no head: an even split.
+  EXPECT_EQ(balanced_layer_split(model(8, 1), 2, 16), (std::vector<int64_t>{4, 4}));
+  // A head as costly as several layers: the last chunk takes fewer layers.
+  const std::vector<int64_t> split = balanced_layer_split(model(8, 32000), 2, 16);
+  EXPECT_EQ(split[0] + split[1], 8);
+  EXPECT_GT(split[0], split[1]);
+  EXPECT_EQ(balanced_layer_split(model(5, 1), 5, 16), (std::vector<int64_t>(5, 1)));
+}
+
+TEST(ParallelLayout, ConflictsNameTheSizes) {
+  auto expect = [](const std::string& yaml, int world, const std::string& words, int64_t layers = 4) {
+    const std::string e = error_of(config(yaml), model(layers), world);
+    EXPECT_NE(e.find(words), std::string::npos) << yaml << " -> " << e;
+  };
+  expect("tensor_parallel_size: 3\n", 3, "does not divide config.json's num_attention_heads 4");
+  expect("tensor_parallel_size: 4\n", 4, "does not divide config.json's num_key_value_heads 2");
+  expect("tensor_parallel_size: 2\n", 3, "3 ranks is not a multiple of tensor_parallel_size 2");
+  expect("pipeline_parallel_size: 8\n", 8, "8 model chunks, but config.json has 4 layers");
+  expect("pipeline_parallel_size: 2\nzero_stage: 3\n", 2, "zero_stage 3 with pipeline_parallel_size 2");
+  expect("virtual_pipeline_parallel_size: 2\npipeline_schedule: interleaved_1f1b\n", 1,
+         "needs pipeline_parallel_size > 1");
+  expect("pipeline_parallel_size: 2\nvirtual_pipeline_parallel_size: 2\n", 2, "interleaved_1f1b runs several");
+  expect("pipeline_parallel_size: 2\nvirtual_pipeline_parallel_size: 2\npipeline_schedule: interleaved_1f1b\n"
+         "gradient_accumulation_steps: 3\n",
+         2, "gradient_accumulation_steps 3 is not a multiple of pipeline_parallel_size 2");
+  expect("pipeline_parallel_size: 2\npipeline_layers: [1, 2]\n", 2, "summing to config.json's num_hidden_layers 4");
+  expect("pipeline_parallel_size: 2\npipeline_layers: [1, 1, 2]\n", 2, "has 3 entries; expected");
+  expect("pipeline_layers: [4]\n", 1, "pipeline_parallel_size is 1");
+  expect("sequence_parallel: true\n", 1, "sequence_parallel needs tensor_parallel_size > 1");
+  expect("pipeline_schedule: zero_bubble\n", 1, "expected 1f1b or interleaved_1f1b");
+}
+
+}  // namespace
+}  // namespace fab
