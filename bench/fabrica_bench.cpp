@@ -32,6 +32,7 @@ struct Flags {
   std::string precision = "fp32";
   int warmup = 2, steps = 8, threads = 2;
   bool recompute = false;
+  bool lora = false;  // LoRA r 8, alpha 16 on every projection, the base frozen (PEFT's setup)
   bool data_parallel = false;
   int zero = 0;
   double allreduce_mb = 0;
@@ -54,6 +55,7 @@ Flags parse(int argc, char** argv) {
     else if (a == "--steps") f.steps = std::stoi(next());
     else if (a == "--threads") f.threads = std::stoi(next());
     else if (a == "--recompute") f.recompute = true;
+    else if (a == "--lora") f.lora = true;
     else if (a == "--data-parallel") f.data_parallel = true;
     else if (a == "--zero") f.zero = std::stoi(next());
     else if (a == "--allreduce-mb") f.allreduce_mb = std::stod(next());
@@ -133,6 +135,12 @@ int main(int argc, char** argv) {
   options.precision = flags.precision == "bf16" ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = flags.recompute;
   options.max_seq_len = seq;
+  if (flags.lora) {
+    options.lora.rank = 8;
+    options.lora.alpha = 16;
+    options.lora.targets = lora_projection_names();
+    options.trainable = [](const std::string&) { return false; };
+  }
   DecoderModel model(cfg, options);
   model.init_random(1234);
   DataParallel dp(model, *world, {flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}});
@@ -169,7 +177,7 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"impl\":\"fabrica\",\"precision\":\"%s\",\"threads\":%d,\"ranks\":%d,\"zero_stage\":%d,"
         "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\"}\n",
-        flags.precision.c_str(), flags.threads, world->size(), flags.zero, tokens / seconds,
+        (flags.precision + (flags.lora ? "+lora" : "")).c_str(), flags.threads, world->size(), flags.zero, tokens / seconds,
         1000.0 * seconds / flags.steps, double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str());
   world.reset();
   leave_world();

@@ -170,7 +170,7 @@
   X(freeze_trainable_layers, freeze_trainable_layers, int64_t, 2, Supported, "freeze: trainable decoder layers, the last N (N > 0) or the first |N| (N < 0)") \
   X(freeze_trainable_modules, freeze_trainable_modules, std::string, "all", Supported, "freeze: trainable modules of those layers: all, or a comma list of self_attn, mlp, input_layernorm, post_attention_layernorm") \
   X(freeze_extra_modules, freeze_extra_modules, std::string, "", Supported, "freeze: modules outside the decoder layers that train too: comma list of embed_tokens, norm, lm_head") \
-  X(additional_target, additional_target, std::string, "", Supported, "lora: modules trained in full and saved with the adapter (PEFT modules_to_save): comma list of embed_tokens, lm_head, norm") \
+  X(additional_target, additional_target, std::string, "", Supported, "lora: modules trained in full and saved with the adapter (PEFT modules_to_save, matched as PEFT does: module names ending with it): comma list of embed_tokens, lm_head, norm, input_layernorm, post_attention_layernorm, q_norm, k_norm") \
   X(module_dropout, module_dropout, double, 0.0, Later, "Dropout rate for the OFT fine-tuning") \
   X(oft_rank, oft_rank, int64_t, 0, Later, "The intrinsic dimension for OFT fine-tuning") \
   X(oft_block_size, oft_block_size, int64_t, 32, Later, "The intrinsic dimension for OFT fine-tuning") \

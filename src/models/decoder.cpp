@@ -50,6 +50,12 @@ void check_fits_in_memory(const ModelConfig& c, int64_t numel, bool bf16_copy) {
 
 DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& options)
     : config_(config), options_(options) {
+  // PEFT gives a module of modules_to_save its own copy, which unties a tied embedding; this
+  // model keeps one tensor for both, so that combination is refused.
+  for (const std::string& m : options_.lora.modules_to_save)
+    FAB_USER_CHECK(!config_.tie_word_embeddings || (m != "lm_head" && m != "embed_tokens"),
+                   "additional_target {} on a model with tie_word_embeddings is not supported (PEFT would untie "
+                   "the embedding and the head)", m);
   register_parameters();
   const bool bf16 = options_.precision == Precision::bf16;
   check_fits_in_memory(config_, params_.numel() + frozen_.numel() + frozen_bf16_.numel(), bf16);

@@ -35,17 +35,31 @@ Tensor activation(Shape shape, const Tensor& like) {
   return Tensor::empty(std::move(shape), DType::f32, MemoryCategory::activations, like.device());
 }
 
+// splitmix64's finaliser: a counter-based generator, so element i's draw depends only on
+// (seed, stream, i), whatever the thread count.
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 // mask = keep / (1 - p), keep ~ Bernoulli(1 - p), from the pass's seed and the branch's stream.
 Tensor dropout_mask(int64_t n, const LoraPass& pass, uint64_t stream, const Tensor& like) {
   Tensor mask = activation({n}, like);
-  Rng rng(pass.seed * 0x9e3779b97f4a7c15ull + stream);
+  const uint64_t key = mix(pass.seed * 0x9e3779b97f4a7c15ull + stream);
   const float keep_scale = 1.0f / (1.0f - pass.dropout);
+  const double p = double(pass.dropout);
   float* m = mask.data<float>();
-  for (int64_t i = 0; i < n; ++i) m[i] = rng.uniform() >= double(pass.dropout) ? keep_scale : 0.0f;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const double u = double(mix(key + uint64_t(i) * 0x9e3779b97f4a7c15ull) >> 11) * 0x1.0p-53;  // [0, 1)
+    m[i] = u >= p ? keep_scale : 0.0f;
+  }
   return mask;
 }
 
 void multiply(const float* x, const float* mask, float* out, int64_t n) {
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * mask[i];
 }
 

@@ -16,10 +16,8 @@ std::vector<std::string> comma_list(const std::string& text) {
   while (start <= text.size()) {
     size_t end = text.find(',', start);
     if (end == std::string::npos) end = text.size();
-    std::string item = text.substr(start, end - start);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (!item.empty()) out.push_back(item);
+    const size_t first = text.find_first_not_of(" \t", start);
+    if (first < end) out.push_back(text.substr(first, text.find_last_not_of(" \t", end - 1) + 1 - first));
     start = end + 1;
   }
   return out;
@@ -34,17 +32,18 @@ void require_known(const std::vector<std::string>& names, const std::vector<std:
   }
 }
 
-// PEFT matches modules_to_save by module name: the parameter's module is the target or ends with
-// "." + target.
+// PEFT matches modules_to_save by module name: a module whose name ends with the target (no dot
+// needed, so "norm" also takes input_layernorm, q_norm, ...: peft's `key.endswith(target)`).
 bool in_modules(const std::string& param, const std::vector<std::string>& modules) {
   const std::string module = param.substr(0, param.rfind('.'));
   for (const std::string& m : modules)
-    if (module == m || (module.size() > m.size() && module.compare(module.size() - m.size() - 1, m.size() + 1, "." + m) == 0))
-      return true;
+    if (module.size() >= m.size() && module.compare(module.size() - m.size(), m.size(), m) == 0) return true;
   return false;
 }
 
 const std::vector<std::string> kOuterModules = {"embed_tokens", "lm_head", "norm"};
+const std::vector<std::string> kSavableModules = {"embed_tokens", "lm_head", "norm", "input_layernorm",
+                                                  "post_attention_layernorm", "q_norm", "k_norm"};
 
 LoraOptions lora_from_config(const TrainConfig& c) {
   LoraOptions o;
@@ -56,7 +55,7 @@ LoraOptions lora_from_config(const TrainConfig& c) {
   require_known(o.targets, lora_projection_names(), "lora_target");
   FAB_USER_CHECK(!o.targets.empty(), "lora_target is empty: expected all or a comma list of projections");
   o.modules_to_save = comma_list(c.additional_target);
-  require_known(o.modules_to_save, kOuterModules, "additional_target");
+  require_known(o.modules_to_save, kSavableModules, "additional_target");
   return o;
 }
 
@@ -76,7 +75,7 @@ std::vector<std::string> freeze_patterns(const TrainConfig& c, int64_t num_layer
                 "freeze_trainable_modules");
   std::vector<std::string> patterns;
   for (const std::string& m : modules)
-    for (int64_t i : layers) patterns.push_back("." + std::to_string(i) + "." + (m == "all" ? "" : m));
+    for (int64_t i : layers) patterns.push_back(format(".{}.{}", i, m == "all" ? std::string() : m));
   const std::vector<std::string> extra = comma_list(c.freeze_extra_modules);
   require_known(extra, kOuterModules, "freeze_extra_modules");
   patterns.insert(patterns.end(), extra.begin(), extra.end());

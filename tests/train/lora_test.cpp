@@ -130,7 +130,7 @@ TEST(Lora, OutputAndCheckpointsHoldAPeftAdapter) {
   auto t = make_trainer(config_for(model, out, "finetuning_type: lora\nlora_rank: 4\nadditional_target: lm_head\n"));
   ASSERT_TRUE(t->run());
   const std::set<std::string> expected = peft_keys(3, lora_projection_names(), {"lm_head"});
-  for (const std::string dir : {out, out + "/checkpoint-3"}) {
+  for (const std::string& dir : {out, out + "/checkpoint-3"}) {
     ASSERT_TRUE(fs::exists(dir + "/adapter_model.safetensors")) << dir;
     EXPECT_FALSE(fs::exists(dir + "/model.safetensors")) << dir << ": the base is not saved again";
     const auto names = SafetensorsFile::open(dir + "/adapter_model.safetensors").names();
@@ -208,6 +208,37 @@ TEST(Lora, MergedWeightsAndAdaptersOffMatch) {
   adapted->set_adapters_enabled(true);
   merge_adapters(*adapted);
   test::expect_close(adapted->logits(ids), with_adapters, 1e-5, "merged logits");
+}
+
+// With A = B = I and scaling 1 the adapter adds dropout(x) itself: on x = 1 each element is 0
+// (probability p) or 1 / (1 - p), the same for the same seed and other for another.
+Tensor dropout_of_ones(float p, uint64_t seed) {
+  const int64_t rows = 256, n = 16;
+  auto identity = [n] {
+    Var v = make_var(Tensor::zeros({n, n}, DType::f32, MemoryCategory::activations));
+    for (int64_t i = 0; i < n; ++i) v->value.data<float>()[i * n + i] = 1.0f;
+    return v;
+  };
+  Var x = make_var(Tensor::empty({rows, n}, DType::f32, MemoryCategory::activations));
+  for (int64_t i = 0; i < x->value.numel(); ++i) x->value.data<float>()[i] = 1.0f;
+  Var y = make_var(Tensor::zeros({rows, n}, DType::f32, MemoryCategory::activations));
+  Tape tape;
+  add_lora(tape, x, y, {LoraBranch{identity(), identity(), 0, 3}}, LoraPass{1.0f, p, seed});
+  return y->value;
+}
+
+TEST(Lora, DropoutMasksHaveTheirRateAndFollowTheSeed) {
+  const Tensor a = dropout_of_ones(0.25f, 7), b = dropout_of_ones(0.25f, 7), c = dropout_of_ones(0.25f, 8);
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float v = a.data<float>()[i];
+    EXPECT_TRUE(v == 0.0f || std::fabs(v - 1.0f / 0.75f) < 1e-6f) << v;
+    dropped += v == 0.0f;
+  }
+  const double n = double(a.numel()), rate = double(dropped) / n;
+  EXPECT_NEAR(rate, 0.25, 4 * std::sqrt(0.25 * 0.75 / n));
+  EXPECT_EQ(0, std::memcmp(a.raw(), b.raw(), a.bytes()));
+  EXPECT_NE(0, std::memcmp(a.raw(), c.raw(), a.bytes()));
 }
 
 TEST(Lora, BadSettingsAreUserErrors) {
