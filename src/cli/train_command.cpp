@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "dataset/prepare.h"
 #include "launch/launcher.h"
+#include "launch/restart.h"
 #include "launch/output_dir_lock.h"
 #include "models/hf_model.h"
 #include "parallel/layout.h"
@@ -31,9 +32,11 @@ namespace fs = std::filesystem;
 namespace {
 
 TrainConfig config_from_args(int argc, char** argv, int first, const char* usage) {
-  Args args(argc, argv, first, {}, {});
+  Args args(argc, argv, first, {"max-restarts"}, {});
   FAB_USER_CHECK(!args.positional().empty(), "usage: {}", usage);
   std::vector<std::string> overrides(args.positional().begin() + 1, args.positional().end());
+  if (args.has("max-restarts"))  // torchrun's spelling
+    overrides.push_back("max_restarts=" + std::to_string(args.get_integer("max-restarts", 0, 0, 1 << 20)));
   TrainConfig c = load_train_config(args.positional()[0], overrides);
   if (!c.accepted_keys.empty()) {
     std::string keys;
@@ -109,17 +112,21 @@ ParallelLayout layout_of_run(const TrainConfig& c, int world_size) {
   return parallel_layout(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string()), world_size);
 }
 
-// Run by hand with nproc_per_node > 1 or a cluster: this process becomes the launcher.
+// Run by hand with nproc_per_node > 1, a cluster or max_restarts: this process becomes the
+// launcher, and restarts the workers when they fail (max_restarts).
 int launch(const TrainConfig& c, int argc, char** argv) {
   const ClusterFile cluster = c.cluster.empty() ? ClusterFile{} : load_cluster_file(c.cluster);
   layout_of_run(c, cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots());  // fails before any worker starts
   std::vector<std::string> worker = {fs::read_symlink("/proc/self/exe").string()};
   for (int i = 1; i < argc; ++i) worker.push_back(argv[i]);
-  const auto command = mpirun_command(c, cluster, worker);
   std::printf("launching %d workers: %s ...\n", cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots(),
-              command[0].c_str());
+              mpirun_command(c, cluster, worker)[0].c_str());
   std::fflush(stdout);
-  return run_launcher(command, (fs::path(c.output_dir) / "logs").string());
+  return run_with_restarts(c, [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = worker;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return mpirun_command(c, cluster, args);
+  });
 }
 
 // Each node's first worker tokenizes; the others then read its cache.
@@ -199,7 +206,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
 int run_train(int argc, char** argv) {
   const TrainConfig c = config_from_args(argc, argv, 2, "fabrica train CONFIG.yaml [key=value ...]");
   const WorldInfo world = world_from_environment();
-  if (world.size == 1 && (c.nproc_per_node > 1 || !c.cluster.empty())) {
+  if (world.size == 1 && (c.nproc_per_node > 1 || !c.cluster.empty() || c.max_restarts > 0)) {
     check_run_config(c);
     const OutputDirLock lock(c.output_dir);
     ::setenv(OutputDirLock::kHeldByLauncher, lock.path().c_str(), 1);

@@ -378,6 +378,11 @@
   X(nproc_per_node, nproc_per_node, int64_t, 1, Own, "Worker processes on this machine (torchrun's name); fabrica train starts them through mpirun") \
   X(cluster, cluster, std::string, "", Own, "Cluster file from `fabrica init` (hosts, slots, network interface): launch across machines") \
   X(zero_stage, zero_stage, int64_t, 0, Own, "ZeRO stage: 0 (plain data parallel), 1 (optimizer state), 2 (+ gradients), 3 (+ parameters) sharded") \
+  X(nan_policy, nan_policy, std::string, "stop", Own, "A non-finite loss or gradient norm on any rank: stop (exit naming the step and the rank, saving nothing new) or skip (drop that optimizer step, count it in metrics)") \
+  X(max_skipped_steps, max_skipped_steps, int64_t, 10, Own, "nan_policy skip: stop once more optimizer steps than this were skipped") \
+  X(save_every_minutes, save_every_minutes, double, 0.0, Own, "Also checkpoint at the end of the first step after this many minutes since the last save (0: off); bounds the work a crash can lose") \
+  X(max_restarts, max_restarts, int64_t, 0, Own, "Launcher: restart every worker from the newest checkpoint when a worker dies, hangs past ddp_timeout or a collective times out, up to N times (torchrun's --max-restarts; also given as `fabrica train run.yaml --max-restarts N`)") \
+  X(restart_backoff_s, restart_backoff_s, double, 3.0, Own, "Seconds the launcher waits before a restart") \
   X(ddp_bucket_size, ddp_bucket_size, double, 25.0, Own, "Gradient bucket size in MB (torch DDP's bucket_cap_mb): each bucket is reduced while backward goes on") \
   /* model parallelism (Fabrica's own keys; Megatron's spellings are aliases, below) */                 \
   X(tensor_parallel_size, tensor_parallel_size, int64_t, 1, Own, "Tensor-parallel ranks (Megatron's split of each layer; tensor_model_parallel_size is an alias). world = tp x pp x dp, tp fastest") \

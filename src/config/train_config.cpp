@@ -185,6 +185,13 @@ void check_ranges(const TrainConfig& c, Require& require) {
   require(c.save_total_limit >= 0, format("save_total_limit must be >= 0 (0: keep all), got {}", c.save_total_limit));
   require(c.eval_steps >= 0, format("eval_steps must be >= 0, got {}", c.eval_steps));
   require(c.warmup_steps >= 0, format("warmup_steps must be >= 0, got {}", c.warmup_steps));
+  require(c.nan_policy == "stop" || c.nan_policy == "skip",
+          format("nan_policy \"{}\": expected stop or skip", c.nan_policy));
+  require(c.max_skipped_steps >= 0, format("max_skipped_steps must be >= 0, got {}", c.max_skipped_steps));
+  require(c.save_every_minutes >= 0, format("save_every_minutes must be >= 0 (0: off), got {}", c.save_every_minutes));
+  require(c.max_restarts >= 0, format("max_restarts must be >= 0, got {}", c.max_restarts));
+  require(c.restart_backoff_s >= 0 && c.restart_backoff_s <= 3600,
+          format("restart_backoff_s must be in [0, 3600] seconds, got {}", c.restart_backoff_s));
 }
 
 void check_values(const TrainConfig& c, const std::string& source, Problems& problems) {

@@ -1,11 +1,13 @@
 #include "launch/launcher.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,7 +54,7 @@ namespace {
 // signal blocked, and with SIGTERM sent to it when this process dies, even by SIGKILL
 // (PR_SET_PDEATHSIG, which posix_spawn cannot set): mpirun then ends the workers. Between fork
 // and exec only async-signal-safe calls; an exec failure comes back through a pipe.
-pid_t spawn_tied_to_this_process(const std::vector<std::string>& command) {
+pid_t spawn_tied_to_this_process(const std::vector<std::string>& command, int stderr_to) {
   std::vector<char*> argv;
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -66,6 +68,7 @@ pid_t spawn_tied_to_this_process(const std::vector<std::string>& command) {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != launcher) ::_exit(127);  // the launcher died before the line above
     unblock_stop_signals_here();
+    ::dup2(stderr_to, STDERR_FILENO);
     ::execvp(argv[0], argv.data());
     const int error = errno;
     (void)!::write(exec_error_pipe[1], &error, sizeof error);
@@ -94,38 +97,121 @@ std::map<std::string, uintmax_t> rank_log_sizes(const std::string& log_dir) {
   return sizes;
 }
 
-// After a failed run: the collective timeouts the other ranks logged (rank 0's output is on the
-// console already), so the console names a hung rank whichever rank noticed it. The lines are
-// MpiCommunicator's "fabrica: rank R: collective '...' ... did not finish within T s: ...".
-void print_logged_timeouts(const std::string& log_dir, const std::map<std::string, uintmax_t>& sizes_before) {
+// After a failed run: the collective timeouts the ranks logged during it, each with its log's
+// path. The lines are MpiCommunicator's "fabrica: rank R: collective '...' ... did not finish
+// within T s: ...".
+std::vector<std::string> logged_timeouts(const std::string& log_dir, const std::map<std::string, uintmax_t>& sizes_before) {
+  std::vector<std::string> lines;
   for (const auto& [path, size] : rank_log_sizes(log_dir)) {
-    if (fs::path(path).filename() == "rank-0.log") continue;
     std::ifstream in(path);
     const auto before = sizes_before.find(path);
     in.seekg(std::streamoff(before == sizes_before.end() ? 0 : std::min(before->second, size)));
     for (std::string line; std::getline(in, line);)
-      if (line.find("did not finish within") != std::string::npos)
-        std::fprintf(stderr, "%s (from %s)\n", line.c_str(), path.c_str());
+      if (line.find("did not finish within") != std::string::npos) lines.push_back(line + " (from " + path + ")");
   }
+  return lines;
+}
+
+// Copies what the child writes to `from` onto our stderr, keeping the last 64 KiB of it, until
+// every writer has closed the pipe, or `child_ended` is set and nothing more comes for 200 ms (a
+// process the child left behind may still hold the pipe).
+void pass_stderr_on(int from, std::string& tail, const std::atomic<bool>& child_ended) {
+  char buffer[4096];
+  int quiet_ms = 0;
+  for (;;) {
+    pollfd p{from, POLLIN, 0};
+    const int ready = ::poll(&p, 1, 50);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      quiet_ms = child_ended ? quiet_ms + 50 : 0;
+      if (quiet_ms >= 200) return;
+      continue;
+    }
+    const ssize_t n = ::read(from, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    (void)!::write(STDERR_FILENO, buffer, size_t(n));
+    tail.append(buffer, size_t(n));
+    if (tail.size() > (64u << 10)) tail.erase(0, tail.size() - (32u << 10));
+  }
+}
+
+int number_after(const std::string& text, const std::string& marker) {
+  const size_t at = text.find(marker);
+  return at == std::string::npos ? -1 : std::atoi(text.c_str() + at + marker.size());
 }
 
 }  // namespace
 
-int run_launcher(const std::vector<std::string>& command, const std::string& log_dir) {
+void explain_failure(const std::string& mpirun_stderr, const std::vector<std::string>& timeout_lines,
+                     LaunchResult& result) {
+  // A timeout names the rank that never came (or sent nothing): that is the failed one, even
+  // though the rank that noticed is the one that aborted the job.
+  for (const std::string& line : timeout_lines) {
+    result.cause = line.substr(0, line.find(" (from "));
+    if (line.find("fabrica: ") == 0) result.cause = result.cause.substr(9);
+    const size_t named = line.find(": rank ", line.find("did not finish within"));
+    if (named != std::string::npos) result.failed_rank = std::atoi(line.c_str() + named + 7);
+    return;
+  }
+  const size_t signal_at = mpirun_stderr.find(" exited on signal ");
+  const int died = number_after(mpirun_stderr, "noticed that process rank ");
+  if (died >= 0 && signal_at != std::string::npos) {
+    const size_t end = mpirun_stderr.find_first_of(".\n", signal_at + 18);
+    result.failed_rank = died;
+    result.cause = format("rank {}{}", died, mpirun_stderr.substr(signal_at, end - signal_at));
+    return;
+  }
+  const int aborted = number_after(mpirun_stderr, "MPI_ABORT was invoked on rank ");
+  if (aborted >= 0) {
+    result.failed_rank = aborted;
+    result.cause = format("rank {} aborted the job (exit code {})", aborted, result.exit_code);
+    return;
+  }
+  result.cause = format("the workers exited with code {}", result.exit_code);
+}
+
+LaunchResult run_launcher(const std::vector<std::string>& command, const std::string& log_dir) {
   const auto log_sizes = rank_log_sizes(log_dir);
-  const pid_t pid = spawn_tied_to_this_process(command);
+  int err_pipe[2];
+  FAB_CHECK(::pipe2(err_pipe, O_CLOEXEC) == 0, "pipe failed: {}", std::strerror(errno));
+  std::string stderr_tail;
+  std::atomic<bool> ended{false};
+  std::thread passer(pass_stderr_on, err_pipe[0], std::ref(stderr_tail), std::cref(ended));
+  pid_t pid = -1;
+  try {
+    pid = spawn_tied_to_this_process(command, err_pipe[1]);
+  } catch (...) {
+    ::close(err_pipe[1]);
+    ended = true;
+    passer.join();
+    ::close(err_pipe[0]);
+    throw;
+  }
+  ::close(err_pipe[1]);
+  LaunchResult result;
   int status = 0;
   {
     // The first SIGINT/SIGTERM/SIGHUP reaches mpirun as SIGUSR1, which it passes to every worker
     // (their trainers stop after the step, save and exit). The watcher passes on no later one:
     // mpirun itself dies of a SIGUSR1 that comes while the job is ending.
-    StopSignalHandler forward([pid](int) { ::kill(pid, SIGUSR1); });
+    StopSignalHandler forward([pid, &result](int) {
+      result.stop_requested = true;
+      ::kill(pid, SIGUSR1);
+    });
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
   }
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (code != 0) print_logged_timeouts(log_dir, log_sizes);
-  return code;
+  ended = true;
+  passer.join();
+  ::close(err_pipe[0]);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (result.exit_code == 0) return result;
+  const std::vector<std::string> timeouts = logged_timeouts(log_dir, log_sizes);
+  for (const std::string& line : timeouts)  // rank 0's are on the console already
+    if (line.find("rank-0.log)") == std::string::npos) std::fprintf(stderr, "%s\n", line.c_str());
+  explain_failure(stderr_tail, timeouts, result);
+  return result;
 }
 
 namespace {

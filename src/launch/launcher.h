@@ -19,11 +19,25 @@ namespace fab {
 std::vector<std::string> mpirun_command(const TrainConfig& config, const ClusterFile& cluster,
                                         const std::vector<std::string>& worker_args);
 
+// How one run of the workers ended.
+struct LaunchResult {
+  int exit_code = 0;            // mpirun's (128 + signal when it was killed)
+  bool stop_requested = false;  // this process got SIGINT/SIGTERM/SIGHUP and passed it on
+  std::string cause;            // for a failure: what went wrong, from mpirun's report or the rank logs
+  int failed_rank = -1;         // the rank that died, hung or timed out, when one is named
+};
+
 // Runs the command in its own process group, forwards SIGINT/SIGTERM/SIGHUP to it as SIGUSR1,
-// and returns its exit status (128 + signal when it was killed). The command gets SIGTERM when
-// this process dies, however it dies. When it fails, the collective timeouts that ranks other
+// and returns how it ended. The command gets SIGTERM when this process dies, however it dies.
+// Its stderr passes through to ours. When it fails, the collective timeouts that ranks other
 // than 0 wrote to their logs in `log_dir` during the run are printed to stderr.
-int run_launcher(const std::vector<std::string>& command, const std::string& log_dir);
+LaunchResult run_launcher(const std::vector<std::string>& command, const std::string& log_dir);
+
+// The failure named in mpirun's stderr and the ranks' timeout lines: "rank 1 exited on signal 9
+// (Killed)", or a rank's "collective ... did not finish within ..." line with the rank it names.
+// Exposed for tests.
+void explain_failure(const std::string& mpirun_stderr, const std::vector<std::string>& timeout_lines,
+                     LaunchResult& result);
 
 // Worker side: stdout and stderr into output_dir/logs/rank-<rank>.log (rank 0: and the console).
 void start_rank_log(const std::string& output_dir, int rank);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -120,6 +121,20 @@ void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
   opt.set_steps_taken(steps_taken(files.front()));
 }
 
+// A step skipped under nan_policy skip has a non-finite loss: null in the JSON (which has no NaN).
+nlohmann::json losses_to_json(const std::vector<double>& losses) {
+  nlohmann::json out = nlohmann::json::array();
+  for (double loss : losses) out.push_back(std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json());
+  return out;
+}
+
+std::vector<double> losses_from_json(const nlohmann::json& j) {
+  if (!j.is_array()) throw nlohmann::json::type_error::create(302, "losses must be a list of numbers", &j);
+  std::vector<double> losses;
+  for (const nlohmann::json& loss : j) losses.push_back(loss.is_null() ? NAN : loss.get<double>());
+  return losses;
+}
+
 // Every number of trainer_state.json in range, and one loss per step taken.
 void check_trainer_state(const TrainerState& s, const std::string& path) {
   auto require_non_negative = [&](int64_t value, const char* field) {
@@ -150,7 +165,7 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
     nlohmann::json j = {{"global_step", state.global_step},
                         {"sampler_epoch", state.sampler.epoch},
                         {"sampler_position", state.sampler.position},
-                        {"losses", state.losses},
+                        {"losses", losses_to_json(state.losses)},
                         {"world_size", group.size()}};
     write_file_atomically((tmp / "trainer_state.json").string(), j.dump(1) + "\n");
     write_file_atomically((tmp / "train_config.yaml").string(), config_yaml);
@@ -184,7 +199,7 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
     s.global_step = j.at("global_step").get<int64_t>();
     s.sampler.epoch = j.at("sampler_epoch").get<int64_t>();
     s.sampler.position = j.at("sampler_position").get<int64_t>();
-    s.losses = j.at("losses").get<std::vector<double>>();
+    s.losses = losses_from_json(j.at("losses"));
     s.world_size = j.value("world_size", int64_t(1));
     check_trainer_state(s, (fs::path(dir) / "trainer_state.json").string());
     return s;

@@ -151,7 +151,11 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   const double targets = counts[0];
   *tokens += int64_t(counts[1]);
   dp_->begin_step(micro_batches);
-  double sums[2] = {0, double(g_stop_signal != 0)};  // loss sum, any rank asked to stop
+  // The loss sum; any rank asked to stop; a timed save is due on rank 0's clock; then one flag per
+  // rank: its own loss sum is not finite.
+  std::vector<double> sums(size_t(3 + group_->size()), 0.0);
+  sums[1] = double(g_stop_signal != 0);
+  sums[2] = double(main_ && timed_save_due());
   const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
   for (int64_t m = 0; m < micro_batches; ++m) {
     dp_->begin_micro_batch(m);
@@ -161,16 +165,46 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
                              uint64_t(step * micro_batches + m));
     sums[0] += model_->forward_backward(b.ids, b.labels, scale, {b.positions, b.doc_start});
   }
+  sums[size_t(3 + group_->rank())] = double(!std::isfinite(sums[0]));
   dp_->finish_gradients();
-  group_->all_reduce(sums, 2, "loss").wait();
+  group_->all_reduce(sums.data(), int64_t(sums.size()), "loss").wait();
   stop_requested_ = sums[1] > 0;  // every rank stops after the same step
-  const double loss = targets > 0 ? sums[0] / targets : 0.0;
-  FAB_USER_CHECK(std::isfinite(loss), "loss is {} at step {}: stopping (lower learning_rate, check the data)", loss,
-                 step + 1);
+  save_due_ = sums[2] > 0;
+  std::string ranks;
+  for (int r = 0; r < group_->size(); ++r)
+    if (sums[size_t(3 + r)] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  *grad_norm = NAN;
+  if (!ranks.empty()) return skip_or_stop(step, format("the loss is not finite on rank {}", ranks));
   *grad_norm = dp_->clip_grad_norm(config_.max_grad_norm);
-  FAB_USER_CHECK(std::isfinite(*grad_norm), "gradient norm is {} at step {}: stopping", *grad_norm, step + 1);
+  if (!std::isfinite(*grad_norm))
+    return skip_or_stop(step, format("the gradient norm (of the gradients summed over every rank) is {}",
+                                     std::isnan(*grad_norm) ? "NaN" : "infinite"));
   dp_->optimizer_step(float(lr));
-  return loss;
+  return targets > 0 ? sums[0] / targets : 0.0;
+}
+
+double Trainer::skip_or_stop(int64_t step, const std::string& what) {
+  const std::string last = latest_checkpoint(config_.output_dir);
+  const std::string kept = last.empty() ? "no checkpoint was saved before it" : "the last checkpoint is " + last;
+  FAB_USER_CHECK(config_.nan_policy == "skip",
+                 "step {}: {}: stopping, saving nothing new (nan_policy: stop); {}. Lower learning_rate, check the "
+                 "data, or set nan_policy: skip",
+                 step + 1, what, kept);
+  const int64_t skipped = 1 + std::count_if(state_.losses.begin(), state_.losses.end(),
+                                            [](double loss) { return !std::isfinite(loss); });
+  FAB_USER_CHECK(skipped <= config_.max_skipped_steps,
+                 "step {}: {}: {} optimizer steps skipped, more than max_skipped_steps {}: stopping, saving nothing "
+                 "new; {}",
+                 step + 1, what, skipped, config_.max_skipped_steps, kept);
+  if (main_)
+    std::printf("step %lld: %s: optimizer step skipped (nan_policy: skip, %lld of at most %lld)\n",
+                (long long)(step + 1), what.c_str(), (long long)skipped, (long long)config_.max_skipped_steps);
+  return NAN;
+}
+
+bool Trainer::timed_save_due() const {
+  return config_.save_every_minutes > 0 &&
+         std::chrono::steady_clock::now() - last_save_ >= std::chrono::duration<double>(60 * config_.save_every_minutes);
 }
 
 // Mean loss over the evaluation set (no gradients); each rank takes every N-th batch. Every rank
@@ -261,7 +295,9 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
   if (!main_) return;
   nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
                       {"lr", r.lr},              {"grad_norm", r.grad_norm},
-                      {"tokens_per_s", r.tokens_per_s}, {"mfu", mfu(r.tokens_per_s)}, {"epoch", sampler_->epochs_done()}};
+                      {"tokens_per_s", r.tokens_per_s}, {"mfu", mfu(r.tokens_per_s)}, {"epoch", sampler_->epochs_done()},
+                      {"skipped_steps", std::count_if(state_.losses.begin(), state_.losses.end(),
+                                                      [](double loss) { return !std::isfinite(loss); })}};
   j.update(parallel);
   std::string eval_text;
   if (std::isfinite(eval_loss)) {
@@ -283,6 +319,7 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
 }
 
 void Trainer::save(int64_t step) {
+  last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
   save_checkpoint(dir, *dp_, state_, config_yaml_, config_.model_name_or_path);
@@ -326,6 +363,7 @@ bool Trainer::run() {
   auto window_start = std::chrono::steady_clock::now();
   const auto run_start = window_start;
   first_step_ = state_.global_step;
+  last_save_ = run_start;
   int64_t window_tokens = 0, run_tokens = 0;
   for (int64_t step = state_.global_step; step < total_steps_; ++step) {
     double grad_norm = 0;
@@ -345,16 +383,17 @@ bool Trainer::run() {
       // The logged loss is the mean over the steps since the previous log, taken from the saved
       // per-step losses, so a resumed run logs exactly what the uninterrupted one did.
       const int64_t first = (step / config_.logging_steps) * config_.logging_steps;
-      double sum = 0;
-      for (int64_t s = first; s <= step; ++s) sum += state_.losses[size_t(s)];
+      double sum = 0, counted = 0;  // steps skipped under nan_policy skip do not count
+      for (int64_t s = first; s <= step; ++s)
+        if (std::isfinite(state_.losses[size_t(s)])) sum += state_.losses[size_t(s)], ++counted;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
-      StepRecord r{step + 1, sum / double(step + 1 - first), lr, grad_norm, double(window_tokens) / seconds};
+      StepRecord r{step + 1, counted > 0 ? sum / counted : NAN, lr, grad_norm, double(window_tokens) / seconds};
       history_.push_back(r);
       log_step(r, eval_now || (last && config_.eval_strategy != "no") ? evaluate() : NAN);
       window_start = std::chrono::steady_clock::now();
       window_tokens = 0;
     }
-    if (config_.save_steps > 0 && (step + 1) % config_.save_steps == 0 && !last) save(step + 1);
+    if (((config_.save_steps > 0 && (step + 1) % config_.save_steps == 0) || save_due_) && !last) save(step + 1);
     if (stop_requested_) {
       save(step + 1);
       if (main_)

@@ -2,6 +2,7 @@
 // The step loop of `fabrica train` for the pt and sft stages: micro-batches and gradient
 // accumulation with HF's loss normalisation, clipping, AdamW with transformers' schedules,
 // evaluation, metrics.jsonl, atomic checkpoints, exact resume, and the final HF folder.
+#include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
@@ -50,6 +51,10 @@ class Trainer {
 
  private:
   double train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
+  // nan_policy: a step whose loss or gradient norm is not finite stops the run (a UserError) or is
+  // skipped (returns NaN, the optimizer step not taken).
+  double skip_or_stop(int64_t step, const std::string& what);
+  bool timed_save_due() const;
   std::pair<double, double> count_step(int64_t micro_batches) const;  // (targets, tokens) of the next step
   void log_step(const StepRecord& record, double eval_loss);
   void show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed);
@@ -70,6 +75,8 @@ class Trainer {
   CommStats comm_at_last_log_;
   int64_t steps_since_log_ = 0;
   bool stop_requested_ = false;  // some rank got SIGINT/SIGTERM (agreed in the step's all-reduce)
+  bool save_due_ = false;        // save_every_minutes passed on rank 0's clock (agreed likewise)
+  std::chrono::steady_clock::time_point last_save_;
   std::unique_ptr<Sampler> sampler_;
   TrainerState state_;
   int64_t total_steps_ = 0, warmup_steps_ = 0, first_step_ = 0;

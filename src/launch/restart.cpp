@@ -1,0 +1,91 @@
+#include "launch/restart.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/file_write.h"
+#include "core/stop_signals.h"
+#include "train/checkpoint.h"
+
+namespace fab {
+namespace fs = std::filesystem;
+namespace {
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+void record(const std::string& output_dir, nlohmann::json event) {
+  event["time"] = utc_now();
+  AppendFile((fs::path(output_dir) / "events.jsonl").string(), true).append_line(event.dump());
+}
+
+// Waits `seconds`; false when a stop signal (Ctrl-C, scancel) came meanwhile.
+bool wait_unless_stopped(double seconds) {
+  std::atomic<bool> stopped{false};
+  StopSignalHandler stop([&stopped](int) { stopped = true; });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!stopped && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return !stopped;
+}
+
+int64_t step_of_checkpoint(const std::string& dir) {
+  const std::string name = fs::path(dir).filename().string();
+  return std::stoll(name.substr(name.find('-') + 1));
+}
+
+}  // namespace
+
+bool worth_restarting(const LaunchResult& r) { return r.exit_code != 0 && r.exit_code != 2 && !r.stop_requested; }
+
+int run_with_restarts(const TrainConfig& c,
+                      const std::function<std::vector<std::string>(const std::vector<std::string>&)>& command) {
+  const std::string log_dir = (fs::path(c.output_dir) / "logs").string();
+  std::vector<std::string> extra;
+  for (int64_t attempt = 0;; ++attempt) {
+    const LaunchResult result = run_launcher(command(extra), log_dir);
+    if (!worth_restarting(result)) return result.exit_code;
+    nlohmann::json failure = {{"event", "failure"}, {"cause", result.cause}, {"exit_code", result.exit_code}};
+    if (result.failed_rank >= 0) failure["rank"] = result.failed_rank;
+    record(c.output_dir, failure);
+    if (attempt == c.max_restarts) {
+      if (c.max_restarts > 0) {
+        std::fprintf(stderr, "fabrica: the job failed (%s) after %lld restarts (max_restarts): giving up\n",
+                     result.cause.c_str(), (long long)c.max_restarts);
+        record(c.output_dir, {{"event", "gave_up"}, {"restarts", c.max_restarts}});
+      }
+      return result.exit_code;
+    }
+    const std::string checkpoint = latest_checkpoint(c.output_dir);
+    const int64_t step = checkpoint.empty() ? 0 : step_of_checkpoint(checkpoint);
+    // The workers' own resume_from_checkpoint / overwrite_output_dir come first; these win.
+    extra = checkpoint.empty() ? std::vector<std::string>{"resume_from_checkpoint=false", "overwrite_output_dir=true"}
+                               : std::vector<std::string>{"resume_from_checkpoint=" + checkpoint};
+    std::fprintf(stderr, "fabrica: the job failed (%s); restart %lld of %lld in %.0f s, from %s\n",
+                 result.cause.c_str(), (long long)(attempt + 1), (long long)c.max_restarts, c.restart_backoff_s,
+                 checkpoint.empty() ? "the start (no checkpoint yet)" : (checkpoint + ", step " + std::to_string(step)).c_str());
+    record(c.output_dir, {{"event", "restart"},
+                          {"restart", attempt + 1},
+                          {"max_restarts", c.max_restarts},
+                          {"checkpoint", checkpoint},
+                          {"resumed_from_step", step}});
+    if (!wait_unless_stopped(c.restart_backoff_s)) {
+      std::fprintf(stderr, "fabrica: stopped by a signal before the restart\n");
+      return result.exit_code;
+    }
+  }
+}
+
+}  // namespace fab
