@@ -37,6 +37,8 @@ void print_usage() {
                "  tokenizer train --input FILE[,FILE...] --vocab-size N --output DIR\n"
                "           [--special-tokens A,B,...] [--min-frequency N]  train a byte-level BPE tokenizer\n"
                "  init --hosts H1,H2 --nproc-per-node N  write cluster.yaml for a multi-node run [--iface IF]\n"
+               "  trace summary OUTPUT_DIR  per rank: compute, communication exposed and hidden, idle; the\n"
+               "           straggler (of a run with trace: true) [--json]\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
                "  demo       addition task -> BPE tokenizer -> tiny Qwen3 trained from scratch, accuracy\n"
                "             before and after [--steps N] [--workdir DIR]\n"
@@ -82,6 +84,11 @@ int print_command_help(const std::string& command) {
        "fabrica tokenizer train --input FILE[,FILE...] --vocab-size N --output DIR [--special-tokens A,B,...] "
        "[--min-frequency N]\n  Trains a byte-level BPE tokenizer and writes tokenizer.json.\nexample:\n  fabrica "
        "tokenizer train --input corpus.txt --vocab-size 8000 --output my-tokenizer\n"},
+      {"trace",
+       "fabrica trace summary OUTPUT_DIR [--json]\n  Sums up output_dir/trace/rank-N.json (written by a run with trace: "
+       "true): per rank the traced steps' compute, communication the compute thread waited for, communication "
+       "hidden behind compute, and idle time; the slowest rank and the longest wait. The traces load in "
+       "ui.perfetto.dev and chrome://tracing.\nexample:\n  fabrica trace summary saves/run\n"},
       {"env", "fabrica env\n  Version, CPU features, the kernel ISA in use, MPI and CUDA availability.\nexample:\n  fabrica env\n"},
       {"init",
        "fabrica init --hosts H1,H2 --nproc-per-node N [--iface IF] [--rsh-agent CMD] [--output cluster.yaml]\n"
@@ -147,6 +154,7 @@ int main(int argc, char** argv) {
     if (command == "chat") return fab::run_chat(argc, argv);
     if (command == "export") return fab::run_export(argc, argv);
     if (command == "init") return fab::run_init(argc, argv);
+    if (command == "trace" && argc >= 3 && !std::strcmp(argv[2], "summary")) return fab::run_trace_summary(argc, argv);
     if (command == "config-reference") {
       std::cout << fab::config_reference_markdown();
       return 0;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace fab {
 
@@ -10,9 +11,11 @@ void CommHandle::wait() {
   if (!task_) return;
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock lock(task_->mutex);
+  const bool blocks = !task_->done;
   task_->finished.wait(lock, [&] { return task_->done; });
-  if (blocked_seconds_)
-    blocked_seconds_->fetch_add(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const auto end = std::chrono::steady_clock::now();
+  if (blocked_seconds_) blocked_seconds_->fetch_add(std::chrono::duration<double>(end - start).count());
+  if (blocks && trace::recording()) trace::complete(trace::kWait, "wait: " + task_->what, start, end);
   if (!task_->error.empty()) throw Error(task_->error);
 }
 

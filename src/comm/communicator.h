@@ -29,6 +29,7 @@ struct CommTask {
   std::condition_variable finished;
   bool done = false;
   std::string error;  // set when it failed
+  std::string what;   // the collective, for the trace's wait events
 };
 
 class CommHandle {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace fab {
 namespace {
@@ -69,6 +70,7 @@ class CommThread {
     thread_ = std::thread([this] { loop(); });
   }
   void loop() {
+    trace::name_thread("communication");
     for (;;) {
       std::function<void()> job;
       {
@@ -215,6 +217,10 @@ struct MpiGroup {
     std::_Exit(75);
   }
 
+  int64_t bytes_sent() const {
+    std::lock_guard lock(stats_mutex);
+    return stats.bytes_sent;
+  }
   void count_sent(int64_t bytes, bool collective_done, double seconds) {
     std::lock_guard lock(stats_mutex);
     stats.bytes_sent += bytes;
@@ -316,9 +322,11 @@ CommStats MpiCommunicator::stats() const {
 
 CommHandle MpiCommunicator::submit(const std::string& what, std::function<void(MpiGroup&)> body) {
   auto task = std::make_shared<CommTask>();
+  task->what = what;
   MpiGroup* g = group_.get();
   CommThread::instance().submit([g, task, what, body = std::move(body)] {
     const auto start = Clock::now();
+    const int64_t sent_before = g->bytes_sent();
     std::string error;
     try {
       g->begin(what);
@@ -326,7 +334,9 @@ CommHandle MpiCommunicator::submit(const std::string& what, std::function<void(M
     } catch (const std::exception& e) {
       error = format("collective '{}': {}", what, e.what());
     }
-    g->count_sent(0, true, std::chrono::duration<double>(Clock::now() - start).count());
+    const auto end = Clock::now();
+    g->count_sent(0, true, std::chrono::duration<double>(end - start).count());
+    if (trace::recording()) trace::complete(trace::kCommunication, what, start, end, g->bytes_sent() - sent_before);
     std::lock_guard lock(task->mutex);
     task->error = error;
     task->done = true;

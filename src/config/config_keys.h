@@ -381,6 +381,8 @@
   X(nan_policy, nan_policy, std::string, "stop", Own, "A non-finite loss or gradient norm on any rank: stop (exit naming the step and the rank, saving nothing new) or skip (drop that optimizer step, count it in metrics)") \
   X(max_skipped_steps, max_skipped_steps, int64_t, 10, Own, "nan_policy skip: stop once more optimizer steps than this were skipped") \
   X(save_every_minutes, save_every_minutes, double, 0.0, Own, "Also checkpoint at the end of the first step after this many minutes since the last save (0: off); bounds the work a crash can lose") \
+  X(trace, trace, bool, false, Own, "Write a per-rank timeline of trace_steps to output_dir/trace/rank-N.json (Chrome/Perfetto trace format; `fabrica trace summary output_dir` sums it up)") \
+  X(trace_steps, trace_steps, std::vector<int64_t>, {}, Own, "[first, last] optimizer steps (1-based, inclusive) the trace records; empty: [2, 4] (the first step warms caches)") \
   X(max_restarts, max_restarts, int64_t, 0, Own, "Launcher: restart every worker from the newest checkpoint when a worker dies, hangs past ddp_timeout or a collective times out, up to N times (torchrun's --max-restarts; also given as `fabrica train run.yaml --max-restarts N`)") \
   X(restart_backoff_s, restart_backoff_s, double, 3.0, Own, "Seconds the launcher waits before a restart") \
   X(ddp_bucket_size, ddp_bucket_size, double, 25.0, Own, "Gradient bucket size in MB (torch DDP's bucket_cap_mb): each bucket is reduced while backward goes on") \

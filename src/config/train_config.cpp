@@ -189,6 +189,8 @@ void check_ranges(const TrainConfig& c, Require& require) {
           format("nan_policy \"{}\": expected stop or skip", c.nan_policy));
   require(c.max_skipped_steps >= 0, format("max_skipped_steps must be >= 0, got {}", c.max_skipped_steps));
   require(c.save_every_minutes >= 0, format("save_every_minutes must be >= 0 (0: off), got {}", c.save_every_minutes));
+  require(c.trace_steps.empty() || (c.trace_steps.size() == 2 && c.trace_steps[0] >= 1 && c.trace_steps[1] >= c.trace_steps[0]),
+          "trace_steps: expected [first, last] optimizer steps with 1 <= first <= last");
   require(c.max_restarts >= 0, format("max_restarts must be >= 0, got {}", c.max_restarts));
   require(c.restart_backoff_s >= 0 && c.restart_backoff_s <= 3600,
           format("restart_backoff_s must be in [0, 3600] seconds, got {}", c.restart_backoff_s));

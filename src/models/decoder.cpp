@@ -9,6 +9,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/trace.h"
 
 namespace fab {
 namespace {
@@ -306,17 +307,30 @@ void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {
 }
 
 // The hooks of `unit` in forward, and their mirror images pushed on the tape: a closure pushed
-// before the unit's ops runs after their backward, one pushed after them runs before it.
+// before the unit's ops runs after their backward, one pushed after them runs before it. The same
+// four points time the unit's forward and backward for the trace.
 void DecoderModel::enter_unit(Tape& tape, int unit) {
-  if (!hooks_) return;
-  hooks_->before_forward(unit);
-  if (tape.recording()) tape.push([h = hooks_, unit] { h->after_backward(unit); });
+  if (hooks_) hooks_->before_forward(unit);
+  if (trace::recording()) unit_started_ = trace::Clock::now();
+  if (tape.recording()) tape.push([this, unit] {
+    if (hooks_) hooks_->after_backward(unit);
+    if (trace::recording()) trace::complete(trace::kUnit, "backward " + unit_name(unit), unit_started_, trace::Clock::now());
+  });
 }
 
 void DecoderModel::leave_unit(Tape& tape, int unit) {
-  if (!hooks_) return;
-  hooks_->after_forward(unit);
-  if (tape.recording()) tape.push([h = hooks_, unit] { h->before_backward(unit); });
+  if (hooks_) hooks_->after_forward(unit);
+  if (trace::recording()) trace::complete(trace::kUnit, "forward " + unit_name(unit), unit_started_, trace::Clock::now());
+  if (tape.recording()) tape.push([this, unit] {
+    if (trace::recording()) unit_started_ = trace::Clock::now();
+    if (hooks_) hooks_->before_backward(unit);
+  });
+}
+
+std::string DecoderModel::unit_name(int unit) const {
+  if (unit == 0) return "embedding";
+  if (unit == num_units() - 1) return "head";
+  return "layer " + std::to_string(unit - 1);
 }
 
 std::pair<int64_t, int64_t> DecoderModel::unit_range(int unit) const {

@@ -1,7 +1,9 @@
 #pragma once
 // The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
+#include <chrono>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "models/lora.h"
@@ -129,6 +131,7 @@ class DecoderModel {
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
   void enter_unit(Tape& tape, int unit);
   void leave_unit(Tape& tape, int unit);
+  std::string unit_name(int unit) const;  // embedding, layer i, head
   Tensor positions_of(const Tensor& ids, const SequenceLayout& layout) const;
   Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, const Tensor& doc_start,
                     int64_t batch, int64_t seq);
@@ -150,6 +153,7 @@ class DecoderModel {
   Linear lm_head_;
   std::vector<Layer> layers_;
   ModelHooks* hooks_ = nullptr;
+  std::chrono::steady_clock::time_point unit_started_;  // the trace's: when the running unit began
 };
 
 }  // namespace fab

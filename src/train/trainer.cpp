@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "core/file_write.h"
 #include "core/stop_signals.h"
+#include "core/trace.h"
+#include "comm/world.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
 #include "monitor/loss_plot.h"
@@ -91,6 +93,11 @@ void note_changed_settings(const std::string& checkpoint, const TrainConfig& now
                 changes.c_str());
 }
 
+Batch collate_traced(const TokenSequences& set, const std::vector<int64_t>& samples, int32_t pad, bool neat_packing) {
+  trace::Scope traced(trace::kData, "collate");
+  return collate(set, samples, pad, neat_packing);
+}
+
 }  // namespace
 
 int64_t count_total_steps(const TrainConfig& c, int64_t batches_per_epoch) {
@@ -130,6 +137,7 @@ Trainer::~Trainer() = default;
 // the sampler: each batch is collated, counted and dropped, so memory holds one micro-batch
 // however many the step accumulates.
 std::pair<double, double> Trainer::count_step(int64_t micro_batches) const {
+  trace::Scope traced(trace::kData, "count the step's targets");
   Sampler ahead = *sampler_;
   double targets = 0, tokens = 0;
   for (int64_t m = 0; m < micro_batches; ++m) {
@@ -159,7 +167,7 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
   for (int64_t m = 0; m < micro_batches; ++m) {
     dp_->begin_micro_batch(m);
-    const Batch b = collate(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
+    const Batch b = collate_traced(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
     // LoRA dropout masks: one stream per (seed, rank, micro-batch of the run), so a resumed run draws the same.
     model_->set_dropout_seed((uint64_t(config_.seed) * 1000003u + uint64_t(group_->rank())) * 0x100000001b3ull +
                              uint64_t(step * micro_batches + m));
@@ -200,6 +208,30 @@ double Trainer::skip_or_stop(int64_t step, const std::string& what) {
     std::printf("step %lld: %s: optimizer step skipped (nan_policy: skip, %lld of at most %lld)\n",
                 (long long)(step + 1), what.c_str(), (long long)skipped, (long long)config_.max_skipped_steps);
   return NAN;
+}
+
+namespace {
+std::pair<int64_t, int64_t> traced_steps(const TrainConfig& c) {
+  return c.trace_steps.empty() ? std::pair<int64_t, int64_t>{2, 4} : std::pair{c.trace_steps[0], c.trace_steps[1]};
+}
+}  // namespace
+
+void Trainer::trace_before_step(int64_t step) {
+  const auto [first, last] = traced_steps(config_);
+  if (!config_.trace || step + 1 != first) return;
+  trace::begin(world_from_environment().rank);
+  trace::name_thread("compute");
+  trace::set_recording(true);
+}
+
+void Trainer::trace_after_step(int64_t step) {
+  const auto [first, last] = traced_steps(config_);
+  if (!trace::recording() || (step + 1 != last && step + 1 != total_steps_)) return;
+  trace::set_recording(false);
+  const fs::path dir = fs::path(config_.output_dir) / "trace";
+  fs::create_directories(dir);
+  trace::write((dir / ("rank-" + std::to_string(world_from_environment().rank) + ".json")).string());
+  if (main_) std::printf("trace: steps %lld to %lld in %s\n", (long long)first, (long long)(step + 1), dir.c_str());
 }
 
 bool Trainer::timed_save_due() const {
@@ -319,6 +351,7 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
 }
 
 void Trainer::save(int64_t step) {
+  trace::Scope traced(trace::kCheckpoint, "save checkpoint-" + std::to_string(step));
   last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
@@ -369,7 +402,12 @@ bool Trainer::run() {
     double grad_norm = 0;
     const double lr = schedule.lr(step);
     const int64_t tokens_before = window_tokens;
-    const double loss = train_step(step, lr, &grad_norm, &window_tokens);
+    trace_before_step(step);
+    double loss = 0;
+    {
+      trace::Scope traced(trace::kStep, "step " + std::to_string(step + 1));
+      loss = train_step(step, lr, &grad_norm, &window_tokens);
+    }
     run_tokens += window_tokens - tokens_before;
     ++steps_since_log_;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
@@ -394,6 +432,7 @@ bool Trainer::run() {
       window_tokens = 0;
     }
     if (((config_.save_steps > 0 && (step + 1) % config_.save_steps == 0) || save_due_) && !last) save(step + 1);
+    trace_after_step(step);
     if (stop_requested_) {
       save(step + 1);
       if (main_)

@@ -55,6 +55,9 @@ class Trainer {
   // skipped (returns NaN, the optimizer step not taken).
   double skip_or_stop(int64_t step, const std::string& what);
   bool timed_save_due() const;
+  // trace: records the steps of trace_steps; after the last one, writes output_dir/trace/rank-N.json.
+  void trace_before_step(int64_t step);
+  void trace_after_step(int64_t step);
   std::pair<double, double> count_step(int64_t micro_batches) const;  // (targets, tokens) of the next step
   void log_step(const StepRecord& record, double eval_loss);
   void show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed);

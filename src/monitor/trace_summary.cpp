@@ -1,0 +1,163 @@
+#include "monitor/trace_summary.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/trace.h"
+
+namespace fab {
+namespace fs = std::filesystem;
+namespace {
+
+struct Interval {
+  double begin, end;
+};
+
+enum Kind { kWaiting, kBusy, kComm, kKinds };
+
+// Walks [begin, end) once over the sorted edges of every interval, tracking how many intervals of
+// each kind cover the current stretch, and adds each stretch's length where it belongs.
+void add_step(double begin, double end, const std::vector<Interval> (&by_kind)[kKinds], RankTimeSummary& s) {
+  std::vector<std::pair<double, int>> edges;  // (time, +-(kind + 1))
+  for (int k = 0; k < kKinds; ++k)
+    for (const Interval& i : by_kind[k]) {
+      const double b = std::max(i.begin, begin), e = std::min(i.end, end);
+      if (b >= e) continue;
+      edges.push_back({b, k + 1});
+      edges.push_back({e, -(k + 1)});
+    }
+  std::sort(edges.begin(), edges.end());
+  int cover[kKinds] = {0, 0, 0};
+  double at = begin;
+  auto account = [&](double until) {
+    const double d = until - at;
+    if (d <= 0) return;
+    if (cover[kWaiting] > 0) s.exposed_comm_s += d;
+    else if (cover[kBusy] > 0) s.compute_s += d;
+    else s.idle_s += d;
+    if (cover[kComm] > 0) {
+      s.comm_busy_s += d;
+      if (cover[kWaiting] == 0) s.hidden_comm_s += d;
+    }
+  };
+  for (const auto& [time, change] : edges) {
+    account(time);
+    at = std::max(at, time);
+    cover[std::abs(change) - 1] += change > 0 ? 1 : -1;
+  }
+  account(end);
+  s.step_s += end - begin;
+  ++s.steps;
+}
+
+}  // namespace
+
+RankTimeSummary summarize_rank_trace(const nlohmann::json& trace, const std::string& source) {
+  FAB_USER_CHECK(trace.is_object() && trace.contains("traceEvents") && trace["traceEvents"].is_array(),
+                 "{}: not a Fabrica trace (expected an object with traceEvents)", source);
+  RankTimeSummary s;
+  std::map<int, std::string> thread_names;
+  for (const auto& e : trace["traceEvents"])
+    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name")
+      thread_names[e.value("tid", -1)] = e["args"].value("name", "");
+  std::vector<Interval> steps, by_kind[kKinds];
+  std::map<std::string, double> waits;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    s.rank = e.value("pid", 0);
+    const std::string category = e.value("cat", ""), thread = thread_names[e.value("tid", -1)];
+    const double begin = e.value("ts", 0.0) * 1e-6, end = begin + e.value("dur", 0.0) * 1e-6;
+    if (thread == "communication") {
+      if (category == trace::kCommunication) by_kind[kComm].push_back({begin, end});
+      continue;
+    }
+    if (thread != "compute") continue;
+    if (category == trace::kStep) steps.push_back({begin, end});
+    else if (category == trace::kWait) {
+      by_kind[kWaiting].push_back({begin, end});
+      waits[e.value("name", "")] += end - begin;
+    } else {
+      by_kind[kBusy].push_back({begin, end});
+    }
+  }
+  for (const Interval& step : steps) add_step(step.begin, step.end, by_kind, s);
+  for (const auto& [name, seconds] : waits)
+    if (seconds > s.longest_wait_s) s.longest_wait = name.substr(name.find(": ") + 2), s.longest_wait_s = seconds;
+  return s;
+}
+
+std::vector<RankTimeSummary> summarize_traces(const std::string& output_dir) {
+  const fs::path dir = fs::path(output_dir) / "trace";
+  FAB_USER_CHECK(fs::is_directory(dir), "{}: no trace folder (train with trace: true)", dir.string());
+  std::vector<RankTimeSummary> ranks;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("rank-", 0) != 0 || entry.path().extension() != ".json") continue;
+    std::ifstream in(entry.path());
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    FAB_USER_CHECK(!j.is_discarded(), "{}: not valid JSON", entry.path().string());
+    ranks.push_back(summarize_rank_trace(j, entry.path().string()));
+  }
+  FAB_USER_CHECK(!ranks.empty(), "{}: no rank-N.json traces", dir.string());
+  std::sort(ranks.begin(), ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  return ranks;
+}
+
+namespace {
+
+template <typename... Args>
+std::string printed(const char* pattern, Args... args) {
+  char line[512];
+  std::snprintf(line, sizeof line, pattern, args...);
+  return line;
+}
+
+double per_step_ms(double seconds, const RankTimeSummary& r) { return r.steps ? 1e3 * seconds / double(r.steps) : 0.0; }
+double percent(double part, double whole) { return whole > 0 ? 100 * part / whole : 0.0; }
+
+}  // namespace
+
+std::string trace_summary_text(const std::vector<RankTimeSummary>& ranks) {
+  std::string out = printed("%-5s %5s %10s %8s %13s %12s %7s\n", "rank", "steps", "ms/step", "compute", "comm exposed",
+                            "comm hidden", "idle");
+  const RankTimeSummary *slowest = &ranks.front(), *fastest = &ranks.front(), *most_waiting = &ranks.front();
+  for (const RankTimeSummary& r : ranks) {
+    out += printed("%-5d %5lld %10.1f %7.1f%% %12.1f%% %11.1f%% %6.1f%%\n", r.rank, (long long)r.steps,
+                   per_step_ms(r.step_s, r), percent(r.compute_s, r.step_s), percent(r.exposed_comm_s, r.step_s),
+                   percent(r.hidden_comm_s, r.step_s), percent(r.idle_s, r.step_s));
+    if (per_step_ms(r.compute_s, r) > per_step_ms(slowest->compute_s, *slowest)) slowest = &r;
+    if (per_step_ms(r.compute_s, r) < per_step_ms(fastest->compute_s, *fastest)) fastest = &r;
+    if (r.longest_wait_s > most_waiting->longest_wait_s) most_waiting = &r;
+  }
+  if (ranks.size() > 1)
+    out += printed("slowest rank: %d (compute %.1f ms per step; the fastest, rank %d, %.1f ms)\n", slowest->rank,
+                   per_step_ms(slowest->compute_s, *slowest), fastest->rank, per_step_ms(fastest->compute_s, *fastest));
+  if (most_waiting->longest_wait_s > 0)
+    out += printed("longest wait: '%s', %.1f ms per step on rank %d\n", most_waiting->longest_wait.c_str(),
+                   per_step_ms(most_waiting->longest_wait_s, *most_waiting), most_waiting->rank);
+  return out;
+}
+
+nlohmann::json trace_summary_json(const std::vector<RankTimeSummary>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const RankTimeSummary& r : ranks)
+    out.push_back({{"rank", r.rank},
+                   {"steps", r.steps},
+                   {"step_s", r.step_s},
+                   {"compute_s", r.compute_s},
+                   {"exposed_comm_s", r.exposed_comm_s},
+                   {"idle_s", r.idle_s},
+                   {"comm_busy_s", r.comm_busy_s},
+                   {"hidden_comm_s", r.hidden_comm_s},
+                   {"longest_wait", r.longest_wait},
+                   {"longest_wait_s", r.longest_wait_s}});
+  return out;
+}
+
+}  // namespace fab
