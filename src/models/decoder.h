@@ -3,9 +3,11 @@
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
 #include <functional>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "models/lora.h"
 #include "models/model_config.h"
 #include "models/param_buffer.h"
 #include "models/sharding.h"
@@ -14,6 +16,9 @@
 namespace fab {
 
 struct DecoderOptions {
+  DecoderOptions(Precision precision_ = Precision::fp32, bool recompute = false, int64_t max_seq = 0,
+                 TensorParallelOps* tp_ops = nullptr)
+      : precision(precision_), recompute_layers(recompute), max_seq_len(max_seq), tp(tp_ops) {}
   Precision precision = Precision::fp32;
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
@@ -23,6 +28,10 @@ struct DecoderOptions {
   // The reward model's scalar head (TRL's ValueHead): v_head.summary.weight (1, C) and .bias (1),
   // in the last unit after lm_head.
   bool value_head = false;
+  // Which Hugging Face parameters train (null: all). The others are frozen: kept once, in bf16
+  // for matrices when precision is bf16, with no gradient and no optimizer state.
+  std::function<bool(const std::string&)> trainable;
+  LoraOptions lora;  // adapters on the chosen projections (rank 0: none); they always train
 };
 
 // Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
@@ -58,8 +67,29 @@ class DecoderModel {
 
   const ModelConfig& config() const { return config_; }
   const DecoderOptions& options() const { return options_; }
+  // The trainable parameters (all of them in full fine-tuning; LoRA's adapters and
+  // modules_to_save; freeze's chosen layers): what gradients, the optimizer, data parallelism
+  // and ZeRO see. LoRA adapters are named as PEFT saves them, without "base_model.model.".
   ParamBuffer& params() { return params_; }
   const ParamBuffer& params() const { return params_; }
+  // The frozen parameters: fp32 (norms, biases, the embedding; every frozen one in fp32 mode),
+  // and bf16-only matrices in bf16 mode.
+  const ParamBuffer& frozen() const { return frozen_; }
+  const ParamBuffer& frozen_bf16() const { return frozen_bf16_; }
+  // Every Hugging Face parameter of the base model (not the adapters) in the model's order, with
+  // the buffer holding it.
+  std::vector<std::pair<const ParamInfo*, ParamBuffer*>> base_parameters();
+  std::vector<std::pair<const ParamInfo*, const ParamBuffer*>> base_parameters() const;
+  bool is_adapter(const std::string& name) const;
+  const LoraOptions& lora() const { return options_.lora; }
+  // Off: the forward is the base model's (the adapters skipped), e.g. a DPO reference pass.
+  void set_adapters_enabled(bool enabled) { adapters_enabled_ = enabled; }
+  bool adapters_enabled() const { return adapters_enabled_; }
+  // Picks the dropout masks of the next forward passes (the trainer passes the micro-batch's
+  // index in the run, so a resumed run draws the masks the uninterrupted one did).
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  // LoRA A matrices kaiming-uniform from options.lora.seed, B zero (PEFT's init).
+  void init_adapters();
 
   // HF's _init_weights: N(0, initializer_range) for linear and embedding weights, zero biases,
   // unit norm weights.
@@ -110,11 +140,19 @@ class DecoderModel {
   struct Layer {
     Var input_norm, post_norm, q_norm, k_norm;
     Linear qkv, o_proj, gate_up, down;
+    std::vector<LoraBranch> qkv_lora, o_lora, gate_up_lora, down_lora;
   };
   void register_parameters();
   void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false, int replicas = 1);
   int tp_size() const { return options_.tp ? options_.tp->size() : 1; }
   Var shared(Tape& tape, const Var& weight) const;  // a replicated weight seen on part of the data
+  void add_trainable_whole(const std::string& name, Shape shape);  // a trainable parameter no rank splits
+  void add_adapters(const std::string& prefix, int64_t in, const std::vector<std::pair<std::string, int64_t>>& outs);
+  ParamBuffer& buffer_of(const std::string& name);
+  const ParamBuffer& buffer_of(const std::string& name) const;
+  std::vector<LoraBranch> adapters_of(const std::string& prefix,
+                                      const std::vector<std::pair<std::string, int64_t>>& projections) const;
+  Var project(Tape& tape, const Var& x, const Linear& linear, const std::vector<LoraBranch>& adapters);
   void bind_parameters();
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
   double head_loss(Tape& tape, const Var& hidden, const Tensor& targets, float loss_scale);
@@ -132,7 +170,12 @@ class DecoderModel {
 
   ModelConfig config_;
   DecoderOptions options_;
-  ParamBuffer params_;
+  ParamBuffer params_, frozen_, frozen_bf16_;
+  std::vector<std::string> base_names_;  // the Hugging Face parameters in registration order
+  std::vector<int> unit_of_param_;  // the unit of each of params_'s parameters
+  int registering_unit_ = 0;
+  bool adapters_enabled_ = true;
+  uint64_t dropout_seed_ = 0;
   RopeTable rope_;
   Var embed_, final_norm_;
   Linear lm_head_, value_head_;

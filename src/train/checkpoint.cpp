@@ -18,6 +18,7 @@
 #include "io/safetensors.h"
 #include "models/hf_model.h"
 #include "parallel/tensor_parallel.h"
+#include "train/finetuning.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -186,7 +187,7 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml, Communicator* tp) {
+                     const std::string& config_yaml, Communicator* tp, const std::string& base_model) {
   Communicator& group = dp.group();
   const bool main = group.rank() == 0 && (!tp || tp->rank() == 0);
   auto barrier = [&](const std::string& what) {  // every rank of both groups has reached it
@@ -203,7 +204,7 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
     if (tp)
       save_model_folder(dp.model().config(), whole, tmp.string());
     else
-      save_model_folder(dp.model(), tmp.string());
+      save_trained_weights(dp.model(), tmp.string(), base_model);
     nlohmann::json j = {{"global_step", state.global_step},
                         {"sampler_epoch", state.sampler.epoch},
                         {"sampler_position", state.sampler.position},
@@ -232,7 +233,7 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
-  load_weights(dp.model(), HfWeights::open(dir));
+  load_trained_weights(dp.model(), dir);
   if (dp.model().options().value_head) load_value_head(dp.model(), dir);
   dp.weights_loaded();
   load_optimizer_shards(dir, dp);

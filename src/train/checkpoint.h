@@ -22,9 +22,10 @@ struct TrainerState {
 };
 
 // Collective over the data-parallel group and `tp`, the tensor-parallel group (nullptr: none):
-// every rank calls it; the weights are gathered whole.
+// every rank calls it; the weights are gathered whole. They are a Hugging Face folder, or with
+// LoRA the adapter folder alone (`base_model` is its base_model_name_or_path).
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml, Communicator* tp = nullptr);
+                     const std::string& config_yaml, Communicator* tp = nullptr, const std::string& base_model = "");
 // Restores weights, optimizer shards and state saved by save_checkpoint at any world size.
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp);
 
