@@ -41,6 +41,8 @@ for key in ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards
             "logps/rejected", "reference_logps_bytes"]:
     assert key in dpo[0], key
 assert abs(dpo[0]["loss"] - math.log(2)) < 1e-6, dpo[0]["loss"]
+# The reference stays the base (adapters off) while the adapters train: the policy moves away.
+assert abs(dpo[-1]["rewards/margins"]) > 1e-6 and abs(dpo[-1]["loss"] - math.log(2)) > 1e-6, dpo[-1]
 for key in ["rewards/chosen", "rewards/rejected", "kl", "logps/chosen", "reference_logps_bytes"]:
     assert any(key in r for r in kto), key
 assert abs(kto[0]["loss"] - 0.5) < 1e-6, kto[0]["loss"]  # 1 - sigmoid(0) at the reference, weights 1
