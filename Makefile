@@ -18,8 +18,10 @@ build: $(BUILD)/build.ninja
 
 # Reference fixtures from PyTorch (Debian's python3-torch, system python3).
 $(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/reference/safetensors_io.py \
+    tests/reference/make_lora_reference.py \
     tests/reference/rope_transformers.json
 	/usr/bin/python3 tests/reference/make_reference.py $(BUILD)/reference
+	/usr/bin/python3 tests/reference/make_lora_reference.py $(BUILD)/reference
 
 # The preference stages' losses (DPO family, KTO, reward model) over 5 steps, same python3-torch.
 $(BUILD)/reference/pref/reference.safetensors: tests/reference/make_pref_reference.py tests/reference/make_reference.py \

@@ -38,6 +38,7 @@ struct Flags {
   std::string precision = "fp32";
   int warmup = 2, steps = 8, threads = 2;
   bool recompute = false;
+  bool lora = false;  // LoRA r 8, alpha 16 on every projection, the base frozen (PEFT's setup)
   bool data_parallel = false;
   bool tensor_parallel = false, sequence_parallel = false;
   int pipeline_chunks = 0;  // > 0: pipeline over the ranks with this many model chunks per stage
@@ -63,6 +64,7 @@ Flags parse(int argc, char** argv) {
     else if (a == "--steps") f.steps = std::stoi(next());
     else if (a == "--threads") f.threads = std::stoi(next());
     else if (a == "--recompute") f.recompute = true;
+    else if (a == "--lora") f.lora = true;
     else if (a == "--data-parallel") f.data_parallel = true;
     else if (a == "--pipeline") f.pipeline_chunks = std::stoi(next());
     else if (a == "--layers") f.layers = std::stoi(next());
@@ -221,6 +223,12 @@ int main(int argc, char** argv) {
   }
   LocalCommunicator alone;  // the data-parallel group under tensor parallel
   Communicator& dp_group = tp ? static_cast<Communicator&>(alone) : *world;
+  if (flags.lora) {
+    options.lora.rank = 8;
+    options.lora.alpha = 16;
+    options.lora.targets = lora_projection_names();
+    options.trainable = [](const std::string&) { return false; };
+  }
   DecoderModel model(cfg, options);
   model.init_random(1234);
   DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, nullptr, {}};
@@ -271,10 +279,10 @@ int main(int argc, char** argv) {
         "\"tensor_parallel\":%d,\"sequence_parallel\":%d,"
         "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\","
         "\"parameter_bytes\":%lld,\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld}\n",
-        flags.precision.c_str(), flags.threads, world->size(), flags.zero, int(flags.tensor_parallel),
-        int(flags.sequence_parallel), tokens / seconds, 1000.0 * seconds / flags.steps, double(usage.ru_maxrss) / 1024.0,
-        loss, backend(DeviceKind::cpu).name().c_str(), (long long)dp.state_bytes().parameters, activations,
-        (long long)tp_bytes);
+        (flags.precision + (flags.lora ? "+lora" : "")).c_str(), flags.threads, world->size(), flags.zero,
+        int(flags.tensor_parallel), int(flags.sequence_parallel), tokens / seconds, 1000.0 * seconds / flags.steps,
+        double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str(),
+        (long long)dp.state_bytes().parameters, activations, (long long)tp_bytes);
   world.reset();
   leave_world();
   return 0;

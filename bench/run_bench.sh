@@ -8,7 +8,8 @@
 #
 # Environment (all optional):
 #   FABRICA_BENCH  Fabrica binary            (default build/fabrica_bench)
-#   PRECISIONS     precisions to run         (default "fp32 bf16")
+#   PRECISIONS     precisions to run         (default "fp32 bf16 bf16+lora"; +lora: LoRA r 8 on every
+#                  projection, frozen base, against PyTorch + PEFT)
 #   BENCH_WARMUP   untimed steps             (default 2)
 #   BENCH_STEPS    timed steps               (default 8)
 #   BENCH_THREADS  compute threads per side  (default 2)
@@ -23,7 +24,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 fabrica="${FABRICA_BENCH:-build/fabrica_bench}"
-precisions="${PRECISIONS:-fp32 bf16}"
+precisions="${PRECISIONS:-fp32 bf16 bf16+lora}"
 warmup="${BENCH_WARMUP:-2}"
 steps="${BENCH_STEPS:-8}"
 threads="${BENCH_THREADS:-2}"
@@ -77,8 +78,10 @@ peer_env=()
 [ "${FAB_CPU_ISA:-}" = avx2 ] && peer_env=(env ATEN_CPU_CAPABILITY=avx2)
 for round in $(seq 1 "$rounds"); do
   for p in $precisions; do
-    run_one "round $round: fabrica $p" "$fabrica" --precision "$p" "${args[@]}"
-    run_one "round $round: pytorch $p" "${peer_env[@]}" "$peer_py" bench/torch_peer.py --precision "$p" "${args[@]}"
+    mode=(--precision "${p%+lora}")
+    [ "$p" != "${p%+lora}" ] && mode+=(--lora)
+    run_one "round $round: fabrica $p" "$fabrica" "${mode[@]}" "${args[@]}"
+    run_one "round $round: pytorch $p" "${peer_env[@]}" "$peer_py" bench/torch_peer.py "${mode[@]}" "${args[@]}"
   done
 done
 
@@ -181,6 +184,7 @@ print(f"  12*L*T*C = forward+backward FLOPs of QK^T and P*V per token with the c
 print(f"      ignored (full T x T), the PaLM/Chinchilla convention.")
 print(f"  peak = {peak / 1e9:g} GFLOP/s, the fp32 FMA peak ({e['PEAK_SOURCE']});")
 print(f"      MFU is each precision's fraction of it; the same fp32 peak is used for bf16 rows.")
+print(f"      +lora rows count the same 6*N FLOPs, though a frozen base skips its weight gradients.")
 print(f"peak RSS = getrusage ru_maxrss of each process (whole process, incl. libraries).")
 if imp:
     print(f"  The PyTorch process is already at {max(imp):.0f} MB right after `import torch`")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares the PyTorch peer of `make bench`: a virtual environment in bench/.venv
-# (git-ignored) holding a current PyTorch from PyPI.
+# (git-ignored) holding a current PyTorch and PEFT from PyPI.
 # Idempotent and quiet: does nothing when bench/.venv already imports torch.
 #   PYTHON=...          interpreter used to create the venv (default: python3 on PATH)
 #   TORCH_PIP_ARGS=...  extra pip arguments, e.g. an --index-url for the CPU-only wheel
@@ -20,4 +20,9 @@ if ! "$venv/bin/python" -W ignore -c 'import torch' >/dev/null 2>&1; then
   # shellcheck disable=SC2086
   "$venv/bin/python" -m pip install --quiet ${TORCH_PIP_ARGS:-} torch
   "$venv/bin/python" -W ignore -c 'import torch; print("setup_peer: torch", torch.__version__)'
+fi
+
+if ! "$venv/bin/python" -W ignore -c 'import peft' >/dev/null 2>&1; then
+  echo "setup_peer: installing peft into $venv (PyPI; the LoRA rows' peer)"
+  "$venv/bin/python" -m pip install --quiet peft
 fi

@@ -168,6 +168,9 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ddp", action="store_true", help="DistributedDataParallel (gloo) under torchrun")
+    ap.add_argument("--lora", action="store_true",
+                    help="PEFT LoRA r 8, alpha 16 on every projection; base frozen (bf16 base with --precision bf16, "
+                         "adapters fp32, as LLaMA-Factory sets it up)")
     args = ap.parse_args()
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         ap.error("need --steps >= 1, --warmup >= 0, --threads >= 1")
@@ -176,6 +179,15 @@ def main():
     torch.manual_seed(args.seed)
 
     model = Llama()
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+        if args.precision == "bf16":
+            model = model.to(torch.bfloat16)
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=[
+            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()
     model.train()
     rank, world = 0, 1
     if args.ddp:
@@ -183,7 +195,8 @@ def main():
         dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         model = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=LR, weight_decay=WEIGHT_DECAY)
 
     # Random token data, fixed seed, one fresh batch per step (generated up front); under DDP each
     # rank takes its slice of the batch.
@@ -202,7 +215,7 @@ def main():
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        torch.nn.utils.clip_grad_norm_(trainable, CLIP)
         opt.step()
         return loss.item()
 
@@ -227,7 +240,7 @@ def main():
     print(json.dumps({
         "impl": "pytorch",
         "torch": torch.__version__,
-        "precision": args.precision,
+        "precision": args.precision + ("+lora" if args.lora else ""),
         "threads": torch.get_num_threads(),
         "tokens_per_s": round(tokens / elapsed, 1),
         "step_ms": round(elapsed * 1000.0 / args.steps, 2),

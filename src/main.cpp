@@ -63,7 +63,7 @@ int print_command_help(const std::string& command) {
        "fabrica data prepare CONFIG.yaml [key=value ...]\n  Tokenizes the config's datasets into the cache and prints "
        "samples, tokens, truncated, skipped.\nexample:\n  fabrica data prepare run.yaml cutoff_len=1024\n"},
       {"generate",
-       "fabrica generate --model DIR --prompt TEXT [--template NAME] [--system TEXT] [--max-new-tokens N]\n"
+       "fabrica generate --model DIR --prompt TEXT [--adapter PEFT_DIR] [--template NAME] [--system TEXT] [--max-new-tokens N]\n"
        "                 [--temperature T] [--top-p P] [--top-k K] [--seed S]\n  Greedy unless --temperature > 0; "
        "stops at the tokenizer's eos.\nexample:\n  fabrica generate --model saves/qwen3-sft --template qwen3_nothink "
        "--prompt 'Who are you?'\n"},
@@ -72,9 +72,11 @@ int print_command_help(const std::string& command) {
        "/clear resets the conversation, an empty line quits.\nexample:\n  fabrica chat --model saves/qwen3-sft "
        "--template qwen3_nothink\n"},
       {"export",
-       "fabrica export --checkpoint DIR --output DIR [--tokenizer-from MODEL_DIR] [--overwrite]\n  Writes a checkpoint "
-       "as a Hugging Face folder (config.json, model.safetensors, tokenizer files); an --output that already holds a "
-       "model is replaced only with --overwrite.\nexample:\n  fabrica export --checkpoint "
+       "fabrica export --checkpoint DIR --output DIR [--base MODEL_DIR] [--tokenizer-from MODEL_DIR] [--overwrite]\n"
+       "fabrica export EXPORT.yaml   (llamafactory-cli's keys: model_name_or_path, adapter_name_or_path, export_dir)\n"
+       "  Writes a checkpoint as a Hugging Face folder (config.json, model.safetensors, tokenizer files); a LoRA "
+       "adapter folder is merged into its base (--base, else its base_model_name_or_path) first. An --output that "
+       "already holds a model is replaced only with --overwrite.\nexample:\n  fabrica export --checkpoint "
        "saves/run/checkpoint-500 --output saves/run-500 --tokenizer-from models/Qwen3-0.6B\n"},
       {"score",
        "fabrica score --model DIR --dataset NAMES [--dataset-dir DIR] [--template NAME] [--cutoff-len N]\n"

@@ -6,6 +6,8 @@
 #include <iostream>
 #include <set>
 
+#include <yaml-cpp/yaml.h>
+
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -14,6 +16,8 @@
 #include "dataset/tokenizer_encoder.h"
 #include "infer/generate.h"
 #include "models/hf_model.h"
+#include "models/peft_adapter.h"
+#include "train/finetuning.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 
@@ -69,10 +73,15 @@ SamplingOptions sampling_from(const Args& args, const Tokenizer& tokenizer) {
   return o;
 }
 
-std::unique_ptr<DecoderModel> model_for_generation(const std::string& dir) {
+// The model of `dir`, with the PEFT adapter of `adapter` on it when that is not empty.
+std::unique_ptr<DecoderModel> model_for_generation(const std::string& dir, const std::string& adapter = "") {
   FAB_USER_CHECK(HfWeights::present(dir), "{}: no weights to generate with (config.json only)", dir);
   const ModelConfig config = load_model_config((fs::path(dir) / "config.json").string());
-  return load_model_folder(dir, {Precision::fp32, false, config.max_position_embeddings});
+  DecoderOptions options(Precision::fp32, false, config.max_position_embeddings);
+  if (!adapter.empty()) use_lora(read_adapter_config(adapter), options);
+  auto model = load_model_folder(dir, options);
+  if (!adapter.empty()) load_adapter(*model, adapter);
+  return model;
 }
 
 // Generates and prints the new text as it becomes complete UTF-8; returns it.
@@ -93,8 +102,8 @@ std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const 
   return tokenizer.decode(generated, true);
 }
 
-const std::set<std::string> kSamplingFlags = {"model", "template", "system", "max-new-tokens", "temperature",
-                                              "top-p", "top-k", "seed"};
+const std::set<std::string> kSamplingFlags = {"model", "adapter", "template", "system", "max-new-tokens",
+                                              "temperature", "top-p", "top-k", "seed"};
 
 }  // namespace
 
@@ -103,7 +112,7 @@ int run_generate(int argc, char** argv) {
   flags.insert("prompt");
   Args args(argc, argv, 2, flags, {});
   FAB_USER_CHECK(args.has("model") && args.has("prompt"),
-                 "usage: fabrica generate --model DIR --prompt TEXT [--template NAME] [--system TEXT] "
+                 "usage: fabrica generate --model DIR --prompt TEXT [--adapter PEFT_DIR] [--template NAME] [--system TEXT] "
                  "[--max-new-tokens N] [--temperature T --top-p P --top-k K --seed S]\n"
                  "example: fabrica generate --model saves/qwen3-sft --template qwen3_nothink --prompt 'Hi'");
   const std::string dir = args.get("model");
@@ -113,7 +122,7 @@ int run_generate(int argc, char** argv) {
       args.has("template")
           ? templated_prompt(tokenizer, args.get("template"), {{Role::user, args.get("prompt")}}, args.get("system"))
           : tokenizer.encode(args.get("prompt"), true);
-  auto model = model_for_generation(dir);
+  auto model = model_for_generation(dir, args.get("adapter", ""));
   stream_reply(*model, tokenizer, prompt, o);
   return 0;
 }
@@ -129,7 +138,7 @@ int run_chat(int argc, char** argv) {
   const std::string dir = args.get("model");
   const Tokenizer tokenizer = Tokenizer::load(dir);
   const SamplingOptions o = sampling_from(args, tokenizer);
-  auto model = model_for_generation(dir);
+  auto model = model_for_generation(dir, args.get("adapter", ""));
   get_template(args.get("template"));  // an unknown name fails before the first prompt
   std::vector<Message> history;
   for (std::string line;;) {
@@ -157,14 +166,44 @@ bool holds_model(const fs::path& folder) {
 
 }  // namespace
 
+// A LoRA adapter folder merged into its base: W + scaling B A, saved as a full HF folder.
+void export_merged(const std::string& base, const std::string& adapter, const std::string& to) {
+  auto model = model_for_generation(base, adapter);
+  merge_adapters(*model);
+  save_model_folder(*model, to);
+  copy_tokenizer_and_template_files(base, to);
+  std::printf("merged adapter %s into %s: exported to %s\n", adapter.c_str(), base.c_str(), to.c_str());
+}
+
+// fabrica export --checkpoint DIR --output DIR: a checkpoint (or a LoRA adapter folder, merged
+// into --base or its base_model_name_or_path) as an HF folder; or, as llamafactory-cli export, a
+// YAML with model_name_or_path, adapter_name_or_path and export_dir.
 int run_export(int argc, char** argv) {
-  Args args(argc, argv, 2, {"checkpoint", "output", "tokenizer-from"}, {"overwrite"});
+  if (argc == 3 && std::string(argv[2]).find("--") != 0) {
+    const YAML::Node y = YAML::LoadFile(argv[2]);
+    for (const char* key : {"model_name_or_path", "adapter_name_or_path", "export_dir"})
+      FAB_USER_CHECK(y[key] && y[key].IsScalar(), "{}: export needs {}", argv[2], key);
+    const std::string to = y["export_dir"].as<std::string>();
+    FAB_USER_CHECK(!holds_model(to), "export_dir {} already holds a model", to);
+    export_merged(y["model_name_or_path"].as<std::string>(), y["adapter_name_or_path"].as<std::string>(), to);
+    return 0;
+  }
+  Args args(argc, argv, 2, {"checkpoint", "output", "tokenizer-from", "base"}, {"overwrite"});
   FAB_USER_CHECK(args.has("checkpoint") && args.has("output"),
-                 "usage: fabrica export --checkpoint DIR --output DIR [--tokenizer-from MODEL_DIR] [--overwrite]");
+                 "usage: fabrica export --checkpoint DIR --output DIR [--base MODEL_DIR] [--tokenizer-from MODEL_DIR] "
+                 "[--overwrite]   or   fabrica export EXPORT.yaml (model_name_or_path, adapter_name_or_path, export_dir)");
   const std::string from = args.get("checkpoint"), to = args.get("output");
-  FAB_USER_CHECK(HfWeights::present(from), "--checkpoint {}: no model.safetensors there (nothing to export)", from);
   FAB_USER_CHECK(args.flag("overwrite") || !holds_model(to),
                  "--output {} already holds a model: pass --overwrite to replace it", to);
+  if (is_adapter_folder(from)) {
+    std::string base;
+    read_adapter_config(from, &base);
+    base = args.get("base", base);
+    FAB_USER_CHECK(!base.empty(), "--checkpoint {} is a LoRA adapter without base_model_name_or_path: pass --base", from);
+    export_merged(base, from, to);
+    return 0;
+  }
+  FAB_USER_CHECK(HfWeights::present(from), "--checkpoint {}: no model.safetensors there (nothing to export)", from);
   auto model = load_model_folder(from, {});
   save_model_folder(*model, to);
   const std::string tokenizer_dir = args.get("tokenizer-from", from);

@@ -25,6 +25,7 @@
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "train/checkpoint.h"
+#include "train/finetuning.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -180,7 +181,10 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
     options.tp = tp.get();
   }
   options.value_head = c.stage == "rm";
+  apply_finetuning(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string()).num_hidden_layers,
+                   options);
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
+  load_initial_adapter(c, *model);
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),
                  model->config().vocab_size);
@@ -194,6 +198,9 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
                 model->config().model_type.c_str(), (long long)model->config().num_parameters(),
                 c.bf16 ? "bf16" : "fp32", omp_get_max_threads(), world.size, (long long)c.zero_stage, layout.tp,
                 layout.sequence_parallel ? " (sequence parallel)" : "");
+  if (main && c.finetuning_type != "full")
+    std::printf("finetuning: %s, %lld trainable parameters, %lld frozen\n", c.finetuning_type.c_str(),
+                (long long)model->params().numel(), (long long)(model->frozen().numel() + model->frozen_bf16().numel()));
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   bool finished = false;
   {

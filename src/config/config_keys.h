@@ -19,11 +19,11 @@
   X(trust_remote_code, trust_remote_code, bool, false, Accepted, "Accepted for compatibility; Fabrica runs no model code from the folder") \
   X(stage, stage, std::string, "sft", Supported, "Training stage: pt, sft, dpo, kto or rm (ppo comes later)")                  \
   X(do_train, do_train, bool, true, Supported, "Train (false: only prepare data / evaluate)")                                    \
-  X(finetuning_type, finetuning_type, std::string, "full", Supported, "full (lora, freeze come later)")                                 \
-  X(lora_rank, lora_rank, int64_t, 8, Later, "LoRA rank")                                                                         \
-  X(lora_alpha, lora_alpha, int64_t, 16, Later, "LoRA alpha")                                                                      \
-  X(lora_dropout, lora_dropout, double, 0.0, Later, "LoRA dropout")                                                                  \
-  X(lora_target, lora_target, std::string, "all", Later, "LoRA target modules")                                                     \
+  X(finetuning_type, finetuning_type, std::string, "full", Supported, "full, lora (PEFT-format adapters) or freeze (only some layers/modules train)")                                 \
+  X(lora_rank, lora_rank, int64_t, 8, Supported, "LoRA rank r")                                                                         \
+  X(lora_alpha, lora_alpha, int64_t, 0, Supported, "LoRA alpha: the adapter output is scaled by alpha / r (0: 2 * lora_rank, as LLaMA-Factory)")                                                                      \
+  X(lora_dropout, lora_dropout, double, 0.0, Supported, "Dropout on the LoRA branch input, in [0, 1)")                                                                  \
+  X(lora_target, lora_target, std::string, "all", Supported, "LoRA target modules: all (every linear layer but lm_head) or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")                                                     \
   X(pref_beta, pref_beta, double, 0.1, Supported, "DPO/KTO beta")                                                                     \
   X(pref_loss, pref_loss, std::string, "sigmoid", Supported, "DPO loss: sigmoid, hinge, ipo, orpo or simpo")                                                      \
   X(deepspeed, deepspeed, std::string, "", Supported, "DeepSpeed config JSON: its zero_optimization.stage selects zero_stage (other fields ignored)") \
@@ -80,7 +80,7 @@
   X(include_num_input_tokens_seen, include_num_input_tokens_seen, std::string, "no", Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
   X(use_cpu, use_cpu, bool, false, Accepted, "Accepted; Fabrica trains on the CPU")                                             \
   /* model (LLaMA-Factory's ModelArguments) */ \
-  X(adapter_name_or_path, adapter_name_or_path, std::string, "", Later, "Path to the adapter weight or identifier from huggingface.co/models") \
+  X(adapter_name_or_path, adapter_name_or_path, std::string, "", Supported, "A PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) to start from: continue training it, or generate with it") \
   X(adapter_folder, adapter_folder, std::string, "", Later, "The folder containing the adapter weights to load") \
   X(use_fast_tokenizer, use_fast_tokenizer, bool, true, Accepted, "Accepted; Fabrica has one tokenizer, with ids identical to HF tokenizers") \
   X(resize_vocab, resize_vocab, bool, false, Later, "Whether or not to resize the tokenizer vocab and the embedding layers") \
@@ -167,10 +167,10 @@
   X(tokenized_path, tokenized_path, std::string, "", Later, "Path to save or load the tokenized datasets") \
   X(data_shared_file_system, data_shared_file_system, bool, false, Later, "Whether or not to use a shared file system for the datasets") \
   /* fine-tuning methods (LLaMA-Factory's FinetuningArguments) */ \
-  X(freeze_trainable_layers, freeze_trainable_layers, int64_t, 2, Later, "The number of trainable layers for freeze (partial-parameter) fine-tuning") \
-  X(freeze_trainable_modules, freeze_trainable_modules, std::string, "all", Later, "Name(s) of trainable modules for freeze (partial-parameter) fine-tuning") \
-  X(freeze_extra_modules, freeze_extra_modules, std::string, "", Later, "Name(s) of modules apart from hidden layers to be set as trainable for freeze...") \
-  X(additional_target, additional_target, std::string, "", Later, "Name(s) of modules apart from LoRA layers to be set as trainable and saved in the...") \
+  X(freeze_trainable_layers, freeze_trainable_layers, int64_t, 2, Supported, "freeze: trainable decoder layers, the last N (N > 0) or the first |N| (N < 0)") \
+  X(freeze_trainable_modules, freeze_trainable_modules, std::string, "all", Supported, "freeze: trainable modules of those layers: all, or a comma list of self_attn, mlp, input_layernorm, post_attention_layernorm") \
+  X(freeze_extra_modules, freeze_extra_modules, std::string, "", Supported, "freeze: modules outside the decoder layers that train too: comma list of embed_tokens, norm, lm_head") \
+  X(additional_target, additional_target, std::string, "", Supported, "lora: modules trained in full and saved with the adapter (PEFT modules_to_save, matched as PEFT does: module names ending with it): comma list of embed_tokens, lm_head, norm, input_layernorm, post_attention_layernorm, q_norm, k_norm") \
   X(module_dropout, module_dropout, double, 0.0, Later, "Dropout rate for the OFT fine-tuning") \
   X(oft_rank, oft_rank, int64_t, 0, Later, "The intrinsic dimension for OFT fine-tuning") \
   X(oft_block_size, oft_block_size, int64_t, 32, Later, "The intrinsic dimension for OFT fine-tuning") \
@@ -178,7 +178,7 @@
   X(create_new_adapter, create_new_adapter, bool, false, Later, "Whether or not to create a new adapter with randomly initialized weight") \
   X(loraplus_lr_ratio, loraplus_lr_ratio, double, 0.0, Later, "LoRA plus learning rate ratio (lr_B / lr_A)") \
   X(loraplus_lr_embedding, loraplus_lr_embedding, double, 1e-06, Later, "LoRA plus learning rate for lora embedding layers") \
-  X(use_rslora, use_rslora, bool, false, Later, "Whether or not to use the rank stabilization scaling factor for LoRA layer") \
+  X(use_rslora, use_rslora, bool, false, Supported, "Whether or not to use the rank stabilization scaling factor for LoRA layer") \
   X(use_dora, use_dora, bool, false, Later, "Whether or not to use the weight-decomposed lora method (DoRA)") \
   X(pissa_init, pissa_init, bool, false, Later, "Whether or not to initialize a PiSSA adapter") \
   X(pissa_iter, pissa_iter, int64_t, 16, Later, "The number of iteration steps performed by FSVD in PiSSA. Use -1 to disable it") \

@@ -220,8 +220,13 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   require(c.stage == "pt" || c.stage == "sft" || c.stage == "dpo" || c.stage == "kto" || c.stage == "rm",
           format("stage \"{}\" is not implemented in Fabrica yet (pt, sft, dpo, kto and rm are)", c.stage));
   check_preference_keys(c, require);
-  require(c.finetuning_type == "full",
-          format("finetuning_type \"{}\" is not implemented in Fabrica yet (full is)", c.finetuning_type));
+  require(c.finetuning_type == "full" || c.finetuning_type == "lora" || c.finetuning_type == "freeze",
+          format("finetuning_type \"{}\": expected full, lora or freeze", c.finetuning_type));
+  require(c.lora_rank > 0, format("lora_rank must be positive, got {}", c.lora_rank));
+  require(c.lora_alpha >= 0, format("lora_alpha must be >= 0 (0: 2 * lora_rank), got {}", c.lora_alpha));
+  require(c.lora_dropout >= 0 && c.lora_dropout < 1, format("lora_dropout must be in [0, 1), got {}", c.lora_dropout));
+  require(c.adapter_name_or_path.empty() || c.finetuning_type == "lora",
+          format("adapter_name_or_path needs finetuning_type lora, got {}", c.finetuning_type));
   require(c.report_to == "none" || c.report_to == "tensorboard",
           format("report_to \"{}\" is not supported (none or tensorboard)", c.report_to));
   require(c.eval_strategy == "no" || c.eval_strategy == "steps" || c.eval_strategy == "epoch",

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -60,9 +62,19 @@ PipelineStage stage_of(const ModelConfig& c, const DecoderOptions& options) {
 
 DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& options)
     : config_(config), options_(options), stage_(stage_of(config, options)) {
+  // PEFT gives a module of modules_to_save its own copy, which unties a tied embedding; this
+  // model keeps one tensor for both, so that combination is refused.
+  for (const std::string& m : options_.lora.modules_to_save)
+    FAB_USER_CHECK(!config_.tie_word_embeddings || (m != "lm_head" && m != "embed_tokens"),
+                   "additional_target {} on a model with tie_word_embeddings is not supported (PEFT would untie "
+                   "the embedding and the head)", m);
   register_parameters();
-  check_fits_in_memory(config_, params_.numel(), options_.precision == Precision::bf16);
-  params_.allocate(options_.precision == Precision::bf16);
+  const bool bf16 = options_.precision == Precision::bf16;
+  check_fits_in_memory(config_, params_.numel() + frozen_.numel() + frozen_bf16_.numel(), bf16);
+  params_.allocate(bf16);
+  // A tied embedding is the head's weight too: frozen in bf16 mode it needs its bf16 copy.
+  frozen_.allocate_frozen(true, bf16 && config_.tie_word_embeddings);
+  if (bf16) frozen_bf16_.allocate_frozen(false, true);
   bind_parameters();
   const int64_t max_len = options_.max_seq_len ? options_.max_seq_len : config_.max_position_embeddings;
   // Dynamic NTK scaling changes the frequencies per batch once a sequence is longer than
@@ -73,6 +85,53 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
                  config_.max_position_embeddings, max_len);
   const RopeFrequencies freq = rope_frequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
   rope_ = RopeTable::make(freq.inv_freq, freq.attention_scaling, max_len);
+  if (options_.lora.enabled()) init_adapters();
+}
+
+// Trainable parameters go to params_, in unit order (so each unit is one range of it), as this
+// rank's slice under tensor parallel: ceil(full / parts) rows or columns, parts = tp / replicas
+// (the vocabulary may end in padding). Frozen matrices go to the bf16-only buffer in bf16 mode,
+// every other frozen parameter to the fp32 one. The value head always trains.
+void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed, int replicas) {
+  base_names_.push_back(name);
+  const bool trainable = !options_.trainable || options_.trainable(name) || name.rfind("v_head.", 0) == 0;
+  if (!trainable) {
+    FAB_CHECK(tp_size() == 1, "frozen parameter {} under tensor parallel", name);
+    const bool matrix = full_shape.size() == 2 && name != "model.embed_tokens.weight";
+    (matrix && options_.precision == Precision::bf16 ? frozen_bf16_ : frozen_).add(name, std::move(full_shape), packed);
+    return;
+  }
+  ShardSpec s{tp_size() > 1 ? split_dim : -1, full_shape, 0, 0, replicas};
+  Shape local = full_shape;
+  if (s.split_dim >= 0) {
+    const int64_t n = full_shape[size_t(s.split_dim)], parts = tp_size() / replicas;
+    s.length = (n + parts - 1) / parts;
+    s.begin = s.length * (options_.tp->rank() / replicas);
+    local[size_t(s.split_dim)] = s.length;
+  } else {
+    s.length = full_shape[0];
+  }
+  params_.add(name, local, packed);
+  shards_.push_back(s);
+  unit_of_param_.push_back(registering_unit_);
+}
+
+void DecoderModel::add_trainable_whole(const std::string& name, Shape shape) {
+  shards_.push_back(ShardSpec{-1, shape, 0, shape[0], 1});
+  params_.add(name, std::move(shape));
+  unit_of_param_.push_back(registering_unit_);
+}
+
+// PEFT's names: <module>.lora_A.weight (r, in) and <module>.lora_B.weight (out, r), the A's of one
+// fused input side by side with their B's.
+void DecoderModel::add_adapters(const std::string& prefix, int64_t in,
+                                const std::vector<std::pair<std::string, int64_t>>& outs) {
+  const LoraOptions& lora = options_.lora;
+  for (const auto& [name, out] : outs) {
+    if (std::find(lora.targets.begin(), lora.targets.end(), name) == lora.targets.end()) continue;
+    add_trainable_whole(prefix + name + ".lora_A.weight", {lora.rank, in});
+    add_trainable_whole(prefix + name + ".lora_B.weight", {out, lora.rank});
+  }
 }
 
 namespace {
@@ -138,60 +197,108 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c, const PipelineStage
 
 void DecoderModel::register_parameters() {
   const ModelConfig& c = config_;
-  const int64_t tp = tp_size(), KV = c.num_key_value_heads;
-  FAB_USER_CHECK(c.num_attention_heads % tp == 0 && (KV % tp == 0 || tp % KV == 0) && c.intermediate_size % tp == 0,
+  const int64_t C = c.hidden_size, D = c.head_dim, tp = tp_size();
+  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, I = c.intermediate_size;
+  FAB_USER_CHECK(H % tp == 0 && (KV % tp == 0 || tp % KV == 0) && I % tp == 0,
                  "tensor_parallel_size {} must divide num_attention_heads {} and intermediate_size {}, and divide "
                  "or be a multiple of num_key_value_heads {}",
-                 tp, c.num_attention_heads, c.intermediate_size, KV);
+                 tp, H, I, KV);
+  FAB_USER_CHECK(tp == 1 || (!options_.trainable && !options_.lora.enabled()),
+                 "tensor_parallel_size {} with finetuning_type lora or freeze is not implemented in Fabrica yet", tp);
+  FAB_USER_CHECK(is_whole() || (!options_.trainable && !options_.lora.enabled()),
+                 "pipeline_parallel_size > 1 with finetuning_type lora or freeze is not implemented in Fabrica yet");
   FAB_CHECK(tp == 1 || is_whole(), "tensor parallel within a pipeline stage is not implemented yet");
-  heads_ = c.num_attention_heads / tp;
+  heads_ = H / tp;
   kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
   kv_heads_ = KV * kv_replicas_ / tp;
-  intermediate_ = c.intermediate_size / tp;
-  for (const ParamSpec& p : parameter_specs(c, stage_, options_.value_head, kv_replicas_)) {
+  intermediate_ = I / tp;
+  const std::vector<ParamSpec> specs = parameter_specs(c, stage_, options_.value_head, kv_replicas_);
+  num_units_ = int(std::count_if(specs.begin(), specs.end(), [](const ParamSpec& p) { return p.starts_unit; }));
+  registering_unit_ = -1;
+  const std::string layer_end = "mlp.down_proj.weight";  // a layer's last base parameter: its adapters follow
+  for (const ParamSpec& p : specs) {
+    if (p.starts_unit) ++registering_unit_;
     add_parameter(p.name, p.shape, p.split_dim, p.packed_after_previous, p.replicas);
-    if (p.name == "model.embed_tokens.weight") vocab_begin_ = shards_.back().begin;
-    if (p.starts_unit) unit_starts_.push_back(params_.info(p.name).offset);
+    if (p.name == "model.embed_tokens.weight" && tp > 1) vocab_begin_ = shards_.back().begin;
+    const bool ends_layer = p.name.size() > layer_end.size() &&
+                            p.name.compare(p.name.size() - layer_end.size(), layer_end.size(), layer_end) == 0;
+    if (!ends_layer || !options_.lora.enabled()) continue;
+    const std::string prefix = p.name.substr(0, p.name.size() - layer_end.size());
+    add_adapters(prefix + "self_attn.", C, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}});
+    add_adapters(prefix + "self_attn.", H * D, {{"o_proj", C}});
+    add_adapters(prefix + "mlp.", C, {{"gate_proj", I}, {"up_proj", I}});
+    add_adapters(prefix + "mlp.", I, {{"down_proj", C}});
   }
-}
-
-// This rank's slice: ceil(full / parts) rows or columns, parts = tp / replicas (the vocabulary
-// may end in padding).
-void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed, int replicas) {
-  ShardSpec s{tp_size() > 1 ? split_dim : -1, full_shape, 0, 0, replicas};
-  Shape local = full_shape;
-  if (s.split_dim >= 0) {
-    const int64_t n = full_shape[size_t(s.split_dim)], parts = tp_size() / replicas;
-    s.length = (n + parts - 1) / parts;
-    s.begin = s.length * (options_.tp->rank() / replicas);
-    local[size_t(s.split_dim)] = s.length;
-  } else {
-    s.length = full_shape[0];
-  }
-  params_.add(name, local, packed);
-  shards_.push_back(s);
 }
 
 Var DecoderModel::shared(Tape& tape, const Var& weight) const {
   return options_.tp && options_.tp->sequence_parallel() ? options_.tp->shared_weight(tape, weight) : weight;
 }
 
+ParamBuffer& DecoderModel::buffer_of(const std::string& name) {
+  return const_cast<ParamBuffer&>(std::as_const(*this).buffer_of(name));
+}
+
+const ParamBuffer& DecoderModel::buffer_of(const std::string& name) const {
+  if (params_.contains(name)) return params_;
+  if (frozen_bf16_.contains(name)) return frozen_bf16_;
+  FAB_CHECK(frozen_.contains(name), "no parameter named {}", name);
+  return frozen_;
+}
+
+bool DecoderModel::is_adapter(const std::string& name) const {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+std::vector<std::pair<const ParamInfo*, const ParamBuffer*>> DecoderModel::base_parameters() const {
+  std::vector<std::pair<const ParamInfo*, const ParamBuffer*>> out;
+  for (const std::string& name : base_names_) {
+    const ParamBuffer& b = buffer_of(name);
+    out.push_back({&b.info(name), &b});
+  }
+  return out;
+}
+
+std::vector<std::pair<const ParamInfo*, ParamBuffer*>> DecoderModel::base_parameters() {
+  std::vector<std::pair<const ParamInfo*, ParamBuffer*>> out;
+  for (const auto& [p, b] : std::as_const(*this).base_parameters()) out.push_back({p, const_cast<ParamBuffer*>(b)});
+  return out;
+}
+
 Linear DecoderModel::make_linear(const std::vector<std::string>& weights,
                                  const std::vector<std::string>& biases) const {
   Linear l;
-  l.weight = params_.fused(weights);
-  if (!biases.empty()) l.bias = params_.fused(biases);
-  l.weight_bf16 = params_.bf16_fused(weights);
+  const ParamBuffer& buffer = buffer_of(weights.front());
+  l.weight = buffer.fused(weights);
+  if (!biases.empty()) l.bias = buffer_of(biases.front()).fused(biases);
+  l.weight_bf16 = buffer.bf16_fused(weights);
   return l;
+}
+
+// The adapters of the projections that have one, each at its columns of the fused output.
+std::vector<LoraBranch> DecoderModel::adapters_of(const std::string& prefix,
+                                                  const std::vector<std::pair<std::string, int64_t>>& projections) const {
+  std::vector<LoraBranch> out;
+  int64_t column = 0;
+  for (const auto& [name, width] : projections) {
+    const std::string a = prefix + name + ".lora_A.weight";
+    if (params_.contains(a)) {
+      const uint64_t stream = uint64_t(params_.info(a).offset);
+      out.push_back({params_.var(a), params_.var(prefix + name + ".lora_B.weight"), column, stream});
+    }
+    column += width;
+  }
+  return out;
 }
 
 void DecoderModel::bind_parameters() {
   const ModelConfig& c = config_;
-  if (stage_.has_embedding) embed_ = params_.var("model.embed_tokens.weight");
+  auto var = [this](const std::string& name) { return buffer_of(name).var(name); };
+  if (stage_.has_embedding) embed_ = var("model.embed_tokens.weight");
   if (stage_.has_head) {
-    final_norm_ = params_.var("model.norm.weight");
+    final_norm_ = var("model.norm.weight");
     lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
-    if (options_.value_head) value_head_ = {params_.var("v_head.summary.weight"), params_.var("v_head.summary.bias"), {}};
+    if (options_.value_head) value_head_ = {var("v_head.summary.weight"), var("v_head.summary.bias"), {}};
   }
   for (const auto& [first, last] : stage_.chunks) {
     chunk_first_.push_back(layers_.size());
@@ -202,21 +309,40 @@ void DecoderModel::bind_parameters() {
 
 void DecoderModel::bind_layer(int64_t i) {
   const ModelConfig& c = config_;
+  const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, KV = c.num_key_value_heads;
+  auto var = [this](const std::string& name) { return buffer_of(name).var(name); };
   const std::string p = layer_prefix(i), a = p + "self_attn.";
   Layer l;
-  l.input_norm = params_.var(p + "input_layernorm.weight");
-  l.post_norm = params_.var(p + "post_attention_layernorm.weight");
+  l.input_norm = var(p + "input_layernorm.weight");
+  l.post_norm = var(p + "post_attention_layernorm.weight");
   std::vector<std::string> qkv_bias;
   if (c.attention_bias) qkv_bias = {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"};
   l.qkv = make_linear({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, qkv_bias);
   if (c.qk_norm) {
-    l.q_norm = params_.var(a + "q_norm.weight");
-    l.k_norm = params_.var(a + "k_norm.weight");
+    l.q_norm = var(a + "q_norm.weight");
+    l.k_norm = var(a + "k_norm.weight");
   }
   l.o_proj = make_linear({a + "o_proj.weight"}, {});
   l.gate_up = make_linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {});
   l.down = make_linear({p + "mlp.down_proj.weight"}, {});
+  l.qkv_lora = adapters_of(a, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}});
+  l.o_lora = adapters_of(a, {{"o_proj", C}});
+  l.gate_up_lora = adapters_of(p + "mlp.", {{"gate_proj", c.intermediate_size}, {"up_proj", c.intermediate_size}});
+  l.down_lora = adapters_of(p + "mlp.", {{"down_proj", C}});
   layers_.push_back(l);
+}
+
+void DecoderModel::init_adapters() {
+  float* values = params_.values().data<float>();
+  for (const ParamInfo& p : params_.params()) {
+    if (!is_adapter(p.name)) continue;
+    float* w = values + p.offset;
+    if (p.name.find(".lora_A.") != std::string::npos)
+      init_lora_a(w, p.shape[0], p.shape[1], options_.lora.seed ^ uint64_t(p.offset) * 0x9e3779b97f4a7c15ull);
+    else
+      std::fill(w, w + p.numel(), 0.0f);
+  }
+  weights_changed();
 }
 
 // The draws of the whole model's tensors, in the order one process makes them: a pipeline stage
@@ -224,31 +350,44 @@ void DecoderModel::bind_layer(int64_t i) {
 // those of its slice, so every layout starts from the same weights.
 void DecoderModel::init_random(uint64_t seed) {
   Rng rng(seed);
-  float* values = params_.values().data<float>();
   for (const ParamSpec& p : parameter_specs(config_, stage_of(config_, {}), options_.value_head, kv_replicas_)) {
-    const bool held = params_.contains(p.name);
-    const ShardSpec* s = held ? &shards_[params_.index(p.name)] : nullptr;
-    float* w = held ? values + params_.info(p.name).offset : nullptr;
+    const bool held = params_.contains(p.name) || frozen_.contains(p.name) || frozen_bf16_.contains(p.name);
+    ParamBuffer* buffer = held ? &buffer_of(p.name) : nullptr;
+    const bool sliced = buffer == &params_;
+    const ShardSpec s = sliced ? shards_[params_.index(p.name)] : ShardSpec{-1, p.shape, 0, p.shape[0], 1};
     const bool is_norm = p.name.find("norm.weight") != std::string::npos;
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
-    const int64_t cols = p.shape.size() > 1 ? p.shape[1] : 1;
-    for (int64_t i = 0; i < shape_numel(p.shape); ++i) {
+    const int64_t full = shape_numel(p.shape), cols = p.shape.size() > 1 ? p.shape[1] : 1;
+    std::vector<float> w(held ? size_t(buffer->info(p.name).numel()) : 0);
+    for (int64_t i = 0; i < full; ++i) {
       const float value = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
-      if (!w) continue;
-      if (s->split_dim < 0) {
-        w[i] = value;
+      if (!held) continue;
+      if (s.split_dim < 0) {
+        w[size_t(i)] = value;
         continue;
       }
-      const int64_t row = i / cols, col = i % cols, at = s->split_dim == 0 ? row - s->begin : col - s->begin;
-      if (at < 0 || at >= s->length) continue;
-      w[s->split_dim == 0 ? at * cols + col : row * s->length + at] = value;
+      const int64_t row = i / cols, col = i % cols, at = s.split_dim == 0 ? row - s.begin : col - s.begin;
+      if (at < 0 || at >= s.length) continue;
+      w[size_t(s.split_dim == 0 ? at * cols + col : row * s.length + at)] = value;
     }
+    if (held) buffer->set_values(buffer->info(p.name), w.data());
   }
   weights_changed();
 }
 
 void DecoderModel::weights_changed() {
-  if (params_.has_bf16()) params_.refresh_bf16();
+  params_.refresh_bf16();
+  frozen_.refresh_bf16();
+}
+
+// y = x W^T (+ b), plus the adapters' low-rank terms while they are enabled.
+Var DecoderModel::project(Tape& tape, const Var& x, const Linear& linear_layer, const std::vector<LoraBranch>& adapters) {
+  Var y = linear(tape, x, linear_layer);
+  if (adapters_enabled_ && !adapters.empty()) {
+    const LoraPass pass{options_.lora.scaling(), float(options_.lora.dropout), dropout_seed_};
+    add_lora(tape, x, y, adapters, pass);
+  }
+  return y;
 }
 
 // Under tensor parallel, this rank's heads and intermediate features only: q/k/v and gate/up are
@@ -259,16 +398,17 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
   const int64_t H = heads_, KV = kv_heads_, D = c.head_dim, rows = batch * seq;
   const float eps = float(c.rms_norm_eps);
   TensorParallelOps* tp = options_.tp;
-  auto column = [&](const Var& v, const Linear& w) {
-    return tp ? tp->column_parallel_linear(tape, v, w, rows) : linear(tape, v, w);
+  // Under tensor parallel there are no adapters (refused when the model is made).
+  auto column = [&](const Var& v, const Linear& w, const std::vector<LoraBranch>& adapters) {
+    return tp ? tp->column_parallel_linear(tape, v, w, rows) : project(tape, v, w, adapters);
   };
-  auto row = [&](const Var& v, const Linear& w) {
-    return tp ? tp->row_parallel_linear(tape, v, w, rows) : linear(tape, v, w);
+  auto row = [&](const Var& v, const Linear& w, const std::vector<LoraBranch>& adapters) {
+    return tp ? tp->row_parallel_linear(tape, v, w, rows) : project(tape, v, w, adapters);
   };
   // Attention block: x + o_proj(attn(rope(q), rope(k), v))
   Var h = rmsnorm(tape, x, shared(tape, l.input_norm), eps);
   const Linear qkv_weights = kv_replicas_ > 1 ? tp->replicated_rows(tape, l.qkv, H * D, kv_replicas_) : l.qkv;
-  std::vector<Var> qkv = split_columns(tape, column(h, qkv_weights), {H * D, KV * D, KV * D});
+  std::vector<Var> qkv = split_columns(tape, column(h, qkv_weights, l.qkv_lora), {H * D, KV * D, KV * D});
   Var q = qkv[0], k = qkv[1], v = qkv[2];
   if (c.qk_norm) {  // RMSNorm over each head's head_dim features (this rank's heads: gradients summed)
     q = rmsnorm(tape, q, tp ? tp->shared_weight(tape, l.q_norm) : l.q_norm, eps);
@@ -277,10 +417,10 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
   q = rope(tape, q, positions, rope_, H);
   k = rope(tape, k, positions, rope_, KV);
   const AttentionShape shape{batch, seq, H, KV, D, float(1.0 / std::sqrt(double(D)))};
-  Var x2 = add(tape, x, row(attention(tape, q, k, v, shape, doc_start), l.o_proj));
+  Var x2 = add(tape, x, row(attention(tape, q, k, v, shape, doc_start), l.o_proj, l.o_lora));
   // MLP block: x + down(silu(gate(x)) * up(x))
-  Var gate_up = column(rmsnorm(tape, x2, shared(tape, l.post_norm), eps), l.gate_up);
-  return add(tape, x2, row(swiglu(tape, gate_up, intermediate_), l.down));
+  Var gate_up = column(rmsnorm(tape, x2, shared(tape, l.post_norm), eps), l.gate_up, l.gate_up_lora);
+  return add(tape, x2, row(swiglu(tape, gate_up, intermediate_), l.down, l.down_lora));
 }
 
 void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {
@@ -331,8 +471,14 @@ std::string DecoderModel::unit_name(int unit) const {
 
 std::pair<int64_t, int64_t> DecoderModel::unit_range(int unit) const {
   FAB_CHECK(unit >= 0 && unit < num_units(), "unit {} of {}", unit, num_units());
-  const int64_t end = unit + 1 < num_units() ? unit_starts_[size_t(unit) + 1] : params_.numel();
-  return {unit == 0 ? 0 : unit_starts_[size_t(unit)], end};
+  // A unit starts at its first trainable parameter (at the next unit's start when it has none).
+  auto start = [this](int u) -> int64_t {
+    const auto& infos = params_.params();
+    for (size_t i = 0; i < infos.size(); ++i)
+      if (unit_of_param_[i] >= u) return infos[i].offset;
+    return params_.numel();
+  };
+  return {start(unit), start(unit + 1)};
 }
 
 // (B * T) positions: 0..T-1 in every row, or the layout's (packed rows), checked against the
@@ -492,7 +638,7 @@ Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& 
   const float eps = float(c.rms_norm_eps);
   Tape none(false);
   Var h = rmsnorm(none, x, l.input_norm, eps);
-  std::vector<Var> qkv = split_columns(none, linear(none, h, l.qkv), {H * D, KV * D, KV * D});
+  std::vector<Var> qkv = split_columns(none, project(none, h, l.qkv, l.qkv_lora), {H * D, KV * D, KV * D});
   Var q = qkv[0], k = qkv[1], v = qkv[2];
   if (c.qk_norm) {
     q = rmsnorm(none, q, l.q_norm, eps);
@@ -512,9 +658,9 @@ Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& 
   Var attn = make_var(Tensor::empty({cache.batch * n, H * D}, DType::f32, MemoryCategory::activations));
   kt.attention_decode(q->value.data<float>(), cache.k[index].data<float>(), cache.v[index].data<float>(), shape,
                       cache.length, cache.capacity, attn->value.data<float>());
-  Var x2 = add(none, x, linear(none, attn, l.o_proj));
-  Var gate_up = linear(none, rmsnorm(none, x2, l.post_norm, eps), l.gate_up);
-  return add(none, x2, linear(none, swiglu(none, gate_up, c.intermediate_size), l.down));
+  Var x2 = add(none, x, project(none, attn, l.o_proj, l.o_lora));
+  Var gate_up = project(none, rmsnorm(none, x2, l.post_norm, eps), l.gate_up, l.gate_up_lora);
+  return add(none, x2, project(none, swiglu(none, gate_up, c.intermediate_size), l.down, l.down_lora));
 }
 
 Tensor DecoderModel::logits_cached(const Tensor& ids, KvCache& cache) {

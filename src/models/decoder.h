@@ -4,10 +4,12 @@
 #include <functional>
 #include <chrono>
 #include <optional>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "models/lora.h"
 #include "models/model_config.h"
 #include "models/param_buffer.h"
 #include "models/sharding.h"
@@ -26,6 +28,9 @@ struct PipelineStage {
 };
 
 struct DecoderOptions {
+  DecoderOptions(Precision precision_ = Precision::fp32, bool recompute = false, int64_t max_seq = 0,
+                 TensorParallelOps* tp_ops = nullptr)
+      : precision(precision_), recompute_layers(recompute), max_seq_len(max_seq), tp(tp_ops) {}
   Precision precision = Precision::fp32;
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
@@ -35,6 +40,10 @@ struct DecoderOptions {
   // The reward model's scalar head (TRL's ValueHead): v_head.summary.weight (1, C) and .bias (1),
   // in the last unit after lm_head.
   bool value_head = false;
+  // Which Hugging Face parameters train (null: all). The others are frozen: kept once, in bf16
+  // for matrices when precision is bf16, with no gradient and no optimizer state.
+  std::function<bool(const std::string&)> trainable;
+  LoraOptions lora;  // adapters on the chosen projections (rank 0: none); they always train
   std::optional<PipelineStage> stage = std::nullopt;  // empty: the whole model
 };
 
@@ -71,8 +80,29 @@ class DecoderModel {
 
   const ModelConfig& config() const { return config_; }
   const DecoderOptions& options() const { return options_; }
+  // The trainable parameters (all of them in full fine-tuning; LoRA's adapters and
+  // modules_to_save; freeze's chosen layers): what gradients, the optimizer, data parallelism
+  // and ZeRO see. LoRA adapters are named as PEFT saves them, without "base_model.model.".
   ParamBuffer& params() { return params_; }
   const ParamBuffer& params() const { return params_; }
+  // The frozen parameters: fp32 (norms, biases, the embedding; every frozen one in fp32 mode),
+  // and bf16-only matrices in bf16 mode.
+  const ParamBuffer& frozen() const { return frozen_; }
+  const ParamBuffer& frozen_bf16() const { return frozen_bf16_; }
+  // Every Hugging Face parameter of the base model (not the adapters) in the model's order, with
+  // the buffer holding it.
+  std::vector<std::pair<const ParamInfo*, ParamBuffer*>> base_parameters();
+  std::vector<std::pair<const ParamInfo*, const ParamBuffer*>> base_parameters() const;
+  bool is_adapter(const std::string& name) const;
+  const LoraOptions& lora() const { return options_.lora; }
+  // Off: the forward is the base model's (the adapters skipped), e.g. a DPO reference pass.
+  void set_adapters_enabled(bool enabled) { adapters_enabled_ = enabled; }
+  bool adapters_enabled() const { return adapters_enabled_; }
+  // Picks the dropout masks of the next forward passes (the trainer passes the micro-batch's
+  // index in the run, so a resumed run draws the masks the uninterrupted one did).
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  // LoRA A matrices kaiming-uniform from options.lora.seed, B zero (PEFT's init).
+  void init_adapters();
 
   // HF's _init_weights: N(0, initializer_range) for linear and embedding weights, zero biases,
   // unit norm weights.
@@ -120,7 +150,7 @@ class DecoderModel {
 
   // Parallelism wraps the model through these (nullptr: none).
   void set_hooks(ModelHooks* hooks) { hooks_ = hooks; }
-  int num_units() const { return int(unit_starts_.size()); }
+  int num_units() const { return num_units_; }
   // Elements [first, second) of the flat buffers that hold the parameters of `unit`; the units
   // tile the buffers in order.
   std::pair<int64_t, int64_t> unit_range(int unit) const;
@@ -135,11 +165,19 @@ class DecoderModel {
   struct Layer {
     Var input_norm, post_norm, q_norm, k_norm;
     Linear qkv, o_proj, gate_up, down;
+    std::vector<LoraBranch> qkv_lora, o_lora, gate_up_lora, down_lora;
   };
   void register_parameters();
   void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false, int replicas = 1);
   int tp_size() const { return options_.tp ? options_.tp->size() : 1; }
   Var shared(Tape& tape, const Var& weight) const;  // a replicated weight seen on part of the data
+  void add_trainable_whole(const std::string& name, Shape shape);  // a trainable parameter no rank splits
+  void add_adapters(const std::string& prefix, int64_t in, const std::vector<std::pair<std::string, int64_t>>& outs);
+  ParamBuffer& buffer_of(const std::string& name);
+  const ParamBuffer& buffer_of(const std::string& name) const;
+  std::vector<LoraBranch> adapters_of(const std::string& prefix,
+                                      const std::vector<std::pair<std::string, int64_t>>& projections) const;
+  Var project(Tape& tape, const Var& x, const Linear& linear, const std::vector<LoraBranch>& adapters);
   void bind_parameters();
   void bind_layer(int64_t index);
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
@@ -164,14 +202,19 @@ class DecoderModel {
 
   ModelConfig config_;
   DecoderOptions options_;
-  ParamBuffer params_;
+  ParamBuffer params_, frozen_, frozen_bf16_;
+  std::vector<std::string> base_names_;  // the Hugging Face parameters in registration order
+  std::vector<int> unit_of_param_;  // the unit of each of params_'s parameters
+  int registering_unit_ = 0;
+  bool adapters_enabled_ = true;
+  uint64_t dropout_seed_ = 0;
   RopeTable rope_;
   Var embed_, final_norm_;
   Linear lm_head_, value_head_;
   std::vector<Layer> layers_;       // the layers this stage holds, chunk after chunk
   std::vector<size_t> chunk_first_;  // index into layers_ where each chunk starts (and one past the end)
   PipelineStage stage_;              // the whole model: one chunk of every layer, embedding and head
-  std::vector<int64_t> unit_starts_;  // first element of each unit in the flat buffers
+  int num_units_ = 0;  // embedding, layers and head this stage holds
   ModelHooks* hooks_ = nullptr;
   std::vector<ShardSpec> shards_;  // one per parameter
   // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.

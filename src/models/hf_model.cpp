@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "core/error.h"
 #include "core/file_write.h"
@@ -47,6 +48,16 @@ void init_value_head(DecoderModel& model, uint64_t seed) {
 
 }  // namespace
 
+void save_value_head(const DecoderModel& model, const std::string& folder) {
+  const ParamBuffer& params = model.params();
+  std::vector<NamedTensor> value_head;
+  for (const char* name : {"v_head.summary.weight", "v_head.summary.bias"}) {
+    const ParamInfo& p = params.info(name);
+    value_head.push_back({name, params.values().view(p.offset, p.shape)});
+  }
+  save_safetensors((fs::path(folder) / kValueHeadFile).string(), value_head, {{"format", "pt"}});
+}
+
 bool load_value_head(DecoderModel& model, const std::string& folder) {
   ParamBuffer& params = model.params();
   const fs::path file = fs::path(folder) / kValueHeadFile;
@@ -64,29 +75,31 @@ bool load_value_head(DecoderModel& model, const std::string& folder) {
 }
 
 void load_weights(DecoderModel& model, const HfWeights& weights) {
-  ParamBuffer& params = model.params();
-  for (size_t i = 0; i < params.params().size(); ++i) {
-    const ParamInfo& p = params.params()[i];
-    const ShardSpec& s = model.shard(i);
+  std::set<std::string> known;
+  for (const auto& [p, buffer] : model.base_parameters()) {
+    known.insert(p->name);
     // LLaMA-Factory keeps the value head beside the weights (value_head.safetensors), TRL in them.
-    if (is_value_head(p.name) && !weights.contains(p.name)) continue;
-    FAB_USER_CHECK(weights.contains(p.name), "missing tensor \"{}\" {} in the model weights", p.name,
+    if (is_value_head(p->name) && !weights.contains(p->name)) continue;
+    // Trainable parameters may be this rank's slice (tensor parallel); frozen ones are whole.
+    const bool sliceable = buffer == &model.params();
+    const ShardSpec s = sliceable ? model.shard(size_t(p - model.params().params().data()))
+                                  : ShardSpec{-1, p->shape, 0, p->shape[0], 1};
+    FAB_USER_CHECK(weights.contains(p->name), "missing tensor \"{}\" {} in the model weights", p->name,
                    shape_str(s.full_shape));
-    const SafetensorsFile& file = weights.file_of(p.name);
-    const SafetensorsEntry& e = file.entries().at(p.name);
+    const SafetensorsFile& file = weights.file_of(p->name);
+    const SafetensorsEntry& e = file.entries().at(p->name);
     FAB_USER_CHECK(e.shape == s.full_shape, "{}: tensor \"{}\" has shape {} but config.json implies {}", file.path(),
-                   p.name, shape_str(e.shape), shape_str(s.full_shape));
-    Tensor t = file.as_f32(p.name);
-    float* dst = params.values().data<float>() + p.offset;
+                   p->name, shape_str(e.shape), shape_str(s.full_shape));
+    const Tensor t = file.as_f32(p->name);
     if (s.split_dim < 0)
-      std::memcpy(dst, t.data<float>(), t.bytes());
+      buffer->set_values(*p, t.data<float>());
     else
-      copy_slice(t, s, dst);
+      copy_slice(t, s, model.params().values().data<float>() + p->offset);
   }
   for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;
     // A pipeline stage holds only its part of the model's tensors.
-    FAB_USER_CHECK(params.contains(name) || tied_head || !model.is_whole(), "{}: unexpected tensor \"{}\" for a {} model",
+    FAB_USER_CHECK(known.count(name) || tied_head || !model.is_whole(), "{}: unexpected tensor \"{}\" for a {} model",
                    weights.file_of(name).path(), name, model.config().model_type);
   }
   model.weights_changed();
@@ -113,8 +126,7 @@ void save_model_folder(const DecoderModel& model, const std::string& folder, siz
   FAB_CHECK(model.is_whole(), "a pipeline stage's weights are saved through PipelineParallel::gather_weights");
   FAB_CHECK(!model.options().tp, "a tensor-parallel model is saved from its gathered tensors");
   std::vector<NamedTensor> tensors;
-  const ParamBuffer& params = model.params();
-  for (const ParamInfo& p : params.params()) tensors.push_back({p.name, params.values().view(p.offset, p.shape)});
+  for (const auto& [p, buffer] : model.base_parameters()) tensors.push_back({p->name, buffer->values_f32(*p)});
   save_model_folder(model.config(), tensors, folder, max_shard_bytes);
 }
 

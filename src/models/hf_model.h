@@ -18,6 +18,8 @@ void load_weights(DecoderModel& model, const HfWeights& weights);
 // The reward model's value head (DecoderOptions::value_head) from folder/value_head.safetensors,
 // LLaMA-Factory's layout (v_head.summary.weight (1, C), v_head.summary.bias (1)); false when the
 // folder has no such file. load_weights also takes it from the weights themselves (TRL's layout).
+// Writes the value head alone to DIR/value_head.safetensors (beside a LoRA adapter).
+void save_value_head(const DecoderModel& model, const std::string& folder);
 bool load_value_head(DecoderModel& model, const std::string& folder);
 
 // config.json, then the weights when the folder has them; a folder with no weight files at all

@@ -1,5 +1,7 @@
 #include "models/param_buffer.h"
 
+#include <cstring>
+
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/pages.h"
@@ -22,6 +24,19 @@ void ParamBuffer::allocate(bool with_bf16_copy) {
   values_ = mapped_zeros(total_, DType::f32, MemoryCategory::parameters);
   grads_ = mapped_zeros(total_, DType::f32, MemoryCategory::gradients);
   if (with_bf16_copy) values_bf16_ = mapped_zeros(total_, DType::bf16, MemoryCategory::parameters);
+}
+
+void ParamBuffer::allocate_frozen(bool fp32_values, bool bf16_values) {
+  FAB_CHECK(fp32_values || bf16_values, "frozen parameters need fp32 or bf16 values");
+  if (fp32_values) values_ = mapped_zeros(total_, DType::f32, MemoryCategory::parameters);
+  if (bf16_values) values_bf16_ = mapped_zeros(total_, DType::bf16, MemoryCategory::parameters);
+}
+
+int64_t ParamBuffer::bytes() const {
+  int64_t n = 0;
+  for (const Tensor* t : {&values_, &values_bf16_, &grads_})
+    if (t->defined()) n += int64_t(t->bytes());
+  return n;
 }
 
 const ParamInfo& ParamBuffer::info(const std::string& name) const {
@@ -56,16 +71,32 @@ Tensor ParamBuffer::bf16_fused(const std::vector<std::string>& names) const {
 Tensor ParamBuffer::bf16_view(const std::string& name) const { return bf16_fused({name}); }
 
 Var ParamBuffer::fused(const std::vector<std::string>& names) const {
-  FAB_CHECK(values_.defined(), "parameters used before allocate()");
+  FAB_CHECK(values_.defined() || values_bf16_.defined(), "parameters used before allocate()");
   auto [offset, shape] = span(names);
+  if (frozen()) return make_var(values_.defined() ? values_.view(offset, shape) : values_bf16_.view(offset, shape), false);
   Var v = make_var(values_.view(offset, shape));
   v->grad = grads_.view(offset, shape);
   return v;
 }
 
+void ParamBuffer::set_values(const ParamInfo& p, const float* src) {
+  if (values_.defined()) std::memcpy(values_.data<float>() + p.offset, src, size_t(p.numel()) * sizeof(float));
+  if (values_bf16_.defined())
+    backend(DeviceKind::cpu).kernels().to_bf16(src, values_bf16_.data<bf16>() + p.offset, p.numel());
+}
+
+Tensor ParamBuffer::values_f32(const ParamInfo& p) const {
+  if (values_.defined()) return values_.view(p.offset, p.shape);
+  Tensor out = Tensor::empty(p.shape, DType::f32, MemoryCategory::temporaries);
+  const bf16* src = values_bf16_.data<bf16>() + p.offset;
+  for (int64_t i = 0; i < p.numel(); ++i) out.data<float>()[i] = to_f32(src[i]);
+  return out;
+}
+
 void ParamBuffer::refresh_bf16() { refresh_bf16(0, total_); }
 
 void ParamBuffer::refresh_bf16(int64_t begin, int64_t end) {
+  if (!values_.defined() || !values_bf16_.defined()) return;
   backend(values_.device().kind).kernels().to_bf16(values_.data<float>() + begin, values_bf16_.data<bf16>() + begin,
                                                    end - begin);
 }

@@ -27,6 +27,10 @@ class ParamBuffer {
   // Allocates the value and gradient buffers (zeroed page mappings whose pages ZeRO can hand back
   // to the OS); no add() after this.
   void allocate(bool with_bf16_copy);
+  // Frozen parameters instead: values only, no gradients, in fp32 and/or bf16 (a bf16-only
+  // buffer keeps each weight once, as its compute copy). Their Vars do not require grad.
+  void allocate_frozen(bool fp32_values, bool bf16_values);
+  bool frozen() const { return !grads_.defined(); }
 
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo& info(const std::string& name) const;
@@ -36,6 +40,7 @@ class ParamBuffer {
 
   Var var(const std::string& name) const;
   // One Var spanning consecutive packed parameters, rows stacked: shape (sum of dim 0, dim 1...).
+  // A frozen buffer's Var holds the fp32 values, or the bf16 ones when it has only those.
   Var fused(const std::vector<std::string>& names) const;
   Tensor bf16_view(const std::string& name) const;
   Tensor bf16_fused(const std::vector<std::string>& names) const;
@@ -45,7 +50,13 @@ class ParamBuffer {
   const Tensor& values() const { return values_; }
   const Tensor& grads() const { return grads_; }
   bool has_bf16() const { return values_bf16_.defined(); }
+  bool has_fp32() const { return values_.defined(); }
+  int64_t bytes() const;  // values, bf16 copy and gradients
   Tensor& bf16_values() { return values_bf16_; }
+  // Parameter p's values from fp32 `src`, into the fp32 values and the bf16 copy, as the buffer has them.
+  void set_values(const ParamInfo& p, const float* src);
+  // Parameter p's values in fp32 (a copy widened from bf16 when the buffer holds only bf16).
+  Tensor values_f32(const ParamInfo& p) const;
   void refresh_bf16();  // values_bf16 = bf16(values)
   void refresh_bf16(int64_t begin, int64_t end);  // the same for elements [begin, end)
 

@@ -72,6 +72,7 @@ Var embedding(Tape& tape, const Tensor& ids, const Var& table) {
   Var out = make_var(new_activation({n, c}, table->value.device()));
   kernels_for(table->value).embedding_forward(ids.data<int64_t>(), n, table->value.data<float>(), c,
                                               out->value.data<float>());
+  if (!table->requires_grad) return out;  // a frozen table: nothing to back-propagate into
   tape.push([ids, table, out, n, c] {
     ProfileScope profile("embedding backward");
     kernels_for(ids).embedding_backward(ids.data<int64_t>(), n, grad_of(out).data<float>(), c,
@@ -116,13 +117,14 @@ Var linear(Tape& tape, const Var& x, const Linear& layer) {
     ProfileScope profile("linear backward");
     const KernelTable& k = kernels_for(w_compute);
     Tensor dy = grad_of(y);
-    if (layer.bias) k.bias_backward(dy.data<float>(), rows, out_features, grad_of(layer.bias).data<float>());
+    if (layer.bias && layer.bias->requires_grad) k.bias_backward(dy.data<float>(), rows, out_features, grad_of(layer.bias).data<float>());
     Tensor dy_compute = bf16 ? to_bf16(dy, MemoryCategory::temporaries) : dy;
     if (x->requires_grad) {
       const GradTarget dx = grad_target(x);
       gemm(k, dy_compute, false, w_compute, false, dx.data, rows, in, out_features, dx.accumulate);
     }
-    gemm(k, dy_compute, true, saved_x, false, grad_of(layer.weight).data<float>(), out_features, in, rows, true);
+    if (layer.weight->requires_grad)  // frozen weights (LoRA's base, freeze) get no gradient
+      gemm(k, dy_compute, true, saved_x, false, grad_of(layer.weight).data<float>(), out_features, in, rows, true);
   });
   return y;
 }
@@ -264,7 +266,8 @@ double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, 
     if (!need_grads) continue;
     const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
     gemm(k, dz, false, w_compute, false, dh.data<float>() + r0 * c, n, c, vocab, false);
-    gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
+    if (head.weight->requires_grad)
+      gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
   }
   tape.push([hidden, dh] {
     ProfileScope profile("lm_head_cross_entropy backward");

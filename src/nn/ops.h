@@ -13,7 +13,8 @@ namespace fab {
 enum class Precision { fp32, bf16 };
 
 // A linear layer's parameters: y = x W^T (+ b), W (out, in). In bf16 mode `weight_bf16` is the
-// compute copy of W (refreshed from the fp32 master after each optimizer step).
+// compute copy of W (refreshed from the fp32 master after each optimizer step). A frozen W
+// (requires_grad false) gets no gradient; frozen in bf16, `weight` holds the bf16 values too.
 struct Linear {
   Var weight;
   Var bias;            // may be null

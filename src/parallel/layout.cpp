@@ -153,6 +153,10 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
   FAB_USER_CHECK(l.tp == 1 || l.pp == 1,
                  "tensor_parallel_size {} with pipeline_parallel_size {} is not implemented yet: use one of them",
                  l.tp, l.pp);
+  FAB_USER_CHECK(l.pp == 1 || c.finetuning_type == "full",
+                 "finetuning_type {} with pipeline_parallel_size {} is not implemented in Fabrica yet: the pipeline "
+                 "trains every parameter (finetuning_type full)",
+                 c.finetuning_type, l.pp);
   return l;
 }
 

@@ -19,6 +19,7 @@
 #include "models/hf_model.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "train/finetuning.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -195,7 +196,8 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml, Communicator* tp, PipelineParallel* pipeline) {
+                     const std::string& config_yaml, Communicator* tp, const std::string& base_model,
+                     PipelineParallel* pipeline) {
   Communicator& group = dp.group();
   const bool stage_main = group.rank() == 0;  // of this stage's data-parallel group
   const bool main = stage_main && (!tp || tp->rank() == 0) && (!pipeline || pipeline->stage() == 0);
@@ -220,7 +222,7 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
     else if (tp)
       save_model_folder(dp.model().config(), whole, tmp.string());
     else
-      save_model_folder(dp.model(), tmp.string());
+      save_trained_weights(dp.model(), tmp.string(), base_model);
     nlohmann::json j = {{"global_step", state.global_step},
                         {"sampler_epoch", state.sampler.epoch},
                         {"sampler_position", state.sampler.position},
@@ -261,7 +263,7 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp, PipelineP
                    "{} was saved with pipeline_parallel_size {} and this run has pipeline_parallel_size {}: resuming at "
                    "another pipeline layout is not implemented yet (its optimizer state is per stage)",
                    dir, saved_stages, stages);
-    load_weights(dp.model(), HfWeights::open(dir));
+    load_trained_weights(dp.model(), dir);
     if (dp.model().options().value_head) load_value_head(dp.model(), dir);
     dp.weights_loaded();
     load_optimizer_shards(dir, dp, stage_prefix(pipeline));

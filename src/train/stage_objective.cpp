@@ -58,7 +58,7 @@ class DpoObjective : public StageObjective {
 
   void prepare(DecoderModel& model, Communicator& group) override {
     if (needs_reference(options_.loss) && !reference_)
-      reference_ = std::make_unique<PrecomputedReference>(model, data_, group, 2 * eval_batch_);
+      reference_ = make_reference(model, data_, group, 2 * eval_batch_);
   }
 
   std::vector<std::string> metric_names() const override {
@@ -115,7 +115,7 @@ class KtoObjective : public StageObjective {
   }
 
   void prepare(DecoderModel& model, Communicator& group) override {
-    if (!reference_) reference_ = std::make_unique<PrecomputedReference>(model, data_, group, 2 * eval_batch_);
+    if (!reference_) reference_ = make_reference(model, data_, group, 2 * eval_batch_);
   }
 
   std::vector<std::string> metric_names() const override {
@@ -227,6 +227,26 @@ std::vector<ResponseLogp> batch_logps(DecoderModel& model, const Batch& batch) {
 // Rank r takes batches r, r + N, ...; in a round where it has none left it runs a one-row pass
 // whose result is dropped, so every rank runs as many forward passes (ZeRO-3 gathers in each).
 // Each sequence is computed by one rank and zero elsewhere, so the sum over the ranks is exact.
+std::vector<ResponseLogp> AdapterReference::of(DecoderModel& model, DataSplit, const std::vector<int64_t>&,
+                                               const Batch& batch) {
+  model.set_adapters_enabled(false);
+  std::vector<ResponseLogp> logps;
+  try {
+    logps = batch_logps(model, batch);
+  } catch (...) {
+    model.set_adapters_enabled(true);
+    throw;
+  }
+  model.set_adapters_enabled(true);
+  return logps;
+}
+
+std::unique_ptr<ReferenceLogps> make_reference(DecoderModel& model, const StageData& data, Communicator& group,
+                                               int64_t eval_batch_rows) {
+  if (model.lora().enabled()) return std::make_unique<AdapterReference>();
+  return std::make_unique<PrecomputedReference>(model, data, group, eval_batch_rows);
+}
+
 PrecomputedReference::PrecomputedReference(DecoderModel& model, const StageData& data, Communicator& group,
                                            int64_t eval_batch_rows) {
   for (DataSplit split : {DataSplit::train, DataSplit::eval}) {

@@ -82,6 +82,18 @@ class PrecomputedReference : public ReferenceLogps {
   std::vector<ResponseLogp> train_, eval_;
 };
 
+// LoRA: the base model is the reference — the same model with its adapters disabled, run on each
+// batch (TRL's null_ref_context; LLaMA-Factory's default with LoRA). No memory of its own.
+class AdapterReference : public ReferenceLogps {
+ public:
+  std::vector<ResponseLogp> of(DecoderModel& model, DataSplit split, const std::vector<int64_t>& rows,
+                               const Batch& batch) override;
+};
+
+// The reference of this model: adapters off under LoRA, else computed once now (collective).
+std::unique_ptr<ReferenceLogps> make_reference(DecoderModel& model, const StageData& data, Communicator& group,
+                                               int64_t eval_batch_rows);
+
 // The summed log-probabilities of every row of `batch` (no gradient).
 std::vector<ResponseLogp> batch_logps(DecoderModel& model, const Batch& batch);
 

@@ -24,6 +24,7 @@
 #include "parallel/tensor_parallel.h"
 #include "monitor/loss_plot.h"
 #include "monitor/tensorboard.h"
+#include "train/finetuning.h"
 #include "train/metrics_log.h"
 
 namespace fab {
@@ -207,6 +208,9 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   } else {
     for (int64_t m = 0; m < micro_batches; ++m) {
       dp_->begin_micro_batch(m);
+      // LoRA dropout masks: one stream per (seed, rank, micro-batch of the run), so a resumed run draws the same.
+      model_->set_dropout_seed((uint64_t(config_.seed) * 1000003u + uint64_t(group_->rank())) * 0x100000001b3ull +
+                               uint64_t(step * micro_batches + m));
       sums[0] += micro_batch(scale);
     }
   }
@@ -419,6 +423,7 @@ nlohmann::json Trainer::parallel_metrics() {
                       {"memory_parameters_bytes", params},
                       {"memory_gradients_bytes", grads},
                       {"memory_optimizer_state_bytes", opt},
+                      {"memory_frozen_parameters_bytes", model_->frozen().bytes() + model_->frozen_bf16().bytes()},
                       {"comm_bytes_sent_per_step", int64_t(sent)},
                       {"comm_hidden_fraction", busy > 0 ? std::clamp(1.0 - blocked / busy, 0.0, 1.0) : 1.0}};
   if (pipeline_) j.update(pipeline_metrics());
@@ -494,7 +499,7 @@ void Trainer::save(int64_t step) {
   last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
-  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, pipeline_.get());
+  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get());
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
   barrier_all("checkpoints pruned");
 }
@@ -598,7 +603,7 @@ void Trainer::finish() {
     const std::vector<NamedTensor> whole = gather_full_tensors(*model_, *tp_);
     if (main_) save_model_folder(model_->config(), whole, config_.output_dir);
   } else if (main_) {
-    save_model_folder(*model_, config_.output_dir);
+    save_trained_weights(*model_, config_.output_dir, config_.model_name_or_path);
   }
   dp_->release_gathered_parameters();
   barrier_all("final model written");

@@ -102,7 +102,7 @@ TEST(TrainConfig, BooleansReadTheSameEverywhere) {
 }
 
 TEST(TrainConfig, FeaturesNotYetImplementedSaySo) {
-  EXPECT_NE(error_of("lora_rank: 16\n").find("\"lora_rank\" is not implemented in Fabrica yet"), std::string::npos);
+  EXPECT_NE(error_of("use_dora: true\n").find("\"use_dora\" is not implemented in Fabrica yet"), std::string::npos);
   // A feature key set to its default asks for nothing (LLaMA-Factory's examples write these).
   EXPECT_EQ(error_of("save_only_model: false\n"), "accepted");
   EXPECT_NE(error_of("stage: ppo\n").find("stage \"ppo\" is not implemented in Fabrica yet"), std::string::npos);

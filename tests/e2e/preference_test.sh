@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The preference stages through `fabrica train`: LLaMA-Factory's example YAMLs for dpo, kto and
-# reward run with only their paths changed (plus finetuning_type=full until LoRA lands, and a few
+# reward run with only their paths changed (LoRA as they say, and a few
 # steps on a tiny model); DPO's first loss is ln 2 (policy = reference); TRL's metric names reach
 # metrics.jsonl; the reward model is saved with value_head.safetensors and `fabrica score` reads
 # it; 2 data-parallel ranks reproduce one process's losses for every stage; a ranking dataset
@@ -24,7 +24,7 @@ example() {
     "$data/examples/train_lora_qwen3_lora_$1.yaml" > "$1.yaml"
   echo "dataset_dir: $data" >> "$1.yaml"
 }
-short_run="finetuning_type=full max_steps=3 max_samples=12 cutoff_len=96 per_device_train_batch_size=2 \
+short_run="max_steps=3 max_samples=12 cutoff_len=96 per_device_train_batch_size=2 \
 gradient_accumulation_steps=1 logging_steps=1"
 
 for name in dpo kto reward; do
@@ -41,6 +41,8 @@ for key in ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards
             "logps/rejected", "reference_logps_bytes"]:
     assert key in dpo[0], key
 assert abs(dpo[0]["loss"] - math.log(2)) < 1e-6, dpo[0]["loss"]
+# The reference stays the base (adapters off) while the adapters train: the policy moves away.
+assert abs(dpo[-1]["rewards/margins"]) > 1e-6 and abs(dpo[-1]["loss"] - math.log(2)) > 1e-6, dpo[-1]
 for key in ["rewards/chosen", "rewards/rejected", "kl", "logps/chosen", "reference_logps_bytes"]:
     assert any(key in r for r in kto), key
 assert abs(kto[0]["loss"] - 0.5) < 1e-6, kto[0]["loss"]  # 1 - sigmoid(0) at the reference, weights 1
@@ -48,11 +50,16 @@ for key in ["rewards/accuracy", "rewards/chosen", "rewards/rejected"]:
     assert key in rm[0], key
 print(f"  dpo first loss {dpo[0]['loss']:.9f} (ln 2 = {math.log(2):.9f}), kto {kto[0]['loss']:.9f}")
 PY
-[ -f out_reward/value_head.safetensors ] && [ -f out_reward/model.safetensors ] || fail "reward model files"
-"$fabrica" score --model out_reward --dataset dpo_en_demo --dataset-dir "$data" --template qwen3_nothink \
+# LoRA: the reward model is the adapter with the value head beside it, as LLaMA-Factory saves it.
+[ -f out_reward/value_head.safetensors ] && [ -f out_reward/adapter_model.safetensors ] || fail "LoRA reward model files"
+# shellcheck disable=SC2086
+"$fabrica" train reward.yaml $short_run finetuning_type=full output_dir=full_reward >full_reward.log 2>&1 \
+  || { cat full_reward.log; fail "full reward model"; }
+[ -f full_reward/value_head.safetensors ] && [ -f full_reward/model.safetensors ] || fail "full reward model files"
+"$fabrica" score --model full_reward --dataset dpo_en_demo --dataset-dir "$data" --template qwen3_nothink \
   --max-samples 3 --cutoff-len 96 >score.out 2>&1 || { cat score.out; fail "fabrica score"; }
 [ "$(grep -c '"chosen"' score.out)" = 3 ] && grep -q '"accuracy"' score.out || { cat score.out; fail "score output"; }
-echo "ok: LLaMA-Factory's dpo, kto and reward examples; ln 2 at DPO's first step; fabrica score"
+echo "ok: LLaMA-Factory's LoRA dpo, kto and reward examples; ln 2 at DPO's first step (the adapters-off reference); fabrica score"
 
 same_losses() {  # same_losses REF_DIR DIR: per-step losses within 1e-5 relative
   python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "losses of $2 differ from $1"

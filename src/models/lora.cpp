@@ -1,0 +1,141 @@
+#include "models/lora.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "core/profiler.h"
+#include "core/rng.h"
+#include "kernels/kernel_table.h"
+
+namespace fab {
+namespace {
+
+const KernelTable& kernels_for(const Tensor& t) { return backend(t.device().kind).kernels(); }
+
+// C (m, n) (+)= op(A) op(B), fp32.
+void gemm(const KernelTable& k, const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m,
+          int64_t n, int64_t kdim, bool accumulate) {
+  MatmulArgs args;
+  args.a = a;
+  args.b = b;
+  args.c = c;
+  args.m = m;
+  args.n = n;
+  args.k = kdim;
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.accumulate = accumulate;
+  args.dtype = DType::f32;
+  k.matmul(args);
+}
+
+Tensor activation(Shape shape, const Tensor& like) {
+  return Tensor::empty(std::move(shape), DType::f32, MemoryCategory::activations, like.device());
+}
+
+// splitmix64's finaliser: a counter-based generator, so element i's draw depends only on
+// (seed, stream, i), whatever the thread count.
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// mask = keep / (1 - p), keep ~ Bernoulli(1 - p), from the pass's seed and the branch's stream.
+Tensor dropout_mask(int64_t n, const LoraPass& pass, uint64_t stream, const Tensor& like) {
+  Tensor mask = activation({n}, like);
+  const uint64_t key = mix(pass.seed * 0x9e3779b97f4a7c15ull + stream);
+  const float keep_scale = 1.0f / (1.0f - pass.dropout);
+  const double p = double(pass.dropout);
+  float* m = mask.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const double u = double(mix(key + uint64_t(i) * 0x9e3779b97f4a7c15ull) >> 11) * 0x1.0p-53;  // [0, 1)
+    m[i] = u >= p ? keep_scale : 0.0f;
+  }
+  return mask;
+}
+
+void multiply(const float* x, const float* mask, float* out, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * mask[i];
+}
+
+}  // namespace
+
+float LoraOptions::scaling() const {
+  const double alpha_value = effective_alpha();
+  return float(rslora ? alpha_value / std::sqrt(double(rank)) : alpha_value / double(rank));
+}
+
+const std::vector<std::string>& lora_projection_names() {
+  static const std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+  return names;
+}
+
+void add_lora(Tape& tape, const Var& x, const Var& y, const std::vector<LoraBranch>& branches, const LoraPass& pass) {
+  if (branches.empty()) return;
+  ProfileScope profile("lora");
+  const KernelTable& k = kernels_for(y->value);
+  const int64_t rows = x->value.numel() / x->value.dim(-1), in = x->value.dim(-1), out = y->value.dim(-1);
+  for (const LoraBranch& br : branches) {
+    const int64_t r = br.a->value.dim(0), w = br.b->value.dim(0);
+    FAB_CHECK(br.a->value.dim(1) == in && br.b->value.dim(1) == r && br.column + w <= out,
+              "lora: A {} and B {} do not fit input width {} and output columns [{}, {}) of {}",
+              shape_str(br.a->value.shape()), shape_str(br.b->value.shape()), in, br.column, br.column + w, out);
+    Tensor mask, xd = x->value;
+    if (pass.dropout > 0 && tape.recording()) {
+      mask = dropout_mask(rows * in, pass, br.stream, x->value);
+      xd = activation({rows, in}, x->value);
+      multiply(x->value.data<float>(), mask.data<float>(), xd.data<float>(), rows * in);
+    }
+    Tensor us = activation({rows, r}, x->value), v = activation({rows, w}, x->value);
+    gemm(k, xd.data<float>(), false, br.a->value.data<float>(), true, us.data<float>(), rows, r, in, false);
+    k.scale(us.data<float>(), rows * r, pass.scaling);
+    gemm(k, us.data<float>(), false, br.b->value.data<float>(), true, v.data<float>(), rows, w, r, false);
+    k.copy_2d(v.data<float>(), w, y->value.data<float>() + br.column, out, rows, w, true);
+    const float scaling = pass.scaling;
+    tape.push([x, y, br, xd, us, mask, rows, in, out, r, w, scaling] {
+      ProfileScope profile("lora backward");
+      const KernelTable& k = kernels_for(us);
+      Tensor dy = activation({rows, w}, us);  // this branch's columns of y's gradient
+      k.copy_2d(grad_of(y).data<float>() + br.column, out, dy.data<float>(), w, rows, w, false);
+      gemm(k, dy.data<float>(), true, us.data<float>(), false, grad_of(br.b).data<float>(), w, r, rows, true);
+      Tensor du = activation({rows, r}, us);
+      gemm(k, dy.data<float>(), false, br.b->value.data<float>(), false, du.data<float>(), rows, r, w, false);
+      k.scale(du.data<float>(), rows * r, scaling);
+      gemm(k, du.data<float>(), true, xd.data<float>(), false, grad_of(br.a).data<float>(), r, in, rows, true);
+      if (!mask.defined()) {
+        gemm(k, du.data<float>(), false, br.a->value.data<float>(), false, grad_of(x).data<float>(), rows, in, r, true);
+        return;
+      }
+      Tensor dxd = activation({rows, in}, us);
+      gemm(k, du.data<float>(), false, br.a->value.data<float>(), false, dxd.data<float>(), rows, in, r, false);
+      multiply(dxd.data<float>(), mask.data<float>(), dxd.data<float>(), rows * in);
+      k.accumulate(dxd.data<float>(), grad_of(x).data<float>(), rows * in);
+    });
+  }
+}
+
+void init_lora_a(float* a, int64_t rank, int64_t in, uint64_t seed) {
+  // kaiming_uniform_ with a = sqrt(5): gain = sqrt(2 / (1 + 5)), bound = gain * sqrt(3 / fan_in) = 1 / sqrt(fan_in).
+  const double bound = 1.0 / std::sqrt(double(in));
+  Rng rng(seed);
+  for (int64_t i = 0; i < rank * in; ++i) a[i] = float((2.0 * rng.uniform() - 1.0) * bound);
+}
+
+void merge_lora(float* w, const float* a, const float* b, int64_t out, int64_t in, int64_t rank, float scaling) {
+  // As PEFT's merge: delta = (B A) * scaling, then W + delta.
+  std::vector<float> delta(static_cast<size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    std::fill(delta.begin(), delta.end(), 0.0f);
+    for (int64_t j = 0; j < rank; ++j)
+      for (int64_t i = 0; i < in; ++i) delta[size_t(i)] += b[o * rank + j] * a[j * in + i];
+    for (int64_t i = 0; i < in; ++i) w[o * in + i] += delta[size_t(i)] * scaling;
+  }
+}
+
+}  // namespace fab

@@ -1,0 +1,124 @@
+#include "train/finetuning.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "models/hf_model.h"
+#include "models/peft_adapter.h"
+
+namespace fab {
+namespace {
+
+std::vector<std::string> comma_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const size_t first = text.find_first_not_of(" \t", start);
+    if (first < end) out.push_back(text.substr(first, text.find_last_not_of(" \t", end - 1) + 1 - first));
+    start = end + 1;
+  }
+  return out;
+}
+
+void require_known(const std::vector<std::string>& names, const std::vector<std::string>& known, const char* key) {
+  for (const std::string& n : names) {
+    std::string list;
+    for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+    FAB_USER_CHECK(std::find(known.begin(), known.end(), n) != known.end(), "{}: \"{}\" is not one of {}", key, n,
+                   list);
+  }
+}
+
+// PEFT matches modules_to_save by module name: a module whose name ends with the target (no dot
+// needed, so "norm" also takes input_layernorm, q_norm, ...: peft's `key.endswith(target)`).
+bool in_modules(const std::string& param, const std::vector<std::string>& modules) {
+  const std::string module = param.substr(0, param.rfind('.'));
+  for (const std::string& m : modules)
+    if (module.size() >= m.size() && module.compare(module.size() - m.size(), m.size(), m) == 0) return true;
+  return false;
+}
+
+const std::vector<std::string> kOuterModules = {"embed_tokens", "lm_head", "norm"};
+const std::vector<std::string> kSavableModules = {"embed_tokens", "lm_head", "norm", "input_layernorm",
+                                                  "post_attention_layernorm", "q_norm", "k_norm"};
+
+LoraOptions lora_from_config(const TrainConfig& c) {
+  LoraOptions o;
+  o.rank = c.lora_rank;
+  o.alpha = double(c.lora_alpha);
+  o.dropout = c.lora_dropout;
+  o.rslora = c.use_rslora;
+  o.targets = c.lora_target == "all" ? lora_projection_names() : comma_list(c.lora_target);
+  require_known(o.targets, lora_projection_names(), "lora_target");
+  FAB_USER_CHECK(!o.targets.empty(), "lora_target is empty: expected all or a comma list of projections");
+  o.modules_to_save = comma_list(c.additional_target);
+  require_known(o.modules_to_save, kSavableModules, "additional_target");
+  return o;
+}
+
+// LLaMA-Factory's freeze tuning: the last N layers (N > 0) or the first |N| (N < 0); of those the
+// modules named (all: every one); plus freeze_extra_modules. A parameter trains when one of these
+// patterns is a substring of its name (".3." or ".3.mlp" for layer 3, or the extra module's name).
+std::vector<std::string> freeze_patterns(const TrainConfig& c, int64_t num_layers) {
+  const int64_t n = c.freeze_trainable_layers;
+  FAB_USER_CHECK(n != 0, "freeze_trainable_layers must not be 0 (N > 0: the last N layers, N < 0: the first |N|)");
+  std::vector<int64_t> layers;
+  if (n > 0)
+    for (int64_t i = std::max<int64_t>(0, num_layers - n); i < num_layers; ++i) layers.push_back(i);
+  else
+    for (int64_t i = 0; i < std::min(-n, num_layers); ++i) layers.push_back(i);
+  const std::vector<std::string> modules = comma_list(c.freeze_trainable_modules);
+  require_known(modules, {"all", "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"},
+                "freeze_trainable_modules");
+  std::vector<std::string> patterns;
+  for (const std::string& m : modules)
+    for (int64_t i : layers) patterns.push_back(format(".{}.{}", i, m == "all" ? std::string() : m));
+  const std::vector<std::string> extra = comma_list(c.freeze_extra_modules);
+  require_known(extra, kOuterModules, "freeze_extra_modules");
+  patterns.insert(patterns.end(), extra.begin(), extra.end());
+  return patterns;
+}
+
+}  // namespace
+
+void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& options) {
+  if (c.finetuning_type == "lora") {
+    LoraOptions lora = c.adapter_name_or_path.empty() ? lora_from_config(c) : read_adapter_config(c.adapter_name_or_path);
+    lora.seed = uint64_t(c.seed);
+    use_lora(lora, options);
+  } else if (c.finetuning_type == "freeze") {
+    const std::vector<std::string> patterns = freeze_patterns(c, num_layers);
+    options.trainable = [patterns](const std::string& name) {
+      return std::any_of(patterns.begin(), patterns.end(),
+                         [&](const std::string& p) { return name.find(p) != std::string::npos; });
+    };
+  }
+}
+
+void use_lora(const LoraOptions& lora, DecoderOptions& options) {
+  options.lora = lora;
+  const std::vector<std::string> modules = lora.modules_to_save;
+  options.trainable = [modules](const std::string& name) { return in_modules(name, modules); };
+}
+
+void load_initial_adapter(const TrainConfig& c, DecoderModel& model) {
+  if (c.finetuning_type == "lora" && !c.adapter_name_or_path.empty()) load_adapter(model, c.adapter_name_or_path);
+}
+
+void save_trained_weights(const DecoderModel& model, const std::string& dir, const std::string& base_model) {
+  if (!model.lora().enabled()) return save_model_folder(model, dir);
+  save_adapter(model, dir, base_model);
+  if (model.options().value_head) save_value_head(model, dir);  // LLaMA-Factory's LoRA reward model
+}
+
+void load_trained_weights(DecoderModel& model, const std::string& dir) {
+  if (model.lora().enabled())
+    load_adapter(model, dir);
+  else
+    load_weights(model, HfWeights::open(dir));
+}
+
+}  // namespace fab

@@ -1,0 +1,30 @@
+#pragma once
+// finetuning_type as LLaMA-Factory reads it: which parameters of the model train (full, freeze)
+// and which LoRA adapters it gains (lora), turned into DecoderOptions; and the weights each kind
+// saves (a full Hugging Face folder, or a PEFT adapter folder for lora).
+#include <string>
+
+#include "config/train_config.h"
+#include "models/decoder.h"
+
+namespace fab {
+
+// Fills options.trainable and options.lora from the config: lora_rank, lora_alpha (0: 2 * rank),
+// lora_dropout, lora_target (all: every linear layer but lm_head), use_rslora, additional_target
+// (PEFT modules_to_save), or, with adapter_name_or_path, the adapter's own adapter_config.json;
+// freeze_trainable_layers / _modules / freeze_extra_modules. A bad name is a UserError.
+void apply_finetuning(const TrainConfig& config, int64_t num_layers, DecoderOptions& options);
+
+// LoRA adapters with these options: options.lora, and only PEFT's modules_to_save train.
+void use_lora(const LoraOptions& lora, DecoderOptions& options);
+
+// After the base weights are loaded: the adapter of adapter_name_or_path, if any.
+void load_initial_adapter(const TrainConfig& config, DecoderModel& model);
+
+// What a checkpoint and the final output hold of the model: the adapter folder (lora) or the
+// whole model as a Hugging Face folder; and the way back.
+// `base_model`: the adapter's base_model_name_or_path.
+void save_trained_weights(const DecoderModel& model, const std::string& dir, const std::string& base_model);
+void load_trained_weights(DecoderModel& model, const std::string& dir);
+
+}  // namespace fab
