@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The planner against measured runs on this machine (run by hand; recorded in bench/RESULTS.md,
-# "Planner against measured"). A small Qwen3 (4 layers, hidden 256, 4 heads : 2 kv heads,
-# intermediate 704, tied, the Qwen3 tokenizer's 151,669-token vocabulary), pt on c4_demo,
-# cutoff_len 128, fp32, global batch 8, 4 steps; at 2 and 4 processes each of: ZeRO 0-3,
+# "Planner against measured"). A small Qwen3 (4 layers, hidden 128, 4 heads : 2 kv heads,
+# intermediate 352, tied, the Qwen3 tokenizer's 151,669-token vocabulary), pt on c4_demo,
+# cutoff_len 64, fp32, global batch 8, 3 steps; at 2 and 4 processes each of: ZeRO 0-3,
 # ZeRO-0 with recompute, ZeRO-0 at micro-batch 1 (more accumulation). For each: the planner's
 # predicted per-rank peak memory and step time for exactly that layout (`fabrica plan --json`,
 # with the cluster file `fabrica plan --calibrate` writes) against the measured peak RSS of the
-# largest rank (getrusage of each worker) and the median step time (steps 2-4, from
+# largest rank (getrusage of each worker) and the median step time (steps 2-3, from
 # metrics.jsonl's tokens_per_s); then whether the predicted fastest is the measured fastest.
 #
-#   bench/plan_check.sh [build/fabrica]    PLAN_STEPS=n (4)   FAB_SHARED_DIR (../shared)
+#   bench/plan_check.sh [build/fabrica]    PLAN_STEPS=n (3)   FAB_SHARED_DIR (../shared)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 fabrica="$(realpath "${1:-build/fabrica}")"
 shared="$(realpath "${FAB_SHARED_DIR:-../shared}")"
-steps="${PLAN_STEPS:-4}"
+steps="${PLAN_STEPS:-3}"
 [ -f "$shared/data/tokenizers/qwen3/tokenizer.json" ] || { echo "plan_check: $shared/data not found, skipped"; exit 0; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -25,8 +25,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 mkdir model
 cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" model/
 cat > model/config.json <<'JSON'
-{"model_type": "qwen3", "vocab_size": 151669, "hidden_size": 256, "intermediate_size": 704,
- "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+{"model_type": "qwen3", "vocab_size": 151669, "hidden_size": 128, "intermediate_size": 352,
+ "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
  "max_position_embeddings": 512, "tie_word_embeddings": true, "rope_theta": 1000000}
 JSON
 cat > peak_rss.py <<'PY'
@@ -44,7 +44,7 @@ model_name_or_path: model
 stage: pt
 dataset: c4_demo
 dataset_dir: $shared/data/llamafactory
-cutoff_len: 128
+cutoff_len: 64
 per_device_train_batch_size: $2
 gradient_accumulation_steps: $((8 / $1 / $2))
 nproc_per_node: $1
@@ -80,7 +80,7 @@ mine = [l for l in plan if l["tensor_parallel_size"] == 1 and l["pipeline_parall
 assert mine, f"{name}: the plan has no such layout"
 measured = max(int(open(f).read()) for f in glob.glob("rss-*.txt"))
 rows = [json.loads(l) for l in open(f"{name}/metrics.jsonl")]
-tokens = 8 * 128
+tokens = 8 * 64
 seconds = statistics.median(tokens / r["tokens_per_s"] for r in rows[1:])
 print(f"{ranks},{zero},{str(recompute).lower()},{mbs},{mine[0]['memory_bytes']},{measured},{mine[0]['step_seconds']:.3f},{seconds:.3f}")
 PY

@@ -1,6 +1,7 @@
 // fabrica plan RUN.yaml [key=value ...] [--cluster FILE | --devices N --devices-per-node M --device NAME]
 //              [--top N] [--json]
 // fabrica plan --calibrate [--nproc N] [--output FILE]
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +22,7 @@
 #include "launch/launcher.h"
 #include "models/model_config.h"
 #include "plan/planner.h"
+#include "tokenizer/tokenizer.h"
 
 namespace fab {
 namespace {
@@ -59,6 +61,7 @@ double best_seconds(int rounds, int reps, Fn fn) {
 int calibrate_communication() {
   WorldInfo info = world_from_environment();
   std::unique_ptr<Communicator> world = join_world(info, 600);
+  measure_gemm_flops(false, 0.05);  // oneDNN's code and JIT kernels resident, as in a worker
   const double rss = resident_bytes();
   const int n = world->size();
   std::vector<float> small(256, 1.0f), large(size_t(16) << 20, 1.0f);
@@ -76,6 +79,24 @@ int calibrate_communication() {
   world.reset();
   leave_world();
   return 0;
+}
+
+double peak_resident_bytes() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) * 1024;
+}
+
+// What loading the run's tokenizer adds to a process's peak resident memory (measured here, by
+// loading it; a worker loads the same one before it builds the model).
+double tokenizer_bytes(const std::string& model_dir) {
+  const double before = peak_resident_bytes();
+  try {
+    const Tokenizer tokenizer = Tokenizer::load(model_dir);
+  } catch (const UserError&) {
+    return 0;  // no tokenizer there: training says so itself
+  }
+  return peak_resident_bytes() - before;
 }
 
 std::string shell_quote(const std::string& s) {
@@ -151,7 +172,8 @@ int run_plan(int argc, char** argv) {
   FAB_USER_CHECK(!config.model_name_or_path.empty(), "{}: model_name_or_path is required", args.positional()[0]);
   const ModelConfig model = load_model_config((fs::path(config.model_name_or_path) / "config.json").string());
   const ClusterSpec cluster = cluster_of(args, config);
-  const PlanProblem problem = problem_from_config(config, model, int(config.nproc_per_node));
+  PlanProblem problem = problem_from_config(config, model, int(config.nproc_per_node));
+  if (cluster.device.host) problem.host_bytes = tokenizer_bytes(config.model_name_or_path);
   const int top = int(args.get_integer("top", 5, 1, 1 << 20));
   const Plan plan = make_plan(problem, cluster);
   if (args.flag("json"))

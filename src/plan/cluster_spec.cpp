@@ -126,11 +126,14 @@ ClusterSpec this_machine(int processes) {
   c.device.peak_flops_fp32 = c.device.peak_flops_bf16 = peak;
   c.device.gemm_efficiency = std::min(1.0, measure_gemm_flops(false, 0.2) / double(processes) / peak);
   c.device.memory_bandwidth = 8e9 / processes;  // DRAM a rank streams the optimizer through
-  c.device.reserved_bytes = 120e6;              // a worker's resident runtime: binary, oneDNN, MPI
+  c.device.reserved_bytes = 20e6;  // a worker's resident runtime (binary, oneDNN, MPI); --calibrate measures it
   c.device.state_layout = "fabrica";
+  c.device.host = true;
   // The shared-memory ring of bench/RESULTS.md (64 MB all-reduce at 2 ranks: 2.9 GB/s bus).
   c.intra_node = c.inter_node = {2.5e9, 30e-6};
-  c.comm_overlap = 0.5;  // the communication thread shares the cores with the compute
+  // The communication thread shares the cores with the compute: the trainer's
+  // comm_hidden_fraction is ~0 on this 2-core machine (bench/RESULTS.md, planner section).
+  c.comm_overlap = 0;
   return c;
 }
 
@@ -161,6 +164,7 @@ ClusterSpec load_cluster_spec(const std::string& path) {
     d.memory_bandwidth = as_number(device, "memory_bandwidth", d.memory_bandwidth, path);
     d.reserved_bytes = as_number(device, "reserved_bytes", d.reserved_bytes, path);
     if (device["state_layout"]) d.state_layout = device["state_layout"].as<std::string>();
+    if (device["host"]) d.host = device["host"].as<bool>();
   }
   c.nodes = int(as_number(root, "nodes", 1, path));
   c.devices_per_node = int(as_number(root, "devices_per_node", c.devices_per_node, path));
@@ -192,7 +196,7 @@ std::string cluster_spec_to_yaml(const ClusterSpec& c) {
       << "  name: \"" << d.name << "\"\n  memory_bytes: " << d.memory_bytes << "\n  peak_flops_bf16: "
       << d.peak_flops_bf16 << "\n  peak_flops_fp32: " << d.peak_flops_fp32 << "\n  gemm_efficiency: "
       << d.gemm_efficiency << "\n  memory_bandwidth: " << d.memory_bandwidth << "\n  reserved_bytes: "
-      << d.reserved_bytes << "\n  state_layout: " << d.state_layout << "\nintra_node:\n  bandwidth: "
+      << d.reserved_bytes << "\n  state_layout: " << d.state_layout << "\n  host: " << (d.host ? "true" : "false") << "\nintra_node:\n  bandwidth: "
       << c.intra_node.bandwidth << "\n  latency: " << c.intra_node.latency << "\ninter_node:\n  bandwidth: "
       << c.inter_node.bandwidth << "\n  latency: " << c.inter_node.latency << "\ncomm_overlap: " << c.comm_overlap
       << "\n";

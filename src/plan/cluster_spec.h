@@ -19,6 +19,7 @@ struct DeviceSpec {
   // bytes), "fabrica" = Fabrica's own (fp32 weights, gradients and moments, plus a bf16 copy
   // under bf16). This machine uses "fabrica": it is what the validation runs measure.
   std::string state_layout = "mixed";
+  bool host = false;  // the device's memory is the host's (this machine): the tokenizer counts too
 };
 
 struct LinkSpec {

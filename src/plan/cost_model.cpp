@@ -78,12 +78,22 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
                   (l.recompute ? full_layer : 0);  // the layer being replayed
   const bool last = s == last_chunk(l) % l.pp;
   b.logits = last ? std::min(kHeadChunkRows, tokens) * double(m.vocab_size) / l.tp * 4 : 0;
-  if (l.dp > 1) b.buffers += 2 * kBucketBytes;  // a gradient bucket in flight and its receive buffer
-  if (l.dp > 1 && l.zero_stage == 3)            // a unit gathered and the next one prefetched
-    b.buffers += layer_parameters(m) / l.tp * (2 * per.weights + per.gradients);
+  if (l.dp > 1) {
+    // A bucket is whole units of at least 25 MB: the largest is the bigger of the two. The ring
+    // keeps a receive buffer of one chunk (1/dp) of it.
+    const double largest_unit = std::max(embedding_parameters(m), layer_parameters(m)) / l.tp;
+    const double largest_bucket = std::max(kBucketBytes, largest_unit * per.gradients);
+    b.buffers += largest_bucket / l.dp;
+    // ZeRO-2/3: a bucket's full-size gradients live until reduce-scattered (the tied embedding's
+    // from the head's backward to its own).
+    if (l.zero_stage >= 2) b.buffers += largest_bucket;
+    // ZeRO-3: the rest of the unit being used and of the one prefetched (the tied embedding stays
+    // gathered until its backward).
+    if (l.zero_stage == 3) b.buffers += (1.0 - 1.0 / l.dp) * per.weights * (largest_unit + layer_parameters(m) / l.tp);
+  }
   if (l.tp > 1) b.buffers += tokens * double(m.hidden_size) * e;  // one all-gathered sequence
   if (l.pp > 1) b.buffers += 2 * tokens * double(m.hidden_size) * e / sp_split;  // send + receive
-  b.reserved = c.device.reserved_bytes;
+  b.reserved = c.device.reserved_bytes + (c.device.host ? p.host_bytes : 0);
   return b;
 }
 

@@ -15,6 +15,9 @@ struct PlanProblem {
   int64_t sequence_length = 0;
   int64_t global_batch = 0;
   bool bf16 = true;
+  // What a worker holds in host memory beyond the runtime (the tokenizer it loads); counted only
+  // when the device is the host (this machine).
+  double host_bytes = 0;
 };
 
 struct PlanLayout {
@@ -28,7 +31,7 @@ struct PlanLayout {
 
 struct MemoryBreakdown {
   double parameters = 0, gradients = 0, optimizer_state = 0;
-  double activations = 0, logits = 0, buffers = 0, reserved = 0;
+  double activations = 0, logits = 0, buffers = 0, reserved = 0;  // reserved: runtime + host_bytes
   double total() const { return parameters + gradients + optimizer_state + activations + logits + buffers + reserved; }
 };
 
