@@ -188,7 +188,7 @@ Plan make_plan(const PlanProblem& p, const ClusterSpec& c) {
         continue;
       }
       for (int vpp = 1; vpp <= (pp > 1 ? kMaxVirtualStages : 1) && pp * vpp <= p.model.num_hidden_layers; ++vpp)
-        for (int zero = 0; zero <= 3; ++zero) {
+        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {  // one replica: every stage is ZeRO-0
           PlanLayout base;
           base.tp = int(tp);
           base.pp = int(pp);
@@ -219,10 +219,12 @@ std::string memory_breakdown_text(const MemoryBreakdown& m) {
 
 std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec& c, int top) {
   const ModelConfig& m = p.model;
-  std::string out = format("model: {} layers, hidden {}, heads {}:{}, vocab {}, {} B parameters; sequence {}, "
+  const double params = double(m.num_parameters());
+  const std::string count = params >= 1e9 ? fixed(params / 1e9, 2) + " B" : fixed(params / 1e6, 1) + " M";
+  std::string out = format("model: {} layers, hidden {}, heads {}:{}, vocab {}, {} parameters; sequence {}, "
                            "global batch {}, {}\n",
                            m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.num_key_value_heads,
-                           m.vocab_size, fixed(double(m.num_parameters()) / 1e9, 2), p.sequence_length, p.global_batch,
+                           m.vocab_size, count, p.sequence_length, p.global_batch,
                            p.bf16 ? "bf16" : "fp32");
   out += format("cluster: {} node(s) x {} {} ({} each), {} devices\n", c.nodes, c.devices_per_node, c.device.name,
                 gigabytes(c.device.memory_bytes), c.devices());
