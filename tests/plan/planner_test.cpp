@@ -99,6 +99,28 @@ TEST(PlanMemory, PipelineStagesHoldOneF1BsMicroBatchesInFlight) {
   EXPECT_NEAR(predict_memory(p, c, l).activations, 4 * one_stage, 1);
 }
 
+TEST(PlanMemory, BucketBuffersFollowTheLargestUnit) {
+  // bench/plan_check.sh's model: a tied 151,669 x 128 embedding is one 77,654,528-byte fp32
+  // gradient unit, so it is the largest bucket (> 25 MB).
+  ModelConfig m = llama(4, 128, 4, 2, 352, 151669);
+  m.head_dim = 32;
+  m.tie_word_embeddings = true;
+  PlanProblem p{m, 64, 8, false};
+  ClusterSpec c = this_machine(2);
+  PlanLayout l;
+  l.dp = 2;
+  l.micro_batch_size = 2;
+  l.gradient_accumulation_steps = 2;
+  l.chunk_layers = {4};
+  const double bucket = 151669.0 * 128 * 4;
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).buffers, bucket / 2);  // the ring's receive chunk
+  l.zero_stage = 2;  // + the full-size gradient of that bucket until it is reduce-scattered
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).buffers, bucket / 2 + bucket);
+  l.zero_stage = 3;  // + the other half of the gathered embedding and of one prefetched layer
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).buffers,
+                   bucket / 2 + bucket + 0.5 * 4 * (151669.0 * 128 + layer_parameters(m)));
+}
+
 TEST(PlanEnumeration, IllegalLayoutsArePrunedWithTheirReason) {
   // 4 layers, 4 heads : 2 kv heads, 16 devices of 8 per node.
   PlanProblem p{llama(4, 256, 4, 2, 704, 8192), 256, 40, true};
