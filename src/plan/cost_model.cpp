@@ -30,14 +30,25 @@ double activation_element_bytes(const DeviceSpec& d, bool bf16) {
 
 int last_chunk(const PlanLayout& l) { return l.pp * l.vpp - 1; }
 
-// Parameters stage s holds (before tp): its chunks' layers, the embedding on chunk 0, the head
-// and final norm on the last chunk (tied: a copy of the embedding there when it is another stage).
+// Ranks that share one key/value head: with tp beyond the kv heads each rank holds a whole
+// replicated head, so k and v are split min(tp, kv heads) ways, everything else tp ways.
+double kv_split(const ModelConfig& m, int tp) { return double(std::min<int64_t>(tp, m.num_key_value_heads)); }
+
+double layer_parameters_per_rank(const ModelConfig& m, int tp) {
+  const double kv = 2 * double(m.hidden_size) * double(m.num_key_value_heads * m.head_dim);
+  return (layer_parameters(m) - kv) / tp + kv / kv_split(m, tp);
+}
+
+// Parameters one rank of stage s holds: its chunks' layers, the embedding on chunk 0, the head
+// and final norm on the last chunk (tied: a copy of the embedding there when it is another
+// stage); vocabulary-parallel embedding and head under tp.
 double stage_parameters(const ModelConfig& m, const PlanLayout& l, int s) {
   double n = 0;
   for (int k = s; k <= last_chunk(l); k += l.pp) {
-    n += double(l.chunk_layers[size_t(k)]) * layer_parameters(m);
-    if (k == 0) n += embedding_parameters(m);
-    if (k == last_chunk(l)) n += head_parameters(m) + (m.tie_word_embeddings && l.pp > 1 ? embedding_parameters(m) : 0);
+    n += double(l.chunk_layers[size_t(k)]) * layer_parameters_per_rank(m, l.tp);
+    if (k == 0) n += embedding_parameters(m) / l.tp;
+    if (k == last_chunk(l))
+      n += (head_parameters(m) + (m.tie_word_embeddings && l.pp > 1 ? embedding_parameters(m) : 0)) / l.tp;
   }
   return n;
 }
@@ -67,11 +78,12 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
   const ModelConfig& m = p.model;
   const StateBytesPerParameter per = state_bytes(c.device, p.bf16);
   const double e = activation_element_bytes(c.device, p.bf16);
-  MemoryBreakdown b = model_state_memory(stage_parameters(m, l, s) / l.tp, l.dp, l.zero_stage, c.device, p.bf16);
+  MemoryBreakdown b = model_state_memory(stage_parameters(m, l, s), l.dp, l.zero_stage, c.device, p.bf16);
   const double tokens = double(l.micro_batch_size * p.sequence_length);
   const double sp_split = l.sequence_parallel ? l.tp : 1;
   const LayerActivationBytes a = layer_activation_bytes(m, e);
-  const double full_layer = tokens * (a.replicated / sp_split + a.split / l.tp);
+  const double kv = e * 2 * double(m.num_key_value_heads * m.head_dim);  // k and v, in a.split
+  const double full_layer = tokens * (a.replicated / sp_split + (a.split - kv) / l.tp + kv / kv_split(m, l.tp));
   const double kept_layer = l.recompute ? tokens * double(m.hidden_size) * e / sp_split : full_layer;
   const double embedding_output = s == 0 ? tokens * double(m.hidden_size) * e / sp_split : 0;
   b.activations = micro_batches_in_flight(l, s) * (stage_layers(l, s) * kept_layer + embedding_output) +
@@ -81,7 +93,7 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
   if (l.dp > 1) {
     // A bucket is whole units of at least 25 MB: the largest is the bigger of the two. The ring
     // keeps a receive buffer of one chunk (1/dp) of it.
-    const double largest_unit = std::max(embedding_parameters(m), layer_parameters(m)) / l.tp;
+    const double largest_unit = std::max(embedding_parameters(m) / l.tp, layer_parameters_per_rank(m, l.tp));
     const double largest_bucket = std::max(kBucketBytes, largest_unit * per.gradients);
     b.buffers += largest_bucket / l.dp;
     // ZeRO-2/3: a bucket's full-size gradients live until reduce-scattered (the tied embedding's
@@ -89,7 +101,8 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
     if (l.zero_stage >= 2) b.buffers += largest_bucket;
     // ZeRO-3: the rest of the unit being used and of the one prefetched (the tied embedding stays
     // gathered until its backward).
-    if (l.zero_stage == 3) b.buffers += (1.0 - 1.0 / l.dp) * per.weights * (largest_unit + layer_parameters(m) / l.tp);
+    if (l.zero_stage == 3)
+      b.buffers += (1.0 - 1.0 / l.dp) * per.weights * (largest_unit + layer_parameters_per_rank(m, l.tp));
   }
   if (l.tp > 1) b.buffers += tokens * double(m.hidden_size) * e;  // one all-gathered sequence
   if (l.pp > 1) b.buffers += 2 * tokens * double(m.hidden_size) * e / sp_split;  // send + receive
@@ -213,7 +226,7 @@ TimeBreakdown predict_time(const PlanProblem& p, const ClusterSpec& c, const Pla
   for (int s = 0; s < l.pp; ++s) {
     const MicroBatchTime t = stage_micro_batch(p, c, l, s);
     if (t.total() > slowest.total()) slowest = t;
-    stage_params = std::max(stage_params, stage_parameters(m, l, s) / l.tp);
+    stage_params = std::max(stage_params, stage_parameters(m, l, s));
   }
   const double ga = double(l.gradient_accumulation_steps);
   TimeBreakdown t;

@@ -14,7 +14,9 @@ namespace {
 
 constexpr int kMaxVirtualStages = 8;
 constexpr int64_t kMaxMicroBatch = 64;
-constexpr const char* kNotImplemented = "is not implemented in Fabrica yet";
+// parallel_layout's refusals of sizes the rules allow but Fabrica does not run yet ("... is not
+// implemented in Fabrica yet", "tp with pp is not implemented yet"): its last checks.
+constexpr const char* kNotImplemented = "is not implemented";
 
 std::vector<int64_t> divisors(int64_t n, int64_t limit) {
   std::vector<int64_t> out;
@@ -32,8 +34,8 @@ std::string fixed(double value, int decimals) {
 std::string gigabytes(double bytes) { return fixed(bytes / 1e9, 1) + " GB"; }
 
 // parallel_layout's verdict on the sizes (the trainer's own checks): "" when it accepts them.
-// Its "not implemented yet" refusal, the last check, means every rule passed: such a layout is
-// planned from the formulas and marked as not runnable yet.
+// Its "not implemented" refusals come after every rule passed: such a layout is planned from the
+// formulas and marked as not runnable yet.
 struct Legality {
   std::string reason;
   bool implemented = true;

@@ -34,7 +34,7 @@ steps = [l["step_seconds"] for l in j["layouts"]]
 assert steps == sorted(steps), steps
 reasons = {p["family"]: p["reason"] for p in j["pruned"]}
 assert "exceeds 8 devices per node" in reasons["tp=16"], reasons
-assert "num_key_value_heads 2" in reasons["tp=4"], reasons
+assert "num_attention_heads 4" in reasons["tp=8"], reasons
 PY
 echo "ok: --devices 16 --device a100-80g --json"
 

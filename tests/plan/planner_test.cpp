@@ -126,12 +126,12 @@ TEST(PlanEnumeration, IllegalLayoutsArePrunedWithTheirReason) {
   PlanProblem p{llama(4, 256, 4, 2, 704, 8192), 256, 40, true};
   const Plan plan = make_plan(p, preset_cluster("h100-80g", 16, 8));
   EXPECT_TRUE(has_pruned(plan, "tp=16", "tp=16 exceeds 8 devices per node"));
-  EXPECT_TRUE(has_pruned(plan, "tp=4", "does not divide config.json's num_key_value_heads 2"));
+  EXPECT_TRUE(has_pruned(plan, "tp=8", "does not divide config.json's num_attention_heads 4"));
   EXPECT_TRUE(has_pruned(plan, "tp=1 pp=8", "pp=8 exceeds the 4 layers"));
   EXPECT_TRUE(has_pruned(plan, "tp=1 pp=2 zero=3", "zero_stage 3 with pipeline_parallel_size 2 is not supported"));
   EXPECT_TRUE(has_pruned(plan, "tp=1 pp=1", "global batch 40 is not a multiple of dp=16"));
   for (const PlannedLayout& r : plan.layouts) {
-    EXPECT_LE(r.layout.tp, 2);
+    EXPECT_LE(r.layout.tp, 4);
     EXPECT_EQ(r.layout.tp * r.layout.pp * r.layout.dp, 16);
     EXPECT_EQ(r.layout.micro_batch_size * r.layout.gradient_accumulation_steps * r.layout.dp, 40);
     EXPECT_FALSE(r.layout.zero_stage == 3 && r.layout.pp > 1);
