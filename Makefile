@@ -21,6 +21,11 @@ $(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/refe
     tests/reference/rope_transformers.json
 	/usr/bin/python3 tests/reference/make_reference.py $(BUILD)/reference
 
+# The preference stages' losses (DPO family, KTO, reward model) over 5 steps, same python3-torch.
+$(BUILD)/reference/pref/reference.safetensors: tests/reference/make_pref_reference.py tests/reference/make_reference.py \
+    tests/reference/safetensors_io.py
+	/usr/bin/python3 tests/reference/make_pref_reference.py $(BUILD)/reference
+
 # Tokenizer parity fixture from Hugging Face `tokenizers` (PyPI, in build/pyref/.venv).
 $(BUILD)/reference/tokenizer_parity.json: tests/tokenizer/tokenizer_parity.py tests/tokenizer/tokenizer_parity_texts.py \
     tests/tokenizer/pyref.py tests/tokenizer/pyref_requirements.txt
@@ -31,8 +36,8 @@ $(BUILD)/reference/spm_parity.json: tests/tokenizer/spm_parity.py tests/tokenize
     tests/tokenizer/pyref.py tests/tokenizer/pyref_requirements.txt
 	python3 tests/tokenizer/spm_parity.py $(BUILD)/reference
 
-test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer_parity.json \
-    $(BUILD)/reference/spm_parity.json
+test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors \
+    $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@python3 tests/tokenizer/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
 	  && tail -1 $(BUILD)/bpe_parity.log || (cat $(BUILD)/bpe_parity.log; exit 1)
@@ -43,8 +48,8 @@ test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer
 # The whole ctest suite built with AddressSanitizer (OpenMP, oneDNN and MPI are not instrumented
 # but run under it), in build-asan/. Leak checking is off: OpenMPI and ICU keep allocations to exit.
 ASAN_BUILD = build-asan
-test-asan: deps $(BUILD)/reference/ops.safetensors $(BUILD)/reference/tokenizer_parity.json \
-    $(BUILD)/reference/spm_parity.json
+test-asan: deps $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors \
+    $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFAB_SANITIZE=address -DFAB_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	rm -rf $(ASAN_BUILD)/reference && cp -r $(BUILD)/reference $(ASAN_BUILD)/reference

@@ -2,7 +2,9 @@
 // vocab 8192, sequence 256, batch 8, AdamW) on random tokens and prints one JSON line. The
 // PyTorch peer (bench/torch_peer.py) does the same work; bench/run_bench.sh compares them.
 // Under mpirun with --data-parallel, the ranks share the batch of 8 through DataParallel (ZeRO
-// stage --zero); --allreduce-mb N instead times the communicator's all-reduce of N MB against a
+// stage --zero); with --tensor-parallel they split every layer instead (the whole batch of 8 on
+// each; --sequence-parallel adds sp) and it also reports the bytes each rank sent per step over
+// the tensor-parallel group and its parameter and peak activation bytes; --allreduce-mb N instead times the communicator's all-reduce of N MB against a
 // bare MPI_Allreduce (bench/distributed_bench.sh runs both). --fma-peak prints the measured fp32
 // FMA peak of the machine (bench/fma_peak.h), the denominator of MFU.
 #include <omp.h>
@@ -22,6 +24,7 @@
 #include "models/decoder.h"
 #include "comm/world.h"
 #include "parallel/data_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
@@ -33,6 +36,7 @@ struct Flags {
   int warmup = 2, steps = 8, threads = 2;
   bool recompute = false;
   bool data_parallel = false;
+  bool tensor_parallel = false, sequence_parallel = false;
   int zero = 0;
   double allreduce_mb = 0;
   bool fma_peak = false;
@@ -55,12 +59,15 @@ Flags parse(int argc, char** argv) {
     else if (a == "--threads") f.threads = std::stoi(next());
     else if (a == "--recompute") f.recompute = true;
     else if (a == "--data-parallel") f.data_parallel = true;
+    else if (a == "--tensor-parallel") f.tensor_parallel = true;
+    else if (a == "--sequence-parallel") f.sequence_parallel = true;
     else if (a == "--zero") f.zero = std::stoi(next());
     else if (a == "--allreduce-mb") f.allreduce_mb = std::stod(next());
     else if (a == "--fma-peak") f.fma_peak = true;
     else {
       std::fprintf(stderr, "usage: fabrica_bench [--precision fp32|bf16] [--warmup N] [--steps N] [--threads N] [--recompute]\n"
-                           "                     [--data-parallel [--zero N]] [--allreduce-mb N] [--fma-peak]\n");
+                           "                     [--data-parallel [--zero N] | --tensor-parallel [--sequence-parallel]]\n"
+                           "                     [--allreduce-mb N] [--fma-peak]\n");
       std::exit(2);
     }
   }
@@ -127,18 +134,30 @@ int main(int argc, char** argv) {
   cfg.head_dim = 64;
   cfg.rope_theta = 10000;
   cfg.rms_norm_eps = 1e-6;
-  const int64_t seq = 256, batch = flags.data_parallel ? 8 / world->size() : 8;  // per rank
+  const int64_t seq = 256, batch = flags.data_parallel ? 8 / world->size() : 8;  // per rank (tp: whole)
 
   DecoderOptions options;
   options.precision = flags.precision == "bf16" ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = flags.recompute;
   options.max_seq_len = seq;
+  std::unique_ptr<TensorParallel> tp;
+  if (flags.tensor_parallel) {
+    tp = std::make_unique<TensorParallel>(*world, flags.sequence_parallel);
+    options.tp = tp.get();
+  }
+  LocalCommunicator alone;  // the data-parallel group under tensor parallel
+  Communicator& dp_group = tp ? static_cast<Communicator&>(alone) : *world;
   DecoderModel model(cfg, options);
   model.init_random(1234);
-  DataParallel dp(model, *world, {flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}});
+  DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, nullptr, {}};
+  if (tp) {
+    dp_options.model_parallel_group = world.get();
+    dp_options.not_counted = ranges_counted_elsewhere(model);
+  }
+  DataParallel dp(model, dp_group, dp_options);
 
   // A fresh random batch every step, all made before timing (as the PyTorch peer does).
-  Rng rng(42 + uint64_t(world->rank()));  // each rank its own share of the data
+  Rng rng(42 + uint64_t(tp ? 0 : world->rank()));  // each rank its own share of the data (tp: the same)
   std::vector<Tensor> batches;
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {
     Tensor ids = Tensor::empty({batch, seq}, DType::i64, MemoryCategory::activations);
@@ -147,11 +166,16 @@ int main(int argc, char** argv) {
   }
 
   double loss = 0, seconds = 0;
+  int64_t tp_bytes = 0;
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {
+    if (step == flags.warmup) {
+      tp_bytes = world->stats().bytes_sent;
+      backend(DeviceKind::cpu).allocator().reset_peaks();
+    }
     auto start = std::chrono::steady_clock::now();
     const Tensor& ids = batches[size_t(step)];
     double targets = double(DecoderModel::count_targets(ids));
-    world->all_reduce(&targets, 1, "targets").wait();
+    dp_group.all_reduce(&targets, 1, "targets").wait();
     dp.begin_step(1);
     dp.begin_micro_batch(0);
     loss = model.forward_backward(ids, ids, float(1.0 / targets)) / targets;
@@ -163,14 +187,20 @@ int main(int argc, char** argv) {
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  world->all_reduce(&loss, 1, "loss").wait();  // each rank's share of the mean
-  const double tokens = double(batch * seq * world->size()) * flags.steps;
+  tp_bytes = (world->stats().bytes_sent - tp_bytes) / flags.steps;
+  const double activations = double(backend(DeviceKind::cpu).allocator().stats(MemoryCategory::activations).peak);
+  if (!tp) world->all_reduce(&loss, 1, "loss").wait();  // each rank's share of the mean
+  const double tokens = double(batch * seq * (tp ? 1 : world->size())) * flags.steps;
   if (world->rank() == 0)
     std::printf(
         "{\"impl\":\"fabrica\",\"precision\":\"%s\",\"threads\":%d,\"ranks\":%d,\"zero_stage\":%d,"
-        "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\"}\n",
-        flags.precision.c_str(), flags.threads, world->size(), flags.zero, tokens / seconds,
-        1000.0 * seconds / flags.steps, double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str());
+        "\"tensor_parallel\":%d,\"sequence_parallel\":%d,"
+        "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\","
+        "\"parameter_bytes\":%lld,\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld}\n",
+        flags.precision.c_str(), flags.threads, world->size(), flags.zero, int(flags.tensor_parallel),
+        int(flags.sequence_parallel), tokens / seconds, 1000.0 * seconds / flags.steps, double(usage.ru_maxrss) / 1024.0,
+        loss, backend(DeviceKind::cpu).name().c_str(), (long long)dp.state_bytes().parameters, activations,
+        (long long)tp_bytes);
   world.reset();
   leave_world();
   return 0;

@@ -26,12 +26,14 @@ constexpr const char* kVersion = "0.1.0";
 void print_usage() {
   std::cout << "usage: fabrica <command>\n\n"
                "commands:\n"
-               "  train CONFIG.yaml [key=value ...]   train (stages pt, sft) with LLaMA-Factory keys\n"
+               "  train CONFIG.yaml [key=value ...]   train (stages pt, sft, dpo, kto, rm) with LLaMA-Factory keys\n"
                "  data prepare CONFIG.yaml            tokenize the datasets into the cache, print counts\n"
                "  generate --model DIR --prompt TEXT  generate text [--template NAME --max-new-tokens N\n"
                "           --temperature T --top-p P --top-k K --seed S]\n"
                "  chat --model DIR --template NAME    interactive multi-turn chat with the chat template\n"
                "  export --checkpoint DIR --output DIR  write a checkpoint as a Hugging Face folder\n"
+               "  score --model DIR --dataset NAMES   a reward model's scores of a dataset's responses\n"
+               "           [--dataset-dir DIR --template NAME --cutoff-len N --max-samples N]\n"
                "  tokenize --tokenizer PATH           one JSON array of ids per input line [--input FILE]\n"
                "           [--add-special-tokens]\n"
                "  tokenizer train --input FILE[,FILE...] --vocab-size N --output DIR\n"
@@ -57,7 +59,7 @@ void print_usage() {
 int print_command_help(const std::string& command) {
   static const std::map<std::string, const char*> help = {
       {"train",
-       "fabrica train CONFIG.yaml [key=value ...]\n  Trains with a LLaMA-Factory-style YAML (stages pt, sft; keys in "
+       "fabrica train CONFIG.yaml [key=value ...]\n  Trains with a LLaMA-Factory-style YAML (stages pt, sft, dpo, kto, rm; keys in "
        "docs/CONFIG.md).\n  key=value pairs override the file.\nexample:\n  fabrica train run.yaml max_steps=100 "
        "resume_from_checkpoint=true\n"},
       {"data",
@@ -77,6 +79,13 @@ int print_command_help(const std::string& command) {
        "as a Hugging Face folder (config.json, model.safetensors, tokenizer files); an --output that already holds a "
        "model is replaced only with --overwrite.\nexample:\n  fabrica export --checkpoint "
        "saves/run/checkpoint-500 --output saves/run-500 --tokenizer-from models/Qwen3-0.6B\n"},
+      {"score",
+       "fabrica score --model DIR --dataset NAMES [--dataset-dir DIR] [--template NAME] [--cutoff-len N]\n"
+       "              [--max-samples N] [--batch-size N]\n  Scores each response with a reward model (stage rm's "
+       "value head, value_head.safetensors) at its last token: one JSON line per example, {\"index\", "
+       "\"chosen\", \"rejected\"} for a ranking dataset, {\"index\", \"score\"} otherwise, then a summary "
+       "(accuracy: chosen scored above rejected).\nexample:\n  fabrica score --model saves/qwen3-reward --dataset "
+       "dpo_en_demo --dataset-dir data --template qwen3_nothink\n"},
       {"tokenize",
        "fabrica tokenize --tokenizer PATH [--input FILE] [--add-special-tokens]\n  One JSON array of ids per input "
        "line (stdin without --input).\nexample:\n  echo 'Hello world' | fabrica tokenize --tokenizer "
@@ -167,6 +176,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return fab::run_generate(argc, argv);
     if (command == "chat") return fab::run_chat(argc, argv);
     if (command == "export") return fab::run_export(argc, argv);
+    if (command == "score") return fab::run_score(argc, argv);
     if (command == "init") return fab::run_init(argc, argv);
     if (command == "plan") return fab::run_plan(argc, argv);
     if (command == "trace" && argc >= 3 && !std::strcmp(argv[2], "summary")) return fab::run_trace_summary(argc, argv);

@@ -22,6 +22,7 @@
 #include "models/hf_model.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
+#include "parallel/tensor_parallel.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -50,12 +51,15 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
   const auto start = std::chrono::steady_clock::now();
   PreparedData data = prepare_data(c, tokenizer);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::string train = data.train.packed()
-                                ? format("{} train sequences packed from {} samples", data.train.size(),
-                                         data.train.samples())
-                                : format("{} train samples", data.train.size());
+  const bool pairs = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";  // 2 sequences per item
+  const std::string train =
+      data.train.packed() ? format("{} train sequences packed from {} samples", data.train.size(), data.train.samples())
+      : pairs             ? format("{} train {} ({} sequences)", data.train.size() / 2,
+                                   c.stage == "kto" ? "examples" : "pairs", data.train.size())
+                          : format("{} train samples", data.train.size());
   std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
-              train.c_str(), (long long)data.eval.size(), data.eval.packed() ? "sequences" : "samples",
+              train.c_str(), (long long)(pairs ? data.eval.size() / 2 : data.eval.size()),
+              data.eval.packed() ? "sequences" : pairs ? "items" : "samples",
               (long long)data.stats.tokens, (long long)data.stats.truncated, (long long)data.stats.skipped,
               data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
   return data;
@@ -168,6 +172,12 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = c.recompute_layers;
   options.max_seq_len = std::min(c.cutoff_len, longest_sequence(data));
+  std::unique_ptr<TensorParallel> tp;  // outlives the model, which calls it
+  if (layout.tp > 1) {
+    tp = std::make_unique<TensorParallel>(mesh->group("tp"), layout.sequence_parallel);
+    options.tp = tp.get();
+  }
+  options.value_head = c.stage == "rm";
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
                  "the tokenizer has {} tokens but the model's vocab_size is {}", tokenizer.vocab_size(),
@@ -177,17 +187,22 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
     std::printf("model: %s has no weight files: the run starts from scratch (random initialisation, seed %lld)\n",
                 c.model_name_or_path.c_str(), (long long)c.seed);
   if (main)
-    std::printf("model: %s, %lld parameters, %s, %d threads x %d processes, zero_stage %lld\n",
+    std::printf("model: %s, %lld parameters, %s, %d threads x %d processes, zero_stage %lld, tensor_parallel_size "
+                "%d%s\n",
                 model->config().model_type.c_str(), (long long)model->config().num_parameters(),
-                c.bf16 ? "bf16" : "fp32", omp_get_max_threads(), world.size, (long long)c.zero_stage);
+                c.bf16 ? "bf16" : "fp32", omp_get_max_threads(), world.size, (long long)c.zero_stage, layout.tp,
+                layout.sequence_parallel ? " (sequence parallel)" : "");
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   bool finished = false;
   {
-    Trainer trainer(c, std::move(model), TrainData{data.train, data.eval, pad}, mesh.get());
+    Trainer trainer(c, std::move(model),
+                    TrainData{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)},
+                    mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     finished = trainer.run();
   }
   if (finished && main) std::printf("done: model saved to %s\n", c.output_dir.c_str());
+  tp.reset();
   mesh.reset();  // its groups before the world they were split from
   comm.reset();
   leave_world();

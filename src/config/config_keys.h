@@ -17,15 +17,15 @@
   /* model */                                                                                                         \
   X(model_name_or_path, model_name_or_path, std::string, "", Supported, "Hugging Face model folder: config.json, optional weights, tokenizer") \
   X(trust_remote_code, trust_remote_code, bool, false, Accepted, "Accepted for compatibility; Fabrica runs no model code from the folder") \
-  X(stage, stage, std::string, "sft", Supported, "Training stage: pt or sft (dpo, kto, rm, ppo come later)")                  \
+  X(stage, stage, std::string, "sft", Supported, "Training stage: pt, sft, dpo, kto or rm (ppo comes later)")                  \
   X(do_train, do_train, bool, true, Supported, "Train (false: only prepare data / evaluate)")                                    \
   X(finetuning_type, finetuning_type, std::string, "full", Supported, "full (lora, freeze come later)")                                 \
   X(lora_rank, lora_rank, int64_t, 8, Later, "LoRA rank")                                                                         \
   X(lora_alpha, lora_alpha, int64_t, 16, Later, "LoRA alpha")                                                                      \
   X(lora_dropout, lora_dropout, double, 0.0, Later, "LoRA dropout")                                                                  \
   X(lora_target, lora_target, std::string, "all", Later, "LoRA target modules")                                                     \
-  X(pref_beta, pref_beta, double, 0.1, Later, "DPO/KTO beta")                                                                     \
-  X(pref_loss, pref_loss, std::string, "sigmoid", Later, "DPO loss variant")                                                      \
+  X(pref_beta, pref_beta, double, 0.1, Supported, "DPO/KTO beta")                                                                     \
+  X(pref_loss, pref_loss, std::string, "sigmoid", Supported, "DPO loss: sigmoid, hinge, ipo, orpo or simpo")                                                      \
   X(deepspeed, deepspeed, std::string, "", Supported, "DeepSpeed config JSON: its zero_optimization.stage selects zero_stage (other fields ignored)") \
   /* data */                                                                                                          \
   X(dataset, dataset, std::string, "", Supported, "Comma-separated dataset names from dataset_info.json, or file paths")        \
@@ -183,12 +183,12 @@
   X(pissa_init, pissa_init, bool, false, Later, "Whether or not to initialize a PiSSA adapter") \
   X(pissa_iter, pissa_iter, int64_t, 16, Later, "The number of iteration steps performed by FSVD in PiSSA. Use -1 to disable it") \
   X(pissa_convert, pissa_convert, bool, false, Later, "Whether or not to convert the PiSSA adapter to a normal LoRA adapter") \
-  X(pref_ftx, pref_ftx, double, 0.0, Later, "The supervised fine-tuning loss coefficient in DPO training") \
+  X(pref_ftx, pref_ftx, double, 0.0, Supported, "The supervised fine-tuning loss coefficient in DPO training") \
   X(pref_bco_weight, pref_bco_weight, double, 0.0, Later, "The Binary Classifier Optimization coefficient in DPO training") \
-  X(dpo_label_smoothing, dpo_label_smoothing, double, 0.0, Later, "The robust DPO label smoothing parameter in cDPO that should be between 0 and 0.5") \
-  X(kto_chosen_weight, kto_chosen_weight, double, 1.0, Later, "The weight factor of the desirable losses in KTO training") \
-  X(kto_rejected_weight, kto_rejected_weight, double, 1.0, Later, "The weight factor of the undesirable losses in KTO training") \
-  X(simpo_gamma, simpo_gamma, double, 0.5, Later, "The target reward margin term in SimPO loss") \
+  X(dpo_label_smoothing, dpo_label_smoothing, double, 0.0, Supported, "The robust DPO label smoothing parameter in cDPO that should be between 0 and 0.5") \
+  X(kto_chosen_weight, kto_chosen_weight, double, 1.0, Supported, "The weight factor of the desirable losses in KTO training") \
+  X(kto_rejected_weight, kto_rejected_weight, double, 1.0, Supported, "The weight factor of the undesirable losses in KTO training") \
+  X(simpo_gamma, simpo_gamma, double, 0.5, Supported, "The target reward margin term in SimPO loss") \
   X(ppo_buffer_size, ppo_buffer_size, int64_t, 1, Later, "The number of mini-batches to make experience buffer in a PPO optimization step") \
   X(ppo_epochs, ppo_epochs, int64_t, 4, Later, "The number of epochs to perform in a PPO optimization step") \
   X(ppo_score_norm, ppo_score_norm, bool, false, Later, "Use score normalization in PPO training") \

@@ -196,12 +196,30 @@ void check_ranges(const TrainConfig& c, Require& require) {
           format("restart_backoff_s must be in [0, 3600] seconds, got {}", c.restart_backoff_s));
 }
 
+// The preference stages' settings, with the ranges LLaMA-Factory's FinetuningArguments accepts.
+template <typename Require>
+void check_preference_keys(const TrainConfig& c, Require& require) {
+  const bool preference = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";
+  require(c.pref_loss == "sigmoid" || c.pref_loss == "hinge" || c.pref_loss == "ipo" || c.pref_loss == "orpo" ||
+              c.pref_loss == "simpo",
+          format("pref_loss \"{}\" must be sigmoid, hinge, ipo, orpo or simpo", c.pref_loss));
+  require(c.pref_beta > 0, format("pref_beta must be positive, got {}", c.pref_beta));
+  require(c.pref_ftx >= 0, format("pref_ftx must be >= 0, got {}", c.pref_ftx));
+  require(c.dpo_label_smoothing >= 0 && c.dpo_label_smoothing <= 0.5,
+          format("dpo_label_smoothing must be in [0, 0.5], got {}", c.dpo_label_smoothing));
+  require(c.dpo_label_smoothing == 0 || c.pref_loss == "sigmoid", "dpo_label_smoothing needs pref_loss sigmoid");
+  require(c.kto_chosen_weight > 0 && c.kto_rejected_weight > 0, "kto_chosen_weight and kto_rejected_weight must be positive");
+  require(c.stage != "kto" || c.pref_ftx == 0, "pref_ftx with stage kto is not implemented in Fabrica yet (dpo has it)");
+  require(!preference || (!c.packing && !c.neat_packing), format("packing is for pt and sft, not stage {}", c.stage));
+}
+
 void check_values(const TrainConfig& c, const std::string& source, Problems& problems) {
   auto require = [&](bool ok, const std::string& text) {
     if (!ok) problems.add(source + ": " + text);
   };
-  require(c.stage == "pt" || c.stage == "sft",
-          format("stage \"{}\" is not implemented in Fabrica yet (pt and sft are)", c.stage));
+  require(c.stage == "pt" || c.stage == "sft" || c.stage == "dpo" || c.stage == "kto" || c.stage == "rm",
+          format("stage \"{}\" is not implemented in Fabrica yet (pt, sft, dpo, kto and rm are)", c.stage));
+  check_preference_keys(c, require);
   require(c.finetuning_type == "full",
           format("finetuning_type \"{}\" is not implemented in Fabrica yet (full is)", c.finetuning_type));
   require(c.report_to == "none" || c.report_to == "tensorboard",

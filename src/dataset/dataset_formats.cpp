@@ -47,8 +47,22 @@ std::vector<Message> kto_response(Message message, bool desirable) {
 
 std::optional<bool> kto_tag_of(const RawRecord& record, const DatasetAttr& attr) {
   const Json* tag = column(record.value, attr.kto_tag);
-  if (tag && tag->is_boolean()) return tag->get<bool>();
-  return std::nullopt;
+  if (!tag) return std::nullopt;
+  FAB_USER_CHECK(tag->is_boolean(), "{}: field '{}': expected true or false (the KTO tag), got {}",
+                 record.source.where(), *attr.kto_tag, json_type_name(*tag));
+  return tag->get<bool>();
+}
+
+// A ranking record's chosen and rejected answers must both be there, of the format's type
+// (LLaMA-Factory would silently train it as a supervised record instead).
+const Json& ranking_column(const RawRecord& record, const DatasetAttr& attr, const std::optional<std::string>& name,
+                           const char* what, bool object) {
+  FAB_USER_CHECK(name.has_value(), "dataset {}: ranking: true needs columns.{} in dataset_info.json", attr.name, what);
+  const Json* value = column(record.value, name);
+  FAB_USER_CHECK(value && (object ? value->is_object() : value->is_string()),
+                 "{}: field '{}' ({} answer of a ranking dataset): expected {}, got {}", record.source.where(), *name,
+                 what, object ? "a message object" : "a string", value ? json_type_name(*value) : "nothing");
+  return *value;
 }
 
 std::vector<Message> alpaca_history(const RawRecord& record, const DatasetAttr& attr) {
@@ -78,13 +92,12 @@ ConvertResult convert_alpaca(const RawRecord& record, const DatasetAttr& attr) {
   if (!input.empty()) user = user.empty() ? input : user + "\n" + input;
   ex.prompt.push_back({Role::user, user});
 
-  const Json* chosen = column(record.value, attr.chosen);
-  const Json* rejected = column(record.value, attr.rejected);
   const Json* response = column(record.value, attr.response);
   if ((ex.kto_tag = kto_tag_of(record, attr))) {
     ex.response = kto_response({Role::assistant, string_column(record, attr.response)}, *ex.kto_tag);
-  } else if (attr.ranking && chosen && chosen->is_string() && rejected && rejected->is_string()) {
-    ex.response = {{Role::assistant, chosen->get<std::string>()}, {Role::assistant, rejected->get<std::string>()}};
+  } else if (attr.ranking) {
+    ex.response = {{Role::assistant, ranking_column(record, attr, attr.chosen, "chosen", false).get<std::string>()},
+                   {Role::assistant, ranking_column(record, attr, attr.rejected, "rejected", false).get<std::string>()}};
   } else if (response && response->is_string()) {
     ex.response = {{Role::assistant, response->get<std::string>()}};
   }  // else: unsupervised, no response
@@ -171,8 +184,6 @@ ConvertResult convert_sharegpt(const RawRecord& record, const DatasetAttr& attr)
   if (result.broken_reason.empty() && (aligned.size() % 2 == 0) == attr.ranking)
     result.broken_reason = fab::format("invalid message count {}", aligned.size());
 
-  const Json* chosen = column(record.value, attr.chosen);
-  const Json* rejected = column(record.value, attr.rejected);
   if (!result.broken_reason.empty()) {
     // LLaMA-Factory: "Skipping this abnormal example." -> empty prompt and response.
   } else if (aligned.empty()) {
@@ -183,9 +194,10 @@ ConvertResult convert_sharegpt(const RawRecord& record, const DatasetAttr& attr)
     aligned.pop_back();
     ex.prompt = std::move(aligned);
     ex.response = kto_response(std::move(last), *ex.kto_tag);
-  } else if (attr.ranking && chosen && chosen->is_object() && rejected && rejected->is_object()) {
+  } else if (attr.ranking) {
     ex.prompt = std::move(aligned);
-    ex.response = {ranking_answer(record, attr, *chosen), ranking_answer(record, attr, *rejected)};
+    ex.response = {ranking_answer(record, attr, ranking_column(record, attr, attr.chosen, "chosen", true)),
+                   ranking_answer(record, attr, ranking_column(record, attr, attr.rejected, "rejected", true))};
   } else {
     ex.response.push_back(aligned.back());
     aligned.pop_back();

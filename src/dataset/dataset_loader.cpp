@@ -75,6 +75,15 @@ std::string_view stage_name(DataStage stage) {
   return "?";
 }
 
+// Every valid record of a KTO dataset says whether its response is desirable.
+void check_kto_tag(const Example& example, const DatasetAttr& attr) {
+  FAB_USER_CHECK(attr.kto_tag.has_value(), "dataset {}: stage kto needs a kto_tag column (columns.kto_tag in "
+                 "dataset_info.json)", attr.name);
+  FAB_USER_CHECK(example.kto_tag.has_value() || example.response.empty(),
+                 "{}: field '{}': expected true or false (stage kto needs every record tagged), got nothing",
+                 example.origin.where(), *attr.kto_tag);
+}
+
 }  // namespace
 
 LoadedDataset load_single_dataset(const DatasetAttr& attr_in, const DatasetOptions& options) {
@@ -95,6 +104,7 @@ LoadedDataset load_single_dataset(const DatasetAttr& attr_in, const DatasetOptio
     ConvertResult converted = convert_record(record, attr);
     if (!file || *file != record.source.file) file = std::make_shared<const std::string>(record.source.file);
     converted.example.origin = {file, record.source.index};
+    if (options.stage == DataStage::kto && converted.broken_reason.empty()) check_kto_tag(converted.example, attr);
     if (!converted.broken_reason.empty()) {
       ++out.broken;
       if (out.warnings.size() < kMaxWarnings)

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kCacheVersion = "fabrica-tokens-2";
+constexpr const char* kCacheVersion = "fabrica-tokens-3";
 
 // 64-bit FNV-1a, enough to name cache files.
 uint64_t fnv1a(const std::string& text) {
@@ -58,14 +58,56 @@ std::string default_cache_dir() {
   return std::string(home ? home : "/tmp") + "/.cache/fabrica";
 }
 
-TokenizedDataset tokenize(const TrainConfig& c, const std::vector<Example>& examples, const ChatTemplate& chat) {
-  if (c.stage == "pt") return preprocess_pretrain(examples, chat, PretrainOptions{c.cutoff_len, true, 1000});
-  return preprocess_supervised(examples, chat, SupervisedOptions{c.cutoff_len, c.train_on_prompt, c.mask_history});
+// The rows of every item (a sample; a pair for dpo and rm: chosen, rejected; a KTO example:
+// completion, mismatched KL completion) back to back, and the KTO tags.
+struct TokenizedItems {
+  TokenizedDataset data;
+  int64_t rows_per_item = 1;
+  std::vector<uint8_t> desirable = {};  // kto: one per item
+  size_t items() const { return data.samples.size() / size_t(rows_per_item); }
+};
+
+TokenizedItems pairwise_items(PairwiseDataset pairs) {
+  TokenizedItems out{{{}, pairs.stats}, 2, {}};
+  for (PairwiseSample& p : pairs.samples) {
+    out.data.samples.push_back(std::move(p.chosen));
+    out.data.samples.push_back(std::move(p.rejected));
+  }
+  return out;
 }
 
-TokenSequences to_sequences(const std::vector<TokenizedSample>& samples, const std::vector<size_t>& pick) {
+TokenizedItems feedback_items(FeedbackDataset feedback) {
+  TokenizedItems out{{{}, feedback.stats}, 2, {}};
+  for (FeedbackSample& f : feedback.samples) {
+    out.data.samples.push_back(std::move(f.completion));
+    out.data.samples.push_back(std::move(f.kl));
+    out.desirable.push_back(f.desirable ? 1 : 0);
+  }
+  return out;
+}
+
+TokenizedItems tokenize(const TrainConfig& c, const std::vector<Example>& examples, const ChatTemplate& chat) {
+  if (c.stage == "pt") return {preprocess_pretrain(examples, chat, PretrainOptions{c.cutoff_len, true, 1000})};
+  if (c.stage == "dpo" || c.stage == "rm") return pairwise_items(preprocess_pairwise(examples, chat, c.cutoff_len));
+  if (c.stage == "kto") return feedback_items(preprocess_feedback(examples, chat, c.cutoff_len));
+  return {preprocess_supervised(examples, chat, SupervisedOptions{c.cutoff_len, c.train_on_prompt, c.mask_history})};
+}
+
+DataStage data_stage(const std::string& stage) {
+  if (stage == "pt") return DataStage::pt;
+  if (stage == "dpo" || stage == "rm") return DataStage::rm;  // LLaMA-Factory loads DPO data as "rm"
+  if (stage == "kto") return DataStage::kto;
+  return DataStage::sft;
+}
+
+// The rows of the picked items, in order; their KTO tags into `tags`.
+TokenSequences to_sequences(const TokenizedItems& items, const std::vector<size_t>& pick, std::vector<uint8_t>* tags) {
   TokenSequencesBuilder b;
-  for (size_t i : pick) b.add(samples[i].input_ids, samples[i].labels);
+  const size_t k = size_t(items.rows_per_item);
+  for (size_t i : pick) {
+    for (size_t r = 0; r < k; ++r) b.add(items.data.samples[i * k + r].input_ids, items.data.samples[i * k + r].labels);
+    if (!items.desirable.empty()) tags->push_back(items.desirable[i]);
+  }
   return b.finish();
 }
 
@@ -95,11 +137,12 @@ void warn_of_abnormal_records(const LoadedDataset& loaded) {
 
 // Reads and tokenises the datasets `names`; none of their records becoming a sample is an error
 // that says where the records went.
-TokenizedDataset load_and_tokenize(const TrainConfig& c, const std::string& names, const DatasetOptions& options,
-                                   const ChatTemplate& chat) {
+TokenizedItems load_and_tokenize(const TrainConfig& c, const std::string& names, const DatasetOptions& options,
+                                 const ChatTemplate& chat) {
   const LoadedDataset loaded = load_datasets(names, options);
   warn_of_abnormal_records(loaded);
-  TokenizedDataset tokenized = tokenize(c, loaded.examples, chat);
+  TokenizedItems items = tokenize(c, loaded.examples, chat);
+  const TokenizedDataset& tokenized = items.data;
   const std::string short_of_a_block =
       tokenized.stats.dropped_tokens > 0
           ? format(", {} tokens too few for one block of cutoff_len {}", tokenized.stats.dropped_tokens, c.cutoff_len)
@@ -108,7 +151,7 @@ TokenizedDataset load_and_tokenize(const TrainConfig& c, const std::string& name
                  "dataset {}: no samples: {} records read, {} dropped as invalid ({} of them abnormal{}){}", names,
                  loaded.records, tokenized.stats.skipped, loaded.broken,
                  loaded.warnings.empty() ? "" : ", the first reasons are above", short_of_a_block);
-  return tokenized;
+  return items;
 }
 
 // A cache entry: the stats file is written last, so its presence means the token files are whole.
@@ -130,6 +173,8 @@ bool load_cache(const CacheFiles& files, PreparedData& out) {
     const nlohmann::json j = nlohmann::json::parse(std::ifstream(files.stats));
     out.stats = {j.at("samples").get<int64_t>(), j.at("tokens").get<int64_t>(), j.at("truncated").get<int64_t>(),
                  j.at("skipped").get<int64_t>(), j.at("dropped_tokens").get<int64_t>()};
+    out.train_desirable = j.at("train_desirable").get<std::vector<uint8_t>>();
+    out.eval_desirable = j.at("eval_desirable").get<std::vector<uint8_t>>();
   } catch (const UserError& e) {
     note_unreadable_cache(files, e.what());
     return false;
@@ -147,7 +192,8 @@ void save_cache(const CacheFiles& files, const PreparedData& data) {
   save_token_sequences(files.eval.string(), data.eval);
   const nlohmann::json j = {{"samples", data.stats.samples},     {"tokens", data.stats.tokens},
                             {"truncated", data.stats.truncated}, {"skipped", data.stats.skipped},
-                            {"dropped_tokens", data.stats.dropped_tokens}};
+                            {"dropped_tokens", data.stats.dropped_tokens},
+                            {"train_desirable", data.train_desirable}, {"eval_desirable", data.eval_desirable}};
   write_file_atomically(files.stats.string(), j.dump() + "\n");
 }
 
@@ -157,12 +203,13 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
                           const std::string& cache_dir_in) {
   const TrainConfig c = with_packing_cutoff(config);
   FAB_USER_CHECK(!c.dataset.empty(), "dataset is required (names from dataset_info.json or file paths)");
-  FAB_USER_CHECK(c.stage == "pt" || !c.chat_template.empty(), "template is required for stage sft (e.g. qwen3, llama3)");
+  FAB_USER_CHECK(c.stage == "pt" || !c.chat_template.empty(), "template is required for stage {} (e.g. qwen3, llama3)",
+                 c.stage);
   DatasetOptions options;
   options.dataset_dir = c.dataset_dir;
   if (c.max_samples > 0) options.max_samples = c.max_samples;
   options.seed = uint64_t(c.seed);
-  options.stage = c.stage == "pt" ? DataStage::pt : DataStage::sft;
+  options.stage = data_stage(c.stage);
   std::vector<DatasetAttr> attrs = get_dataset_list(split_dataset_names(c.dataset), c.dataset_dir);
   if (!c.eval_dataset.empty()) {
     auto more = get_dataset_list(split_dataset_names(c.eval_dataset), c.dataset_dir);
@@ -179,17 +226,17 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   template_options.enable_thinking = c.enable_thinking;
   template_options.train_on_prompt = c.train_on_prompt;
   ChatTemplate chat(get_template(c.chat_template.empty() ? "empty" : c.chat_template), encoder, template_options);
-  TokenizedDataset train = load_and_tokenize(c, c.dataset, options, chat);
-  out.stats = train.stats;
-  auto [train_pick, eval_pick] = split_validation(train.samples.size(), c.val_size, uint64_t(c.seed));
-  out.train = to_sequences(train.samples, train_pick);
+  TokenizedItems train = load_and_tokenize(c, c.dataset, options, chat);
+  out.stats = train.data.stats;
+  auto [train_pick, eval_pick] = split_validation(train.items(), c.val_size, uint64_t(c.seed));
+  out.train = to_sequences(train, train_pick, &out.train_desirable);
   if (!c.eval_dataset.empty()) {
-    TokenizedDataset eval = load_and_tokenize(c, c.eval_dataset, options, chat);
-    std::vector<size_t> all(eval.samples.size());
+    TokenizedItems eval = load_and_tokenize(c, c.eval_dataset, options, chat);
+    std::vector<size_t> all(eval.items());
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    out.eval = to_sequences(eval.samples, all);
+    out.eval = to_sequences(eval, all, &out.eval_desirable);
   } else {
-    out.eval = to_sequences(train.samples, eval_pick);
+    out.eval = to_sequences(train, eval_pick, &out.eval_desirable);
   }
   if (c.packing && c.stage == "sft") {  // (pt packs while tokenising)
     PackingStats packing;

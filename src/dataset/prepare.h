@@ -3,7 +3,9 @@
 // tokenizer and preprocessing, cut into train / eval, cached as memory-mapped token files keyed
 // by a hash of everything that shapes them, so a second run (or `fabrica data prepare` ahead of
 // time) skips the work.
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/train_config.h"
 #include "dataset/preprocess.h"
@@ -12,8 +14,12 @@
 
 namespace fab {
 
+// pt and sft: one sequence per sample. dpo and rm: two per pair, chosen then rejected. kto: two
+// per example, its completion then the mismatched completion of the KL term, and whether it is
+// desirable (its kto_tag) in train_desirable / eval_desirable.
 struct PreparedData {
   TokenSequences train, eval;
+  std::vector<uint8_t> train_desirable, eval_desirable;
   PreprocessStats stats;
   std::string cache_key;
   bool from_cache = false;

@@ -312,4 +312,63 @@ PairwiseDataset preprocess_pairwise(const std::vector<Example>& examples, const 
   return out;
 }
 
+namespace {
+
+// prompt + the first non-empty message of `response` (LLaMA-Factory builds a KTO response as
+// [answer, ""] or ["", answer]), masked and cut like a supervised turn.
+TokenizedSample encode_feedback_side(const ChatTemplate& chat, const Example& example,
+                                     const std::vector<Message>& response, int64_t cutoff_len, bool* truncated) {
+  std::vector<Message> messages = example.prompt;
+  messages.push_back(!response[0].content.empty() ? response[0] : response[1]);
+  auto [prompt_ids, response_ids] = chat.encode_oneturn(messages, example.system, example.tools);
+  if (chat.spec().efficient_eos) response_ids.push_back(chat.eos_id());
+  auto [source_len, target_len] = infer_seqlen(static_cast<int64_t>(prompt_ids.size()),
+                                               static_cast<int64_t>(response_ids.size()), cutoff_len);
+  if (truncated)
+    *truncated = source_len < static_cast<int64_t>(prompt_ids.size()) ||
+                 target_len < static_cast<int64_t>(response_ids.size());
+  TokenizedSample out;
+  out.input_ids = head(prompt_ids, source_len);
+  out.labels.assign(out.input_ids.size(), kIgnoreIndex);
+  const std::vector<int32_t> target = head(response_ids, target_len);
+  append(&out.input_ids, target);
+  append(&out.labels, target);
+  return out;
+}
+
+}  // namespace
+
+FeedbackDataset preprocess_feedback(const std::vector<Example>& examples, const ChatTemplate& chat,
+                                    int64_t cutoff_len, int64_t batch_size) {
+  check_cutoff(cutoff_len);
+  const size_t batch = static_cast<size_t>(batch_size);
+  auto kl_source = [&](size_t i) -> const Example& {  // the example before i in its batch, cyclically
+    const size_t first = i / batch * batch, last = std::min(examples.size(), first + batch) - 1;
+    return examples[i == first ? last : i - 1];
+  };
+  auto valid = [](const Example& e) { return e.prompt.size() % 2 == 1 && e.response.size() >= 2; };
+  std::vector<std::pair<std::optional<FeedbackSample>, bool>> outcomes = parallel_map(examples.size(), [&](size_t i) {
+    const Example& example = examples[i];
+    if (!valid(example) || kl_source(i).response.size() < 2) return std::pair{std::optional<FeedbackSample>(), false};
+    bool truncated = false;
+    FeedbackSample sample = naming_the_record(example, [&] {
+      return FeedbackSample{encode_feedback_side(chat, example, example.response, cutoff_len, &truncated),
+                            encode_feedback_side(chat, example, kl_source(i).response, cutoff_len, nullptr),
+                            !example.response[0].content.empty()};
+    });
+    return std::pair{std::optional<FeedbackSample>(std::move(sample)), truncated};
+  });
+  FeedbackDataset out;
+  for (auto& [sample, truncated] : outcomes) {
+    if (!sample) {
+      ++out.stats.skipped;
+      continue;
+    }
+    out.stats.truncated += truncated ? 1 : 0;
+    count(&out.stats, sample->completion);
+    out.samples.push_back(std::move(*sample));
+  }
+  return out;
+}
+
 }  // namespace fab

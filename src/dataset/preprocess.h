@@ -88,4 +88,21 @@ struct PairwiseDataset {
 PairwiseDataset preprocess_pairwise(const std::vector<Example>& examples, const ChatTemplate& chat,
                                     int64_t cutoff_len);
 
+// KTO (processor/feedback.py FeedbackDatasetProcessor): each example's prompt + its response,
+// and prompt + a mismatched response for the KL estimate: the response of the example before it
+// in its preprocessing batch (the batch's last for its first), each cut by cutoff_len on its own.
+struct FeedbackSample {
+  TokenizedSample completion, kl;
+  bool desirable = true;  // the kto_tag
+};
+
+struct FeedbackDataset {
+  std::vector<FeedbackSample> samples;
+  PreprocessStats stats;  // tokens count the completions
+};
+
+// batch_size: LLaMA-Factory's preprocessing_batch_size (the mismatch stays inside a batch).
+FeedbackDataset preprocess_feedback(const std::vector<Example>& examples, const ChatTemplate& chat,
+                                    int64_t cutoff_len, int64_t batch_size = 1000);
+
 }  // namespace fab

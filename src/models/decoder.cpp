@@ -64,33 +64,71 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
   rope_ = RopeTable::make(freq.inv_freq, freq.attention_scaling, max_len);
 }
 
+// Megatron's split when options_.tp is set: split_dim 0 for column-parallel weights (q/k/v by
+// heads, gate/up), their biases and the vocabulary; 1 for row-parallel weights (o_proj, down);
+// -1 (replicated) for the norms. One process: every parameter whole.
 void DecoderModel::register_parameters() {
   const ModelConfig& c = config_;
-  const int64_t C = c.hidden_size, D = c.head_dim;
-  params_.add("model.embed_tokens.weight", {c.vocab_size, C});
+  const int64_t C = c.hidden_size, D = c.head_dim, tp = tp_size();
+  const int64_t KV = c.num_key_value_heads;
+  FAB_USER_CHECK(c.num_attention_heads % tp == 0 && (KV % tp == 0 || tp % KV == 0) && c.intermediate_size % tp == 0,
+                 "tensor_parallel_size {} must divide num_attention_heads {} and intermediate_size {}, and divide "
+                 "or be a multiple of num_key_value_heads {}",
+                 tp, c.num_attention_heads, c.intermediate_size, KV);
+  heads_ = c.num_attention_heads / tp;
+  kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
+  kv_heads_ = KV * kv_replicas_ / tp;
+  intermediate_ = c.intermediate_size / tp;
+  add_parameter("model.embed_tokens.weight", {c.vocab_size, C}, 0);
+  vocab_begin_ = shards_.back().begin;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = layer_prefix(i);
-    params_.add(p + "input_layernorm.weight", {C});
-    params_.add(p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C});
-    params_.add(p + "self_attn.k_proj.weight", {c.num_key_value_heads * D, C}, true);
-    params_.add(p + "self_attn.v_proj.weight", {c.num_key_value_heads * D, C}, true);
+    add_parameter(p + "input_layernorm.weight", {C}, -1);
+    add_parameter(p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}, 0);
+    add_parameter(p + "self_attn.k_proj.weight", {KV * D, C}, 0, true, kv_replicas_);
+    add_parameter(p + "self_attn.v_proj.weight", {KV * D, C}, 0, true, kv_replicas_);
     if (c.attention_bias) {
-      params_.add(p + "self_attn.q_proj.bias", {c.num_attention_heads * D});
-      params_.add(p + "self_attn.k_proj.bias", {c.num_key_value_heads * D}, true);
-      params_.add(p + "self_attn.v_proj.bias", {c.num_key_value_heads * D}, true);
+      add_parameter(p + "self_attn.q_proj.bias", {c.num_attention_heads * D}, 0);
+      add_parameter(p + "self_attn.k_proj.bias", {KV * D}, 0, true, kv_replicas_);
+      add_parameter(p + "self_attn.v_proj.bias", {KV * D}, 0, true, kv_replicas_);
     }
     if (c.qk_norm) {
-      params_.add(p + "self_attn.q_norm.weight", {D});
-      params_.add(p + "self_attn.k_norm.weight", {D});
+      add_parameter(p + "self_attn.q_norm.weight", {D}, -1);
+      add_parameter(p + "self_attn.k_norm.weight", {D}, -1);
     }
-    params_.add(p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D});
-    params_.add(p + "post_attention_layernorm.weight", {C});
-    params_.add(p + "mlp.gate_proj.weight", {c.intermediate_size, C});
-    params_.add(p + "mlp.up_proj.weight", {c.intermediate_size, C}, true);
-    params_.add(p + "mlp.down_proj.weight", {C, c.intermediate_size});
+    add_parameter(p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}, 1);
+    add_parameter(p + "post_attention_layernorm.weight", {C}, -1);
+    add_parameter(p + "mlp.gate_proj.weight", {c.intermediate_size, C}, 0);
+    add_parameter(p + "mlp.up_proj.weight", {c.intermediate_size, C}, 0, true);
+    add_parameter(p + "mlp.down_proj.weight", {C, c.intermediate_size}, 1);
   }
-  params_.add("model.norm.weight", {C});
-  if (!c.tie_word_embeddings) params_.add("lm_head.weight", {c.vocab_size, C});
+  add_parameter("model.norm.weight", {C}, -1);
+  if (!c.tie_word_embeddings) add_parameter("lm_head.weight", {c.vocab_size, C}, 0);
+  if (options_.value_head) {
+    add_parameter("v_head.summary.weight", {1, C}, -1);
+    add_parameter("v_head.summary.bias", {1}, -1);
+  }
+}
+
+// This rank's slice: ceil(full / parts) rows or columns, parts = tp / replicas (the vocabulary
+// may end in padding).
+void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed, int replicas) {
+  ShardSpec s{tp_size() > 1 ? split_dim : -1, full_shape, 0, 0, replicas};
+  Shape local = full_shape;
+  if (s.split_dim >= 0) {
+    const int64_t n = full_shape[size_t(s.split_dim)], parts = tp_size() / replicas;
+    s.length = (n + parts - 1) / parts;
+    s.begin = s.length * (options_.tp->rank() / replicas);
+    local[size_t(s.split_dim)] = s.length;
+  } else {
+    s.length = full_shape[0];
+  }
+  params_.add(name, local, packed);
+  shards_.push_back(s);
+}
+
+Var DecoderModel::shared(Tape& tape, const Var& weight) const {
+  return options_.tp && options_.tp->sequence_parallel() ? options_.tp->shared_weight(tape, weight) : weight;
 }
 
 Linear DecoderModel::make_linear(const std::vector<std::string>& weights,
@@ -107,6 +145,7 @@ void DecoderModel::bind_parameters() {
   embed_ = params_.var("model.embed_tokens.weight");
   final_norm_ = params_.var("model.norm.weight");
   lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
+  if (options_.value_head) value_head_ = {params_.var("v_head.summary.weight"), params_.var("v_head.summary.bias"), {}};
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = layer_prefix(i), a = p + "self_attn.";
     Layer l;
@@ -127,14 +166,27 @@ void DecoderModel::bind_parameters() {
 }
 
 void DecoderModel::init_random(uint64_t seed) {
+  // The draws of the whole tensors, in the order one process makes them; a tensor-parallel rank
+  // keeps those of its slice, so every layout starts from the same weights.
   Rng rng(seed);
   float* values = params_.values().data<float>();
-  for (const ParamInfo& p : params_.params()) {
+  for (size_t k = 0; k < params_.params().size(); ++k) {
+    const ParamInfo& p = params_.params()[k];
+    const ShardSpec& s = shards_[k];
     float* w = values + p.offset;
     const bool is_norm = p.name.find("norm.weight") != std::string::npos;
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
-    for (int64_t i = 0; i < p.numel(); ++i)
-      w[i] = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
+    const int64_t full = shape_numel(s.full_shape), cols = s.full_shape.size() > 1 ? s.full_shape[1] : 1;
+    for (int64_t i = 0; i < full; ++i) {
+      const float value = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
+      if (s.split_dim < 0) {
+        w[i] = value;
+        continue;
+      }
+      const int64_t row = i / cols, col = i % cols, at = s.split_dim == 0 ? row - s.begin : col - s.begin;
+      if (at < 0 || at >= s.length) continue;
+      w[s.split_dim == 0 ? at * cols + col : row * s.length + at] = value;
+    }
   }
   weights_changed();
 }
@@ -143,26 +195,36 @@ void DecoderModel::weights_changed() {
   if (params_.has_bf16()) params_.refresh_bf16();
 }
 
+// Under tensor parallel, this rank's heads and intermediate features only: q/k/v and gate/up are
+// column-parallel, o_proj and down row-parallel.
 Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const Tensor& positions,
                                 const Tensor& doc_start, int64_t batch, int64_t seq) {
   const ModelConfig& c = config_;
-  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
+  const int64_t H = heads_, KV = kv_heads_, D = c.head_dim, rows = batch * seq;
   const float eps = float(c.rms_norm_eps);
+  TensorParallelOps* tp = options_.tp;
+  auto column = [&](const Var& v, const Linear& w) {
+    return tp ? tp->column_parallel_linear(tape, v, w, rows) : linear(tape, v, w);
+  };
+  auto row = [&](const Var& v, const Linear& w) {
+    return tp ? tp->row_parallel_linear(tape, v, w, rows) : linear(tape, v, w);
+  };
   // Attention block: x + o_proj(attn(rope(q), rope(k), v))
-  Var h = rmsnorm(tape, x, l.input_norm, eps);
-  std::vector<Var> qkv = split_columns(tape, linear(tape, h, l.qkv), {H * D, KV * D, KV * D});
+  Var h = rmsnorm(tape, x, shared(tape, l.input_norm), eps);
+  const Linear qkv_weights = kv_replicas_ > 1 ? tp->replicated_rows(tape, l.qkv, H * D, kv_replicas_) : l.qkv;
+  std::vector<Var> qkv = split_columns(tape, column(h, qkv_weights), {H * D, KV * D, KV * D});
   Var q = qkv[0], k = qkv[1], v = qkv[2];
-  if (c.qk_norm) {  // RMSNorm over each head's head_dim features
-    q = rmsnorm(tape, q, l.q_norm, eps);
-    k = rmsnorm(tape, k, l.k_norm, eps);
+  if (c.qk_norm) {  // RMSNorm over each head's head_dim features (this rank's heads: gradients summed)
+    q = rmsnorm(tape, q, tp ? tp->shared_weight(tape, l.q_norm) : l.q_norm, eps);
+    k = rmsnorm(tape, k, tp ? tp->shared_weight(tape, l.k_norm) : l.k_norm, eps);
   }
   q = rope(tape, q, positions, rope_, H);
   k = rope(tape, k, positions, rope_, KV);
   const AttentionShape shape{batch, seq, H, KV, D, float(1.0 / std::sqrt(double(D)))};
-  Var x2 = add(tape, x, linear(tape, attention(tape, q, k, v, shape, doc_start), l.o_proj));
+  Var x2 = add(tape, x, row(attention(tape, q, k, v, shape, doc_start), l.o_proj));
   // MLP block: x + down(silu(gate(x)) * up(x))
-  Var gate_up = linear(tape, rmsnorm(tape, x2, l.post_norm, eps), l.gate_up);
-  return add(tape, x2, linear(tape, swiglu(tape, gate_up, c.intermediate_size), l.down));
+  Var gate_up = column(rmsnorm(tape, x2, shared(tape, l.post_norm), eps), l.gate_up);
+  return add(tape, x2, row(swiglu(tape, gate_up, intermediate_), l.down));
 }
 
 void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {
@@ -249,7 +311,8 @@ Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLa
   const Tensor positions = positions_of(ids, layout), doc_start = layout.doc_start;
 
   enter_unit(tape, 0);
-  Var x = embedding(tape, ids.reshape({batch * seq}), embed_);
+  const Tensor flat_ids = ids.reshape({batch * seq});
+  Var x = options_.tp ? options_.tp->embedding(tape, flat_ids, embed_, vocab_begin_) : embedding(tape, flat_ids, embed_);
   leave_unit(tape, 0);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& l = layers_[i];
@@ -261,7 +324,18 @@ Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLa
     leave_unit(tape, int(i) + 1);
   }
   enter_unit(tape, num_units() - 1);  // left by the caller after lm_head
-  return rmsnorm(tape, x, final_norm_, float(config_.rms_norm_eps));
+  return rmsnorm(tape, x, shared(tape, final_norm_), float(config_.rms_norm_eps));
+}
+
+double DecoderModel::head_loss(Tape& tape, const Var& hidden, const Tensor& targets, float loss_scale) {
+  if (!options_.tp) return lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale);
+  return options_.tp->lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale, vocab_begin_,
+                                            config_.vocab_size, targets.numel());
+}
+
+void DecoderModel::check_whole(const char* what) const {
+  FAB_USER_CHECK(!options_.tp, "{} with tensor_parallel_size {} is not implemented: run it on the saved model folder",
+                 what, tp_size());
 }
 
 double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale,
@@ -269,21 +343,35 @@ double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, f
   Tensor targets = shift_labels(labels, config_.vocab_size);
   Tape tape;
   Var hidden = forward_hidden(tape, ids, layout);
-  double loss = lm_head_cross_entropy(tape, hidden, lm_head_, targets, loss_scale);
+  double loss = head_loss(tape, hidden, targets, loss_scale);
   leave_unit(tape, num_units() - 1);
   tape.backward();
   return loss;
 }
 
+double DecoderModel::forward_with_head(const Tensor& ids, bool with_grad,
+                                       const std::function<double(Tape&, const Var&)>& head,
+                                       const SequenceLayout& layout) {
+  Tape tape(with_grad);
+  Var hidden = forward_hidden(tape, ids, layout);
+  const double loss = head(tape, hidden);
+  leave_unit(tape, num_units() - 1);
+  if (with_grad) tape.backward();
+  return loss;
+}
+
+Tensor DecoderModel::shifted_labels(const Tensor& labels) const { return shift_labels(labels, config_.vocab_size); }
+
 double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
-  const double loss = lm_head_cross_entropy(no_grad, hidden, lm_head_, shift_labels(labels, config_.vocab_size), 1.0f);
+  const double loss = head_loss(no_grad, hidden, shift_labels(labels, config_.vocab_size), 1.0f);
   leave_unit(no_grad, num_units() - 1);
   return loss;
 }
 
 Tensor DecoderModel::logits(const Tensor& ids, const SequenceLayout& layout) {
+  check_whole("logits");
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
   Tensor out = lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
@@ -338,6 +426,7 @@ Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& 
 }
 
 Tensor DecoderModel::logits_cached(const Tensor& ids, KvCache& cache) {
+  check_whole("generation");
   check_ids(ids, cache.length);
   const int64_t batch = ids.dim(0), n = ids.dim(1);
   FAB_CHECK(batch == cache.batch, "cache for {} sequences, ids for {}", cache.batch, batch);

@@ -1,12 +1,14 @@
 #pragma once
 // The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
+#include <functional>
 #include <chrono>
 #include <string>
 #include <vector>
 
 #include "models/model_config.h"
 #include "models/param_buffer.h"
+#include "models/sharding.h"
 #include "nn/ops.h"
 
 namespace fab {
@@ -15,6 +17,12 @@ struct DecoderOptions {
   Precision precision = Precision::fp32;
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
+  // Tensor parallel (parallel/tensor_parallel.h); nullptr: this process holds every parameter.
+  // The model registers only this rank's slices (ShardSpec) and calls it where they meet.
+  TensorParallelOps* tp = nullptr;
+  // The reward model's scalar head (TRL's ValueHead): v_head.summary.weight (1, C) and .bias (1),
+  // in the last unit after lm_head.
+  bool value_head = false;
 };
 
 // Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
@@ -66,6 +74,17 @@ class DecoderModel {
                           const SequenceLayout& layout = {});
   // Sum of token losses without gradients (evaluation).
   double loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout = {});
+  // For losses that are not per token (the preference stages): runs the model to the final norm,
+  // then `head(tape, hidden)` with hidden (B * T, C), which returns the loss and has set the
+  // upstream gradients of the ops it recorded; then back-propagates when `with_grad`. Returns
+  // what `head` returned.
+  double forward_with_head(const Tensor& ids, bool with_grad, const std::function<double(Tape&, const Var&)>& head,
+                           const SequenceLayout& layout = {});
+  const Linear& lm_head() const { return lm_head_; }
+  const Linear& value_head() const { return value_head_; }  // null weight without options.value_head
+  // The targets of each position: labels[b, t + 1], -100 at t = T - 1, (B * T) i64.
+  Tensor shifted_labels(const Tensor& labels) const;
+
   // (B, T, vocab) logits.
   Tensor logits(const Tensor& ids, const SequenceLayout& layout = {});
 
@@ -80,6 +99,9 @@ class DecoderModel {
   // Elements [first, second) of the flat buffers that hold the parameters of `unit`; the units
   // tile the buffers in order.
   std::pair<int64_t, int64_t> unit_range(int unit) const;
+  // How parameter i (of params().params()) is sliced under tensor parallel; split_dim -1 when
+  // this rank holds it whole.
+  const ShardSpec& shard(size_t i) const { return shards_[i]; }
 
   // Targets that count in the loss: labels[b, t + 1] != -100.
   static int64_t count_targets(const Tensor& labels);
@@ -90,8 +112,13 @@ class DecoderModel {
     Linear qkv, o_proj, gate_up, down;
   };
   void register_parameters();
+  void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false, int replicas = 1);
+  int tp_size() const { return options_.tp ? options_.tp->size() : 1; }
+  Var shared(Tape& tape, const Var& weight) const;  // a replicated weight seen on part of the data
   void bind_parameters();
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
+  double head_loss(Tape& tape, const Var& hidden, const Tensor& targets, float loss_scale);
+  void check_whole(const char* what) const;  // a UserError under tensor parallel
   void enter_unit(Tape& tape, int unit);
   void leave_unit(Tape& tape, int unit);
   std::string unit_name(int unit) const;  // embedding, layer i, head
@@ -108,9 +135,13 @@ class DecoderModel {
   ParamBuffer params_;
   RopeTable rope_;
   Var embed_, final_norm_;
-  Linear lm_head_;
+  Linear lm_head_, value_head_;
   std::vector<Layer> layers_;
   ModelHooks* hooks_ = nullptr;
+  std::vector<ShardSpec> shards_;  // one per parameter
+  // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.
+  int64_t heads_ = 0, kv_heads_ = 0, intermediate_ = 0, vocab_begin_ = 0;
+  int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
   std::chrono::steady_clock::time_point unit_started_;  // the trace's: when the running unit began
 };
 

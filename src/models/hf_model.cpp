@@ -1,25 +1,87 @@
 #include "models/hf_model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
 #include "core/file_write.h"
+#include "core/rng.h"
 
 namespace fab {
 namespace fs = std::filesystem;
 
+namespace {
+
+// This rank's slice of a whole HF tensor (rows or columns [begin, begin + length), those past the
+// tensor's end left zero: the padding of a vocabulary tensor parallel does not divide).
+void copy_slice(const Tensor& full, const ShardSpec& s, float* dst) {
+  const int64_t rows = s.full_shape[0], cols = s.full_shape.size() > 1 ? s.full_shape[1] : 1;
+  const float* src = full.data<float>();
+  if (s.split_dim == 0) {
+    const int64_t n = std::clamp<int64_t>(rows - s.begin, 0, s.length);
+    std::memcpy(dst, src + s.begin * cols, size_t(n * cols) * sizeof(float));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * s.length, src + r * cols + s.begin, size_t(s.length) * sizeof(float));
+}
+
+constexpr const char* kValueHeadFile = "value_head.safetensors";  // LLaMA-Factory's V_HEAD_SAFE_WEIGHTS_NAME
+
+bool is_value_head(const std::string& name) { return name.rfind("v_head.", 0) == 0; }
+
+// A fresh value head as torch's nn.Linear(C, 1) starts (TRL's ValueHead default): U(-1/√C, 1/√C)
+// for weight and bias, from the run's seed.
+void init_value_head(DecoderModel& model, uint64_t seed) {
+  ParamBuffer& params = model.params();
+  Rng rng(seed ^ 0x76686561645f5f5full);  // "vhead__": apart from the model's own init stream
+  const double bound = 1.0 / std::sqrt(double(model.config().hidden_size));
+  for (const char* name : {"v_head.summary.weight", "v_head.summary.bias"}) {
+    const ParamInfo& p = params.info(name);
+    for (int64_t i = 0; i < p.numel(); ++i)
+      params.values().data<float>()[p.offset + i] = float((2 * rng.uniform() - 1) * bound);
+  }
+}
+
+}  // namespace
+
+bool load_value_head(DecoderModel& model, const std::string& folder) {
+  ParamBuffer& params = model.params();
+  const fs::path file = fs::path(folder) / kValueHeadFile;
+  if (!fs::exists(file)) return false;
+  const SafetensorsFile f = SafetensorsFile::open(file.string());
+  for (const char* name : {"v_head.summary.weight", "v_head.summary.bias"}) {
+    const ParamInfo& p = params.info(name);
+    FAB_USER_CHECK(f.contains(name), "{}: missing tensor \"{}\"", file.string(), name);
+    FAB_USER_CHECK(f.entries().at(name).shape == p.shape, "{}: tensor \"{}\" has shape {}, expected {}",
+                   file.string(), name, shape_str(f.entries().at(name).shape), shape_str(p.shape));
+    Tensor t = f.as_f32(name);
+    std::memcpy(params.values().data<float>() + p.offset, t.data<float>(), t.bytes());
+  }
+  return true;
+}
+
 void load_weights(DecoderModel& model, const HfWeights& weights) {
   ParamBuffer& params = model.params();
-  for (const ParamInfo& p : params.params()) {
+  for (size_t i = 0; i < params.params().size(); ++i) {
+    const ParamInfo& p = params.params()[i];
+    const ShardSpec& s = model.shard(i);
+    // LLaMA-Factory keeps the value head beside the weights (value_head.safetensors), TRL in them.
+    if (is_value_head(p.name) && !weights.contains(p.name)) continue;
     FAB_USER_CHECK(weights.contains(p.name), "missing tensor \"{}\" {} in the model weights", p.name,
-                   shape_str(p.shape));
+                   shape_str(s.full_shape));
     const SafetensorsFile& file = weights.file_of(p.name);
     const SafetensorsEntry& e = file.entries().at(p.name);
-    FAB_USER_CHECK(e.shape == p.shape, "{}: tensor \"{}\" has shape {} but config.json implies {}", file.path(),
-                   p.name, shape_str(e.shape), shape_str(p.shape));
+    FAB_USER_CHECK(e.shape == s.full_shape, "{}: tensor \"{}\" has shape {} but config.json implies {}", file.path(),
+                   p.name, shape_str(e.shape), shape_str(s.full_shape));
     Tensor t = file.as_f32(p.name);
-    std::memcpy(params.values().data<float>() + p.offset, t.data<float>(), t.bytes());
+    float* dst = params.values().data<float>() + p.offset;
+    if (s.split_dim < 0)
+      std::memcpy(dst, t.data<float>(), t.bytes());
+    else
+      copy_slice(t, s, dst);
   }
   for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;
@@ -33,20 +95,36 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
                                                 uint64_t seed) {
   const ModelConfig config = load_model_config((fs::path(folder) / "config.json").string());
   auto model = std::make_unique<DecoderModel>(config, options);
-  if (HfWeights::present(folder))
-    load_weights(*model, HfWeights::open(folder));
-  else
+  bool value_head_loaded = false;
+  if (HfWeights::present(folder)) {
+    const HfWeights weights = HfWeights::open(folder);
+    load_weights(*model, weights);
+    value_head_loaded = weights.contains("v_head.summary.weight");
+  } else {
     model->init_random(seed);
+  }
+  if (options.value_head && !value_head_loaded && !load_value_head(*model, folder)) init_value_head(*model, seed);
+  model->weights_changed();
   return model;
 }
 
 void save_model_folder(const DecoderModel& model, const std::string& folder, size_t max_shard_bytes) {
-  fs::create_directories(folder);
+  FAB_CHECK(!model.options().tp, "a tensor-parallel model is saved from its gathered tensors");
   std::vector<NamedTensor> tensors;
   const ParamBuffer& params = model.params();
   for (const ParamInfo& p : params.params()) tensors.push_back({p.name, params.values().view(p.offset, p.shape)});
-  save_hf_weights(folder, tensors, max_shard_bytes);
-  write_file_atomically((fs::path(folder) / "config.json").string(), model_config_to_json(model.config()) + "\n");
+  save_model_folder(model.config(), tensors, folder, max_shard_bytes);
+}
+
+void save_model_folder(const ModelConfig& config, const std::vector<NamedTensor>& tensors, const std::string& folder,
+                       size_t max_shard_bytes) {
+  fs::create_directories(folder);
+  std::vector<NamedTensor> weights, value_head;  // the value head goes beside, as LLaMA-Factory saves it
+  for (const NamedTensor& t : tensors) (is_value_head(t.name) ? value_head : weights).push_back(t);
+  save_hf_weights(folder, weights, max_shard_bytes);
+  if (!value_head.empty())
+    save_safetensors((fs::path(folder) / kValueHeadFile).string(), value_head, {{"format", "pt"}});
+  write_file_atomically((fs::path(folder) / "config.json").string(), model_config_to_json(config) + "\n");
 }
 
 void copy_tokenizer_and_template_files(const std::string& from, const std::string& to) {

@@ -5,15 +5,18 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/profiler.h"
+#include "nn/op_helpers.h"
 
 namespace fab {
 namespace {
 
-const KernelTable& kernels_for(const Tensor& t) { return backend(t.device().kind).kernels(); }
-
 Tensor new_activation(Shape shape, Device device, DType dtype = DType::f32) {
   return Tensor::empty(std::move(shape), dtype, MemoryCategory::activations, device);
 }
+
+}  // namespace
+
+const KernelTable& kernels_for(const Tensor& t) { return backend(t.device().kind).kernels(); }
 
 int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
 
@@ -23,7 +26,6 @@ Tensor to_bf16(const Tensor& x, MemoryCategory category) {
   return out;
 }
 
-// C (M, N) (+)= op(A) op(B) where A/B are tensors of the same dtype.
 void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float* c, int64_t m,
           int64_t n, int64_t kdim, bool accumulate) {
   MatmulArgs args;
@@ -40,7 +42,6 @@ void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, 
   k.matmul(args);
 }
 
-}  // namespace
 
 std::vector<float> RopeTable::default_inv_freq(int64_t head_dim, double theta) {
   std::vector<float> f(size_t(head_dim / 2));

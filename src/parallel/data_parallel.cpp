@@ -133,10 +133,33 @@ void DataParallel::finish_gradients() {
   wait_all_buckets();
 }
 
+double DataParallel::sum_squares(const float* g, int64_t begin, int64_t end) const {
+  const KernelTable& k = kernels();
+  Communicator* mp = options_.model_parallel_group;
+  if (!mp || options_.not_counted.empty()) return k.sum_squares(g, end - begin);
+  double squares = 0;
+  int64_t at = begin;
+  for (const auto& [first, last] : options_.not_counted) {  // ascending, disjoint
+    const int64_t skip_from = std::clamp(first, at, end), skip_to = std::clamp(last, at, end);
+    squares += k.sum_squares(g + (at - begin), skip_from - at);
+    at = std::max(at, skip_to);
+  }
+  return squares + k.sum_squares(g + (at - begin), end - at);
+}
+
 double DataParallel::clip_grad_norm(double max_norm) {
   ProfileScope profile("clip_grad_norm");
   const KernelTable& k = kernels();
-  if (options_.zero_stage == 0) return fab::clip_grad_norm(params_, max_norm);
+  Communicator* mp = options_.model_parallel_group;
+  if (options_.zero_stage == 0 && !mp) return fab::clip_grad_norm(params_, max_norm);
+  if (options_.zero_stage == 0) {  // every rank of the data-parallel group holds the same sums
+    double squares = sum_squares(params_.grads().data<float>(), 0, params_.numel());
+    mp->all_reduce(&squares, 1, "gradient norm over the model-parallel group").wait();
+    const double norm = std::sqrt(squares);
+    const double coef = clip_coefficient(norm, max_norm);
+    if (coef < 1.0) k.scale(params_.grads().data<float>(), params_.numel(), float(coef));
+    return norm;
+  }
   // This rank's reduced gradients: its chunks of the flat buffer (ZeRO-1), or the shard accumulator.
   auto shard_grads = [this](const Bucket& b) {
     return options_.zero_stage >= 2 ? shard_grads_.data<float>() + b.shard_offset
@@ -144,8 +167,9 @@ double DataParallel::clip_grad_norm(double max_norm) {
   };
   // Each rank's share of the squared norm, then the sum over the group.
   double squares = 0;
-  for (const Bucket& b : buckets_) squares += k.sum_squares(shard_grads(b), b.own_end - b.own_begin);
+  for (const Bucket& b : buckets_) squares += sum_squares(shard_grads(b), b.own_begin, b.own_end);
   group_.all_reduce(&squares, 1, "gradient norm").wait();
+  if (mp) mp->all_reduce(&squares, 1, "gradient norm over the model-parallel group").wait();
   const double norm = std::sqrt(squares);
   const double coef = clip_coefficient(norm, max_norm);
   if (coef < 1.0)

@@ -29,6 +29,11 @@ struct DataParallelOptions {
   int zero_stage = 0;
   int64_t bucket_bytes = 25 << 20;  // torch DDP's bucket_cap_mb default
   AdamWConfig adamw;
+  // Tensor parallel: the model holds slices, and the gradient norm sums over this group too.
+  // `not_counted`: flat-buffer ranges (ascending) this rank leaves out of the norm because another
+  // rank of the group holds the same parameters and counts them.
+  Communicator* model_parallel_group = nullptr;
+  std::vector<std::pair<int64_t, int64_t>> not_counted;
 };
 
 // What one rank holds of the model states, measured (resident pages of the flat buffers).
@@ -86,6 +91,9 @@ class DataParallel final : public ModelHooks {
   void launch_gradient_bucket(Bucket& b);
   void retire(Bucket& b);
   void wait_all_buckets();
+  // Squares of the gradients of flat elements [begin, end), read from `g` (the gradient of
+  // `begin`), leaving out what another rank of the model-parallel group counts.
+  double sum_squares(const float* g, int64_t begin, int64_t end) const;
   const KernelTable& kernels() const;  // the gradients' backend
   // ZeRO-3 parameter units.
   void gather(int unit, bool wait);

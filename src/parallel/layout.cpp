@@ -32,9 +32,9 @@ void check_tensor_parallel(const ModelConfig& m, int tp) {
                  "tensor_parallel_size {} does not divide config.json's num_attention_heads {}: each rank holds "
                  "whole attention heads",
                  tp, m.num_attention_heads);
-  FAB_USER_CHECK(m.num_key_value_heads % tp == 0,
-                 "tensor_parallel_size {} does not divide config.json's num_key_value_heads {}: each rank holds "
-                 "whole key/value heads",
+  FAB_USER_CHECK(m.num_key_value_heads % tp == 0 || tp % m.num_key_value_heads == 0,
+                 "tensor_parallel_size {} neither divides nor is a multiple of config.json's num_key_value_heads {}: "
+                 "each rank holds whole key/value heads (its own, or one shared by a group of ranks)",
                  tp, m.num_key_value_heads);
   FAB_USER_CHECK(m.intermediate_size % tp == 0,
                  "tensor_parallel_size {} does not divide config.json's intermediate_size {}: the MLP is split "
@@ -139,8 +139,12 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "ranks)");
   check_tensor_parallel(m, l.tp);
   check_pipeline(c, m, l);
+  const bool preference = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";
+  FAB_USER_CHECK(!preference || (l.tp == 1 && l.pp == 1),
+                 "stage {} with tensor_parallel_size {} and pipeline_parallel_size {} is not implemented in Fabrica "
+                 "yet: the preference stages run data parallel (and ZeRO) only",
+                 c.stage, l.tp, l.pp);
   l.chunk_layers = c.pipeline_layers.empty() ? balanced_layer_split(m, l.chunks(), std::min(c.cutoff_len, m.max_position_embeddings)) : c.pipeline_layers;
-  FAB_USER_CHECK(l.tp == 1, "tensor_parallel_size {} is not implemented in Fabrica yet", l.tp);
   FAB_USER_CHECK(l.pp == 1, "pipeline_parallel_size {} is not implemented in Fabrica yet", l.pp);
   return l;
 }

@@ -17,6 +17,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
+#include "parallel/tensor_parallel.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -47,8 +48,29 @@ std::vector<fs::path> checkpoints_by_step(const std::string& output_dir) {
   return found;
 }
 
-std::string optimizer_file(int rank, int ranks) {
-  return "optimizer-rank-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + ".safetensors";
+// Tensor parallel: (this rank's slot, slots) of the group, (0, 1) without it.
+std::pair<int, int> tp_place(const DataParallel& dp) {
+  const TensorParallelOps* tp = dp.model().options().tp;
+  return tp ? std::pair{tp->rank(), tp->size()} : std::pair{0, 1};
+}
+
+// optimizer-rank-R-of-N.safetensors, with -tp-T-of-P before the extension under tensor parallel
+// (each tp rank's pieces are slices of its own).
+std::string optimizer_file(int rank, int ranks, std::pair<int, int> tp) {
+  const std::string suffix = tp.second > 1 ? "-tp-" + std::to_string(tp.first) + "-of-" + std::to_string(tp.second) : "";
+  return "optimizer-rank-" + std::to_string(rank) + "-of-" + std::to_string(ranks) + suffix + ".safetensors";
+}
+
+// An integer of a shard's metadata, `fallback` when absent (shards saved without tensor parallel).
+int64_t metadata_int(const SafetensorsFile& f, const std::string& key, int64_t fallback) {
+  const auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) return fallback;
+  int64_t value = -1;
+  const std::string& text = it->second;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  FAB_USER_CHECK(error == std::errc() && end == text.data() + text.size() && value >= 0,
+                 "{}: metadata \"{}\" must be a non-negative integer, got \"{}\"", f.path(), key, text);
+  return value;
 }
 
 // This rank's AdamW moments, with the list of (parameter, first element, length) they hold.
@@ -57,8 +79,12 @@ void save_optimizer_shard(const fs::path& path, const DataParallel& dp) {
   nlohmann::json segments = nlohmann::json::array();
   for (const OptimizerSegment& s : opt.segments())
     segments.push_back({dp.model().params().params()[s.param].name, s.begin, s.length});
+  const auto [tp_rank, tp_size] = tp_place(dp);
   save_safetensors(path.string(), {{"exp_avg", opt.exp_avg()}, {"exp_avg_sq", opt.exp_avg_sq()}},
-                   {{"step", std::to_string(opt.steps_taken())}, {"segments", segments.dump()}});
+                   {{"step", std::to_string(opt.steps_taken())},
+                    {"segments", segments.dump()},
+                    {"tensor_parallel_size", std::to_string(tp_size)},
+                    {"tensor_parallel_rank", std::to_string(tp_rank)}});
 }
 
 struct SavedPiece {
@@ -84,8 +110,17 @@ void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().filename().string().rfind("optimizer-rank-", 0) == 0) files.push_back(SafetensorsFile::open(e.path().string()));
   FAB_USER_CHECK(!files.empty(), "{}: no optimizer-rank-*.safetensors (not a complete checkpoint)", dir.string());
+  // Optimizer state saved at another tensor_parallel_size would have to be cut anew: not implemented.
+  const auto [tp_rank, tp_size] = tp_place(dp);
+  for (const SafetensorsFile& f : files)
+    FAB_USER_CHECK(metadata_int(f, "tensor_parallel_size", 1) == tp_size,
+                   "{}: saved at tensor_parallel_size {}, resumed at tensor_parallel_size {}: resuming at another "
+                   "tensor-parallel layout is not implemented (resume at tensor_parallel_size {}, or start from the "
+                   "checkpoint's model folder without resume_from_checkpoint)",
+                   dir.string(), metadata_int(f, "tensor_parallel_size", 1), tp_size, metadata_int(f, "tensor_parallel_size", 1));
   std::map<std::string, std::vector<SavedPiece>> pieces;
   for (const SafetensorsFile& f : files) {
+    if (metadata_int(f, "tensor_parallel_rank", 0) != tp_rank) continue;
     try {
       int64_t at = 0;
       for (const auto& seg : nlohmann::json::parse(f.metadata().at("segments"))) {
@@ -151,16 +186,24 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml) {
+                     const std::string& config_yaml, Communicator* tp) {
   Communicator& group = dp.group();
-  const bool main = group.rank() == 0;
+  const bool main = group.rank() == 0 && (!tp || tp->rank() == 0);
+  auto barrier = [&](const std::string& what) {  // every rank of both groups has reached it
+    group.barrier(what);
+    if (tp) tp->barrier(what);
+  };
   const fs::path final_dir(dir);
   const fs::path tmp = final_dir.string() + ".tmp";
   dp.gather_all_parameters();
+  const std::vector<NamedTensor> whole = tp ? gather_full_tensors(dp.model(), *tp) : std::vector<NamedTensor>();
   if (main) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    save_model_folder(dp.model(), tmp.string());
+    if (tp)
+      save_model_folder(dp.model().config(), whole, tmp.string());
+    else
+      save_model_folder(dp.model(), tmp.string());
     nlohmann::json j = {{"global_step", state.global_step},
                         {"sampler_epoch", state.sampler.epoch},
                         {"sampler_position", state.sampler.position},
@@ -170,10 +213,12 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
     write_file_atomically((tmp / "train_config.yaml").string(), config_yaml);
   }
   dp.release_gathered_parameters();
-  group.barrier("checkpoint: folder made");
-  // Without ZeRO every rank holds the whole optimizer state: rank 0 writes it once.
-  if (dp.zero_stage() > 0 || main) save_optimizer_shard(tmp / optimizer_file(group.rank(), group.size()), dp);
-  group.barrier("checkpoint: shards written");
+  barrier("checkpoint: folder made");
+  // Without ZeRO every data-parallel rank holds the whole optimizer state (of its tensor-parallel
+  // slices): data-parallel rank 0 writes it once.
+  if (dp.zero_stage() > 0 || group.rank() == 0)
+    save_optimizer_shard(tmp / optimizer_file(group.rank(), group.size(), tp_place(dp)), dp);
+  barrier("checkpoint: shards written");
   if (main) {
     for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());
     fsync_path(tmp);
@@ -181,13 +226,14 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
     fs::rename(tmp, final_dir);
     fsync_path(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
   }
-  group.barrier("checkpoint: renamed");
+  barrier("checkpoint: renamed");
 }
 
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
   load_weights(dp.model(), HfWeights::open(dir));
+  if (dp.model().options().value_head) load_value_head(dp.model(), dir);
   dp.weights_loaded();
   load_optimizer_shards(dir, dp);
   std::ifstream in(fs::path(dir) / "trainer_state.json");

@@ -21,9 +21,10 @@ struct TrainerState {
   int64_t world_size = 1;      // data-parallel ranks of the run that saved it (the sampler position is per rank)
 };
 
-// Collective over the data-parallel group: every rank calls it.
+// Collective over the data-parallel group and `tp`, the tensor-parallel group (nullptr: none):
+// every rank calls it; the weights are gathered whole.
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml);
+                     const std::string& config_yaml, Communicator* tp = nullptr);
 // Restores weights, optimizer shards and state saved by save_checkpoint at any world size.
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp);
 

@@ -21,6 +21,7 @@
 #include "comm/world.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
+#include "parallel/tensor_parallel.h"
 #include "monitor/loss_plot.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
@@ -115,14 +116,27 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   FAB_USER_CHECK(!config_.output_dir.empty(), "output_dir is required");
   if (!mesh) own_group_ = std::make_unique<LocalCommunicator>();
   group_ = mesh ? &mesh->group("dp") : own_group_.get();
-  main_ = group_->rank() == 0;
+  if (mesh && mesh->sizes().tp > 1) tp_ = &mesh->group("tp");
+  FAB_CHECK((tp_ != nullptr) == (model_->options().tp != nullptr), "the model and the mesh disagree on tensor parallel");
+  main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0);
   DataParallelOptions dp;
   dp.zero_stage = int(config_.zero_stage);
   dp.bucket_bytes = int64_t(config_.ddp_bucket_size * double(1 << 20));
   dp.adamw = AdamWConfig{float(config_.adam_beta1), float(config_.adam_beta2), float(config_.adam_epsilon),
                          float(config_.weight_decay)};
+  if (tp_) {
+    dp.model_parallel_group = tp_;
+    dp.not_counted = ranges_counted_elsewhere(*model_);
+  }
   dp_ = std::make_unique<DataParallel>(*model_, *group_, dp);
-  sampler_ = std::make_unique<Sampler>(data_.train.size(), config_.per_device_train_batch_size, uint64_t(config_.seed),
+  objective_ = make_stage_objective(
+      config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
+  if (objective_) {
+    train_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
+    eval_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
+  }
+  const int64_t items = objective_ ? objective_->items(data_.train) : data_.train.size();
+  sampler_ = std::make_unique<Sampler>(items, config_.per_device_train_batch_size, uint64_t(config_.seed),
                                        config_.shuffle, group_->rank(), group_->size());
   total_steps_ = count_total_steps(config_, sampler_->batches_per_epoch());
   warmup_steps_ = config_.warmup_steps > 0 ? config_.warmup_steps
@@ -134,12 +148,20 @@ Trainer::~Trainer() = default;
 
 // The targets and tokens of this rank's next `micro_batches` micro-batches, counted on a copy of
 // the sampler: each batch is collated, counted and dropped, so memory holds one micro-batch
-// however many the step accumulates.
+// however many the step accumulates. A preference stage's loss is a mean over its items (pairs,
+// examples): they are its targets.
 std::pair<double, double> Trainer::count_step(int64_t micro_batches) const {
   trace::Scope traced(trace::kData, "count the step's targets");
   Sampler ahead = *sampler_;
   double targets = 0, tokens = 0;
   for (int64_t m = 0; m < micro_batches; ++m) {
+    if (objective_) {
+      for (int64_t item : ahead.next_batch()) {
+        targets += 1;
+        tokens += double(data_.train.length(2 * item) + data_.train.length(2 * item + 1));
+      }
+      continue;
+    }
     const Batch b = collate(data_.train, ahead.next_batch(), data_.pad_id, config_.neat_packing);
     targets += double(DecoderModel::count_targets(b.labels));
     tokens += double(b.tokens);
@@ -166,12 +188,12 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
   for (int64_t m = 0; m < micro_batches; ++m) {
     dp_->begin_micro_batch(m);
-    const Batch b = collate_traced(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
-    sums[0] += model_->forward_backward(b.ids, b.labels, scale, {b.positions, b.doc_start});
+    sums[0] += micro_batch(scale);
   }
   sums[size_t(3 + group_->rank())] = double(!std::isfinite(sums[0]));
   dp_->finish_gradients();
-  group_->all_reduce(sums.data(), int64_t(sums.size()), "loss").wait();
+  group_->all_reduce(sums.data(), int64_t(sums.size()), "loss").wait();  // tp peers hold the same loss sums
+  if (tp_) tp_->all_reduce(&sums[1], 2, "stop request and timed save").wait();
   stop_requested_ = sums[1] > 0;  // every rank stops after the same step
   save_due_ = sums[2] > 0;
   std::string ranks;
@@ -235,11 +257,56 @@ bool Trainer::timed_save_due() const {
          std::chrono::steady_clock::now() - last_save_ >= std::chrono::duration<double>(60 * config_.save_every_minutes);
 }
 
+// Forward and backward of this rank's next micro-batch; returns its loss sum.
+double Trainer::micro_batch(float loss_scale) {
+  if (objective_)
+    return objective_->step(*model_, DataSplit::train, sampler_->next_batch(), loss_scale, true, *train_metrics_,
+                            *group_);
+  const Batch b = collate_traced(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
+  return model_->forward_backward(b.ids, b.labels, loss_scale, {b.positions, b.doc_start});
+}
+
+// A preference stage's evaluation: its mean loss over the evaluation items and its metrics, the
+// batches dealt to the ranks as in evaluate(); a rank without a batch in the last round runs item
+// 0 and drops the result.
+double Trainer::evaluate_stage() {
+  eval_metrics_->clear();
+  StageMetrics dropped(objective_->metric_names());
+  double sums[2] = {0, 0};  // loss, items
+  const int64_t items = objective_->items(data_.eval), batch = config_.per_device_eval_batch_size;
+  const int64_t ranks = group_->size(), batches = (items + batch - 1) / batch, rounds = (batches + ranks - 1) / ranks;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t start = (round * ranks + group_->rank()) * batch;
+    std::vector<int64_t> idx;
+    for (int64_t i = start; i < std::min(items, start + batch); ++i) idx.push_back(i);
+    const bool none = idx.empty();
+    const double loss = objective_->step(*model_, DataSplit::eval, none ? std::vector<int64_t>{0} : idx, 1.0f, false,
+                                         none ? dropped : *eval_metrics_, *group_);
+    if (!none) sums[0] += loss, sums[1] += double(idx.size());
+  }
+  dp_->release_gathered_parameters();
+  group_->all_reduce(sums, 2, "evaluation loss").wait();
+  eval_metrics_->all_reduce(*group_);
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
+}
+
+// The preference stage's metrics since the last log (and of the evaluation just run): collective.
+nlohmann::json Trainer::stage_metrics(double eval_loss) {
+  if (!objective_) return nlohmann::json::object();
+  train_metrics_->all_reduce(*group_);
+  nlohmann::json j = objective_->metrics_json(*train_metrics_, "");
+  train_metrics_->clear();
+  if (std::isfinite(eval_loss)) j.update(objective_->metrics_json(*eval_metrics_, "eval_"));
+  j.update(objective_->memory_json());
+  return j;
+}
+
 // Mean loss over the evaluation set (no gradients); each rank takes every N-th batch. Every rank
 // runs the same number of forward passes (ZeRO-3 gathers parameters in each): one without a
 // batch of its own in the last round runs a one-token pass with no target, which adds nothing.
 double Trainer::evaluate() {
   if (data_.eval.size() == 0) return NAN;
+  if (objective_) return evaluate_stage();
   double sums[2] = {0, 0};  // loss, targets
   const int64_t batch = config_.per_device_eval_batch_size, ranks = group_->size();
   const int64_t batches = (data_.eval.size() + batch - 1) / batch, rounds = (batches + ranks - 1) / ranks;
@@ -271,32 +338,43 @@ double Trainer::mfu(double tokens_per_s) const {
   const double t = double(data_.train.total_tokens()) / double(std::max<int64_t>(1, data_.train.size()));
   const double flops = 6 * n + 12.0 * double(m.num_hidden_layers) * t * double(m.hidden_size);
   const char* peak_env = std::getenv("FAB_PEAK_GFLOPS");
-  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * group_->size();
+  const int ranks = group_->size() * (tp_ ? tp_->size() : 1);
+  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * ranks;
   return tokens_per_s * flops / peak;
 }
 
-// Data-parallel figures since the last log: per-rank model-state bytes, bytes this rank sent per
-// step, and the fraction of communication time hidden behind computation.
+// Parallel figures since the last log: the model-state bytes of every rank of the mesh, the bytes
+// this rank sent per step over the data-parallel group (and over the tensor-parallel one), and the
+// fraction of data-parallel communication time hidden behind computation.
 nlohmann::json Trainer::parallel_metrics() {
   const ModelStateBytes mine = dp_->state_bytes();
-  std::vector<double> bytes(size_t(3 * group_->size()), 0.0);
-  bytes[size_t(3 * group_->rank())] = double(mine.parameters);
-  bytes[size_t(3 * group_->rank() + 1)] = double(mine.gradients);
-  bytes[size_t(3 * group_->rank() + 2)] = double(mine.optimizer_state);
+  // One slot per rank of the mesh, in world-rank order (tp fastest).
+  const int tp = tp_ ? tp_->size() : 1, ranks = group_->size() * tp;
+  const size_t slot = size_t(group_->rank() * tp + (tp_ ? tp_->rank() : 0));
+  std::vector<double> bytes(size_t(3 * ranks), 0.0);
+  bytes[3 * slot] = double(mine.parameters);
+  bytes[3 * slot + 1] = double(mine.gradients);
+  bytes[3 * slot + 2] = double(mine.optimizer_state);
   const CommStats now = group_->stats();
-  const double sent = double(now.bytes_sent - comm_at_last_log_.bytes_sent) / double(std::max<int64_t>(1, steps_since_log_));
+  const double sent = double(now.bytes_sent - comm_at_last_log_.bytes_sent) / double(std::max<int64_t>(1, steps_since_log_));  // dp
   const double busy = now.busy_seconds - comm_at_last_log_.busy_seconds;
   const double blocked = now.blocked_seconds - comm_at_last_log_.blocked_seconds;
+  const int64_t steps = std::max<int64_t>(1, steps_since_log_);
+  const double tp_sent = tp_ ? double(tp_->stats().bytes_sent - tp_at_last_log_.bytes_sent) / double(steps) : 0.0;
   group_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
+  if (tp_) tp_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
   comm_at_last_log_ = group_->stats();
+  if (tp_) tp_at_last_log_ = tp_->stats();
   steps_since_log_ = 0;
   nlohmann::json params = nlohmann::json::array(), grads = nlohmann::json::array(), opt = nlohmann::json::array();
-  for (int r = 0; r < group_->size(); ++r) {
+  for (int r = 0; r < ranks; ++r) {
     params.push_back(int64_t(bytes[size_t(3 * r)]));
     grads.push_back(int64_t(bytes[size_t(3 * r + 1)]));
     opt.push_back(int64_t(bytes[size_t(3 * r + 2)]));
   }
-  return {{"world_size", group_->size()},
+  return {{"world_size", ranks},
+          {"tensor_parallel_size", tp},
+          {"comm_tp_bytes_sent_per_step", int64_t(tp_sent)},
           {"zero_stage", dp_->zero_stage()},
           {"memory_parameters_bytes", params},
           {"memory_gradients_bytes", grads},
@@ -319,6 +397,7 @@ void Trainer::show_progress(int64_t step, double loss, double lr, double tokens_
 
 void Trainer::log_step(const StepRecord& r, double eval_loss) {
   const nlohmann::json parallel = parallel_metrics();  // collective: every rank
+  const nlohmann::json stage = stage_metrics(eval_loss);  // collective too
   if (!main_) return;
   nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
                       {"lr", r.lr},              {"grad_norm", r.grad_norm},
@@ -326,11 +405,15 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
                       {"skipped_steps", std::count_if(state_.losses.begin(), state_.losses.end(),
                                                       [](double loss) { return !std::isfinite(loss); })}};
   j.update(parallel);
+  j.update(stage);
   std::string eval_text;
   if (std::isfinite(eval_loss)) {
     j["eval_loss"] = eval_loss;
-    j["eval_perplexity"] = std::exp(eval_loss);
-    eval_text = format("  eval_loss {}  eval_ppl {}", eval_loss, std::exp(eval_loss));
+    eval_text = format("  eval_loss {}", eval_loss);
+    if (!objective_) {  // a token-level loss
+      j["eval_perplexity"] = std::exp(eval_loss);
+      eval_text += format("  eval_ppl {}", std::exp(eval_loss));
+    }
   }
   metrics_->write(j.dump());
   if (tensorboard_) {
@@ -350,9 +433,9 @@ void Trainer::save(int64_t step) {
   last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
-  save_checkpoint(dir, *dp_, state_, config_yaml_);
+  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_);
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
-  group_->barrier("checkpoints pruned");
+  barrier_all("checkpoints pruned");
 }
 
 // A checkpoint saved by N ranks resumes on M: the sampler position counts this rank's share of
@@ -370,7 +453,7 @@ void Trainer::resume(const std::string& checkpoint) {
   sampler_->restore(state_.sampler);
   if (main_) note_changed_settings(checkpoint, config_);
   if (main_) truncate_metrics(config_.output_dir, state_.global_step);
-  group_->barrier("resumed");
+  barrier_all("resumed");
   if (main_) std::printf("resumed from %s at step %lld\n", checkpoint.c_str(), (long long)state_.global_step);
 }
 
@@ -379,6 +462,10 @@ bool Trainer::run() {
   const LrSchedule schedule = make_schedule(config_, total_steps_, warmup_steps_);
   const std::string checkpoint = checkpoint_to_resume(config_);
   const bool resuming = !checkpoint.empty();
+  if (objective_) {  // the reference is the starting weights: before a resume replaces them
+    objective_->prepare(*model_, *group_);
+    dp_->release_gathered_parameters();
+  }
   if (resuming) resume(checkpoint);
   // Only now: a resume that fails leaves the earlier run's train_config.yaml as it was.
   if (main_) {
@@ -442,9 +529,14 @@ bool Trainer::run() {
 // The trained model as an HF folder in output_dir, with the tokenizer files copied beside it.
 void Trainer::finish() {
   dp_->gather_all_parameters();
-  if (main_) save_model_folder(*model_, config_.output_dir);
+  if (tp_) {
+    const std::vector<NamedTensor> whole = gather_full_tensors(*model_, *tp_);
+    if (main_) save_model_folder(model_->config(), whole, config_.output_dir);
+  } else if (main_) {
+    save_model_folder(*model_, config_.output_dir);
+  }
   dp_->release_gathered_parameters();
-  group_->barrier("final model written");
+  barrier_all("final model written");
   if (!main_) return;
   if (config_.plot_loss) {
     std::vector<double> steps, losses;
@@ -453,6 +545,12 @@ void Trainer::finish() {
                     "training loss of " + config_.output_dir);
   }
   copy_tokenizer_and_template_files(config_.model_name_or_path, config_.output_dir);
+}
+
+// The data-parallel barrier, then the tensor-parallel one: every rank of the mesh has reached it.
+void Trainer::barrier_all(const std::string& what) {
+  group_->barrier(what);
+  if (tp_) tp_->barrier(what);
 }
 
 }  // namespace fab

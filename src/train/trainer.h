@@ -19,12 +19,14 @@
 #include "train/checkpoint.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
+#include "train/stage_objective.h"
 
 namespace fab {
 
 struct TrainData {
   TokenSequences train, eval;
   int32_t pad_id = 0;  // fills the end of shorter samples in a batch (their labels are -100)
+  std::vector<uint8_t> train_desirable = {}, eval_desirable = {};  // kto: each example's tag
 };
 
 struct StepRecord {
@@ -51,6 +53,9 @@ class Trainer {
 
  private:
   double train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
+  double micro_batch(float loss_scale);
+  double evaluate_stage();
+  nlohmann::json stage_metrics(double eval_loss);
   // nan_policy: a step whose loss or gradient norm is not finite stops the run (a UserError) or is
   // skipped (returns NaN, the optimizer step not taken).
   double skip_or_stop(int64_t step, const std::string& what);
@@ -66,6 +71,7 @@ class Trainer {
   void save(int64_t step);
   void resume(const std::string& checkpoint);
   void finish();
+  void barrier_all(const std::string& what);  // every rank of the mesh
 
   TrainConfig config_;
   std::unique_ptr<DecoderModel> model_;
@@ -73,9 +79,10 @@ class Trainer {
   std::unique_ptr<Communicator> own_group_;  // when training alone
   DeviceMesh* mesh_ = nullptr;
   Communicator* group_;                       // data parallel
-  bool main_ = true;  // rank 0 of the group
+  Communicator* tp_ = nullptr;                // tensor parallel, when the model is split
+  bool main_ = true;  // rank 0 of the group (and of the tensor-parallel group)
   std::unique_ptr<DataParallel> dp_;
-  CommStats comm_at_last_log_;
+  CommStats comm_at_last_log_, tp_at_last_log_;
   int64_t steps_since_log_ = 0;
   bool stop_requested_ = false;  // some rank got SIGINT/SIGTERM (agreed in the step's all-reduce)
   bool save_due_ = false;        // save_every_minutes passed on rank 0's clock (agreed likewise)
@@ -87,6 +94,10 @@ class Trainer {
   std::string config_yaml_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  // dpo, kto, rm (nullptr for pt and sft): the loss of a micro-batch, its metrics since the last
+  // log, and those of the last evaluation.
+  std::unique_ptr<StageObjective> objective_;
+  std::unique_ptr<StageMetrics> train_metrics_, eval_metrics_;
 };
 
 // Steps of a run as HF's Trainer counts them: max_steps when > 0, else

@@ -105,7 +105,7 @@ TEST(TrainConfig, FeaturesNotYetImplementedSaySo) {
   EXPECT_NE(error_of("lora_rank: 16\n").find("\"lora_rank\" is not implemented in Fabrica yet"), std::string::npos);
   // A feature key set to its default asks for nothing (LLaMA-Factory's examples write these).
   EXPECT_EQ(error_of("save_only_model: false\n"), "accepted");
-  EXPECT_NE(error_of("stage: dpo\n").find("stage \"dpo\" is not implemented in Fabrica yet"), std::string::npos);
+  EXPECT_NE(error_of("stage: ppo\n").find("stage \"ppo\" is not implemented in Fabrica yet"), std::string::npos);
   TrainConfig c = parse_train_config("preprocessing_num_workers: 16\nddp_timeout: 180000000\n", "run.yaml");
   EXPECT_EQ(c.accepted_keys, (std::vector<std::string>{"preprocessing_num_workers"}));
   EXPECT_EQ(c.ddp_timeout, 180000000);

@@ -64,13 +64,28 @@ TEST(ParallelLayout, AutomaticSplitBalancesTheHead) {
   EXPECT_EQ(balanced_layer_split(model(5, 1), 5, 16), (std::vector<int64_t>(5, 1)));
 }
 
+TEST(ParallelLayout, TensorParallelTakesItsRanksFromTheWorld) {
+  const ParallelLayout l = parallel_layout(config("tensor_model_parallel_size: 2\nsequence_parallel: true\n"), model(4), 4);
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_TRUE(l.sequence_parallel);
+  // More ranks than K/V heads: each head shared by a group of ranks.
+  EXPECT_EQ(parallel_layout(config("tensor_parallel_size: 4\n"), model(4), 4).tp, 4);
+}
+
 TEST(ParallelLayout, ConflictsNameTheSizes) {
   auto expect = [](const std::string& yaml, int world, const std::string& words, int64_t layers = 4) {
     const std::string e = error_of(config(yaml), model(layers), world);
     EXPECT_NE(e.find(words), std::string::npos) << yaml << " -> " << e;
   };
   expect("tensor_parallel_size: 3\n", 3, "does not divide config.json's num_attention_heads 4");
-  expect("tensor_parallel_size: 4\n", 4, "does not divide config.json's num_key_value_heads 2");
+  const ModelConfig three_kv_heads = parse_model_config(
+      R"({"model_type":"llama","vocab_size":64,"hidden_size":48,"intermediate_size":48,"num_hidden_layers":2,
+          "num_attention_heads":6,"num_key_value_heads":3,"max_position_embeddings":64})",
+      "config.json");
+  EXPECT_NE(error_of(config("tensor_parallel_size: 2\n"), three_kv_heads, 2)
+                .find("neither divides nor is a multiple of config.json's num_key_value_heads 3"),
+            std::string::npos);
   expect("tensor_parallel_size: 2\n", 3, "3 ranks is not a multiple of tensor_parallel_size 2");
   expect("pipeline_parallel_size: 8\n", 8, "8 model chunks, but config.json has 4 layers");
   expect("pipeline_parallel_size: 2\nzero_stage: 3\n", 2, "zero_stage 3 with pipeline_parallel_size 2");

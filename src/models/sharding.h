@@ -1,0 +1,55 @@
+#pragma once
+// How a tensor-parallel model holds its parameters and reaches its peers, as the single-device
+// decoder sees it. The decoder only asks; parallel/tensor_parallel.{h,cpp} answers over the
+// tensor-parallel group (this layer knows no communicator).
+#include <cstdint>
+
+#include "nn/ops.h"
+
+namespace fab {
+
+// One parameter of a sharded model: the Hugging Face tensor's shape, and the slice along
+// `split_dim` (0: rows, column-parallel weights, their biases and the vocabulary; 1: columns,
+// row-parallel weights) that this rank holds. split_dim -1: every rank holds it whole. A slice may
+// run past the HF tensor's end (a vocabulary tp does not divide, padded): those rows are padding,
+// zero, never loaded, never saved. `replicas` > 1: groups of that many neighbouring ranks hold the
+// same slice (K/V heads when tp exceeds them: each group shares one head).
+struct ShardSpec {
+  int split_dim = -1;
+  Shape full_shape;
+  int64_t begin = 0;  // first row / column of this rank's slice
+  int64_t length = 0;  // rows / columns of the slice (padding included)
+  int replicas = 1;
+};
+
+// The tensor-parallel group: the decoder calls these where Megatron's split needs communication.
+// Each is a differentiable op; the derivative sits beside it in tensor_parallel.cpp.
+class TensorParallelOps {
+ public:
+  virtual ~TensorParallelOps() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  virtual bool sequence_parallel() const = 0;
+  // A column-parallel linear (layer: this rank's output features): x is every row, or under sp
+  // this rank's rows (gathered inside); the result is this rank's features of every row.
+  virtual Var column_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) = 0;
+  // A row-parallel linear (layer: this rank's input features, x: this rank's features of every
+  // row): the partial products of every rank summed, all rows (or this rank's rows under sp).
+  virtual Var row_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) = 0;
+  // A replicated weight applied to this rank's part of the data (the norms under sp, qwen3's
+  // q/k norms on this rank's heads): the same value, its gradient summed over the group.
+  virtual Var shared_weight(Tape& tape, const Var& weight) = 0;
+  // `layer` whose rows from `first_row` on are replicated over groups of `replicas` neighbouring
+  // ranks (the K/V heads a group shares): the same values; those rows' gradients summed over the group.
+  virtual Linear replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas) = 0;
+  // The vocabulary-parallel embedding: `table` holds rows [vocab_begin, vocab_begin + rows) of
+  // the (padded) vocabulary. Returns the residual stream (all rows, or this rank's under sp).
+  virtual Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin) = 0;
+  // The vocabulary-parallel fused head + cross-entropy over `hidden` (as the final norm made it:
+  // all rows, or this rank's): the head holds vocabulary rows [vocab_begin, ...), of which those
+  // below `vocab` are real. Returns the sum of the token losses, the same on every rank.
+  virtual double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
+                                       float loss_scale, int64_t vocab_begin, int64_t vocab, int64_t rows) = 0;
+};
+
+}  // namespace fab

@@ -1,0 +1,16 @@
+#pragma once
+// The few helpers the op files share: the kernel table of a tensor's device, GEMM over tensors,
+// bf16 conversion.
+#include "core/tensor.h"
+#include "kernels/kernel_table.h"
+
+namespace fab {
+
+const KernelTable& kernels_for(const Tensor& t);
+int64_t rows_of(const Tensor& x);  // elements / last dimension
+Tensor to_bf16(const Tensor& x, MemoryCategory category);
+// C (M, N) (+)= op(A) op(B) where A/B are tensors of the same dtype.
+void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float* c, int64_t m,
+          int64_t n, int64_t kdim, bool accumulate);
+
+}  // namespace fab

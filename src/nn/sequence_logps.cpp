@@ -1,0 +1,127 @@
+#include "nn/sequence_logps.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/profiler.h"
+#include "nn/op_helpers.h"
+
+namespace fab {
+namespace {
+
+// Calls fn(sequence, first row, rows) for each piece of the chunk [r0, r0 + n) that lies in one
+// sequence of `seq` rows, so per-sequence sums come out of the row-chunked kernels.
+template <typename Fn>
+void for_each_sequence_piece(int64_t r0, int64_t n, int64_t seq, Fn&& fn) {
+  for (int64_t r = r0; r < r0 + n;) {
+    const int64_t s = r / seq, end = std::min(r0 + n, (s + 1) * seq);
+    fn(s, r, end - r);
+    r = end;
+  }
+}
+
+}  // namespace
+
+// Forward: log p(y) = -(lse(z) - z_y), so each piece's sum is minus cross_entropy_chunk's loss.
+// Backward, with g_s = dL/d sum_s for the row's sequence s:
+//   dL/dz = g_s * d(log p(y))/dz = -g_s (softmax(z) - onehot(y)),
+// which is cross_entropy_chunk's gradient with scale -g_s; then dh = dz W and dW += dz^T h.
+SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets,
+                             int64_t sequences, int64_t chunk_rows) {
+  ProfileScope profile("sequence_logps");
+  const Tensor& w = head.weight->value;
+  const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
+  FAB_CHECK(sequences > 0 && rows % sequences == 0 && targets.numel() == rows, "{} rows for {} sequences", rows,
+            sequences);
+  const int64_t seq = rows / sequences;
+  const KernelTable& k = kernels_for(w);
+  const bool bf16 = head.weight_bf16.defined();
+  const Tensor& w_compute = bf16 ? head.weight_bf16 : w;
+  chunk_rows = std::min(chunk_rows, rows);
+  auto hidden_compute = [hidden, bf16, rows, c] {
+    return bf16 ? to_bf16(hidden->value.reshape({rows, c}), MemoryCategory::temporaries)
+                : hidden->value.reshape({rows, c});
+  };
+  SequenceLogps out;
+  out.sum.assign(size_t(sequences), 0.0);
+  out.count.assign(size_t(sequences), 0);
+  out.grad = std::make_shared<std::vector<float>>(size_t(sequences), 0.0f);
+  const int64_t* y = targets.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) out.count[size_t(r / seq)] += y[r] != -100;
+  {
+    const Tensor h = hidden_compute();
+    Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - r0);
+      gemm(k, h.view(r0 * c, {n, c}), false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+      for_each_sequence_piece(r0, n, seq, [&](int64_t s, int64_t first, int64_t count) {
+        out.sum[size_t(s)] -=
+            k.cross_entropy_chunk(logits.data<float>() + (first - r0) * vocab, y + first, count, vocab, 0.0f, nullptr);
+      });
+    }
+  }
+  if (!tape.recording()) return out;
+  tape.push([hidden, head, targets, seq, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
+    ProfileScope profile("sequence_logps backward");
+    const Tensor& w = head.weight->value;
+    const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
+    const KernelTable& k = kernels_for(w);
+    const bool bf16 = head.weight_bf16.defined();
+    const Tensor h = hidden_compute();
+    Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
+    Tensor dz_bf16 =
+        bf16 ? Tensor::empty({chunk_rows, vocab}, DType::bf16, MemoryCategory::temporaries, w.device()) : Tensor();
+    float* dh = grad_of(hidden).data<float>();
+    const int64_t* y = targets.data<int64_t>();
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - r0);
+      const Tensor h_chunk = h.view(r0 * c, {n, c});
+      gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+      for_each_sequence_piece(r0, n, seq, [&](int64_t s, int64_t first, int64_t count) {
+        const int64_t at = (first - r0) * vocab;
+        k.cross_entropy_chunk(logits.data<float>() + at, y + first, count, vocab, -(*grad)[size_t(s)],
+                              bf16 ? dz_bf16.data<fab::bf16>() + at : nullptr);
+      });
+      const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
+      gemm(k, dz, false, w_compute, false, dh + r0 * c, n, c, vocab, true);
+      if (head.weight->requires_grad)  // a frozen head (LoRA's base) gets no gradient
+        gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
+    }
+  });
+  return out;
+}
+
+// s_i = w · h[row_i] + b. Backward: dh[row_i] += g_i w, dw += g_i h[row_i], db += g_i. A handful
+// of dot products of length C: plain host loops.
+RowScores row_scores(Tape& tape, const Var& hidden, const Linear& head, const std::vector<int64_t>& rows) {
+  const int64_t c = head.weight->value.dim(1);
+  FAB_CHECK(head.weight->value.dim(0) == 1 && hidden->value.dim(-1) == c, "row_scores: a (1, {}) head", c);
+  const float* h = hidden->value.data<float>();
+  const float* w = head.weight->value.data<float>();
+  RowScores out;
+  out.grad = std::make_shared<std::vector<float>>(rows.size(), 0.0f);
+  for (int64_t row : rows) {
+    FAB_CHECK(row >= 0 && row < rows_of(hidden->value), "row {} of {}", row, rows_of(hidden->value));
+    double s = head.bias ? double(head.bias->value.data<float>()[0]) : 0.0;
+    for (int64_t j = 0; j < c; ++j) s += double(w[j]) * double(h[row * c + j]);
+    out.value.push_back(s);
+  }
+  if (!tape.recording()) return out;
+  tape.push([hidden, head, rows, grad = out.grad, c] {
+    float* dh = grad_of(hidden).data<float>();
+    float* dw = head.weight->requires_grad ? grad_of(head.weight).data<float>() : nullptr;
+    const float* h = hidden->value.data<float>();
+    const float* w = head.weight->value.data<float>();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const float g = (*grad)[i];
+      for (int64_t j = 0; j < c; ++j) {
+        dh[rows[i] * c + j] += g * w[j];
+        if (dw) dw[j] += g * h[rows[i] * c + j];
+      }
+      if (head.bias && head.bias->requires_grad) grad_of(head.bias).data<float>()[0] += g;
+    }
+  });
+  return out;
+}
+
+}  // namespace fab

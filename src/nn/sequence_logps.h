@@ -1,0 +1,36 @@
+#pragma once
+// Per-sequence quantities of the preference stages, as differentiable ops whose upstream
+// gradient is one number per sequence, set after the forward pass (the loss of a pair needs
+// both sequences' values first):
+//   sequence_logps: sum over a sequence's targets of log p(target), through the output head,
+//                   chunked like lm_head_cross_entropy (never the full (B*T, V) logits);
+//   row_scores:     a scalar head (the reward model's value head) read at one row per sequence.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "nn/ops.h"
+
+namespace fab {
+
+struct SequenceLogps {
+  std::vector<double> sum;     // Σ_t log p(y_t) over each sequence's targets
+  std::vector<int64_t> count;  // targets of each sequence (labels != -100)
+  // dL/d sum of each sequence: fill before tape.backward() (zeros: no gradient).
+  std::shared_ptr<std::vector<float>> grad;
+};
+
+// hidden (sequences * T, C) after the final norm; targets (sequences * T) i64, the shifted labels
+// (-100: not a target). Backward recomputes each chunk's logits, so only one chunk exists at a time.
+SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets,
+                             int64_t sequences, int64_t chunk_rows = 1024);
+
+struct RowScores {
+  std::vector<double> value;                 // w · hidden[row] + b for each chosen row
+  std::shared_ptr<std::vector<float>> grad;  // dL/d value, filled before tape.backward()
+};
+
+// head: weight (1, C), bias (1). rows: the row of hidden (rows, C) to read for each sequence.
+RowScores row_scores(Tape& tape, const Var& hidden, const Linear& head, const std::vector<int64_t>& rows);
+
+}  // namespace fab

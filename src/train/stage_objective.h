@@ -1,0 +1,110 @@
+#pragma once
+// The preference stages (dpo, kto, rm) as objectives the Trainer calls once per micro-batch: they
+// turn a micro-batch of items (a pair for dpo and rm, an example for kto) into a loss and its
+// gradient. The loop, normalisation over the global step, clipping, the optimizer, checkpoints and
+// logging stay the Trainer's.
+//
+// Data layout (dataset/prepare.h): item i is sequences 2i and 2i + 1 of its split: chosen and
+// rejected (dpo, rm), or the completion and the mismatched completion of the KL term (kto).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "config/train_config.h"
+#include "dataset/token_sequences.h"
+#include "models/decoder.h"
+#include "train/batch.h"
+#include "train/preference_loss.h"
+
+namespace fab {
+
+enum class DataSplit { train, eval };
+
+struct StageData {
+  const TokenSequences* train = nullptr;
+  const TokenSequences* eval = nullptr;
+  const std::vector<uint8_t>* train_desirable = nullptr;  // kto
+  const std::vector<uint8_t>* eval_desirable = nullptr;
+  int32_t pad_id = 0;
+  const TokenSequences& rows(DataSplit s) const { return s == DataSplit::train ? *train : *eval; }
+  const std::vector<uint8_t>& desirable(DataSplit s) const {
+    return s == DataSplit::train ? *train_desirable : *eval_desirable;
+  }
+};
+
+// Named sums and counts, logged as sum / count over the logging window and every rank.
+class StageMetrics {
+ public:
+  explicit StageMetrics(std::vector<std::string> names) : names_(std::move(names)), values_(2 * names_.size(), 0.0) {}
+  void add(size_t metric, double sum, double count = 1) {
+    values_[2 * metric] += sum;
+    values_[2 * metric + 1] += count;
+  }
+  const std::vector<std::string>& names() const { return names_; }
+  double mean(size_t metric) const { return values_[2 * metric] / values_[2 * metric + 1]; }
+  bool has(size_t metric) const { return values_[2 * metric + 1] > 0; }
+  // every rank: the sums of all ranks
+  void all_reduce(Communicator& group) { group.all_reduce(values_.data(), int64_t(values_.size()), "metrics").wait(); }
+  void clear() { std::fill(values_.begin(), values_.end(), 0.0); }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<double> values_;  // sum, count per name
+};
+
+// The reference model's summed log-probabilities of sequences. The seam between full fine-tuning
+// (computed once before training from the starting weights: PrecomputedReference) and LoRA (the
+// same model with its adapters disabled, per step).
+class ReferenceLogps {
+ public:
+  virtual ~ReferenceLogps() = default;
+  // `rows` are the sequence indices of `split` that `batch` holds, in its row order.
+  virtual std::vector<ResponseLogp> of(DecoderModel& model, DataSplit split, const std::vector<int64_t>& rows,
+                                       const Batch& batch) = 0;
+  virtual int64_t bytes() const { return 0; }  // memory it holds
+};
+
+// Every sequence's log-probability under the starting weights, computed before the first step over
+// the training and evaluation sets, the work split over the ranks (TRL's precompute_ref_log_probs):
+// no second copy of the model. 16 bytes per sequence.
+class PrecomputedReference : public ReferenceLogps {
+ public:
+  // Collective: every rank of `group` calls it. `eval_batch_rows`: sequences per forward pass.
+  PrecomputedReference(DecoderModel& model, const StageData& data, Communicator& group, int64_t eval_batch_rows);
+  std::vector<ResponseLogp> of(DecoderModel& model, DataSplit split, const std::vector<int64_t>& rows,
+                               const Batch& batch) override;
+  int64_t bytes() const override;
+
+ private:
+  std::vector<ResponseLogp> train_, eval_;
+};
+
+// The summed log-probabilities of every row of `batch` (no gradient).
+std::vector<ResponseLogp> batch_logps(DecoderModel& model, const Batch& batch);
+
+class StageObjective {
+ public:
+  virtual ~StageObjective() = default;
+  int64_t items(const TokenSequences& rows) const { return rows.size() / 2; }
+  // Run before the first step, on the starting weights (also when resuming: the reference is the
+  // starting model, not the checkpoint's). Collective.
+  virtual void prepare(DecoderModel&, Communicator&) {}
+  // Forward (and backward when with_grad) of one micro-batch of items of `split`: accumulates the
+  // gradient of loss_scale * (sum of the items' losses) and returns that sum. Collective (kto's KL
+  // estimate spans the ranks).
+  virtual double step(DecoderModel& model, DataSplit split, const std::vector<int64_t>& items, float loss_scale,
+                      bool with_grad, StageMetrics& metrics, Communicator& group) = 0;
+  virtual std::vector<std::string> metric_names() const = 0;
+  // The logged metrics, `prefix` ("" or "eval_") before each name.
+  virtual nlohmann::json metrics_json(const StageMetrics& metrics, const std::string& prefix) const;
+  // Memory the stage holds besides the model (the reference log-probabilities).
+  virtual nlohmann::json memory_json() const { return nlohmann::json::object(); }
+};
+
+// dpo, kto or rm; nullptr for pt and sft. The sequences `data` points to must outlive the objective.
+std::unique_ptr<StageObjective> make_stage_objective(const TrainConfig& config, const StageData& data);
+
+}  // namespace fab

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The preference stages through `fabrica train`: LLaMA-Factory's example YAMLs for dpo, kto and
+# reward run with only their paths changed (plus finetuning_type=full until LoRA lands, and a few
+# steps on a tiny model); DPO's first loss is ln 2 (policy = reference); TRL's metric names reach
+# metrics.jsonl; the reward model is saved with value_head.safetensors and `fabrica score` reads
+# it; 2 data-parallel ranks reproduce one process's losses for every stage; a ranking dataset
+# without its rejected answer and a KTO dataset without its tag stop with exit 2 naming the file
+# and the field.
+# Usage: preference_test.sh FABRICA_BINARY SHARED_DIR
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+e2e_begin "$@"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+export FABRICA_CACHE="$work/cache"
+data="$shared/data/llamafactory"
+tiny_model model
+
+# example NAME: LLaMA-Factory's train_lora_qwen3_lora_NAME.yaml with the model, dataset_dir and
+# output_dir paths changed.
+example() {
+  sed -e "s|^model_name_or_path:.*|model_name_or_path: model|" -e "s|^output_dir:.*|output_dir: out_$1|" \
+    "$data/examples/train_lora_qwen3_lora_$1.yaml" > "$1.yaml"
+  echo "dataset_dir: $data" >> "$1.yaml"
+}
+short_run="finetuning_type=full max_steps=3 max_samples=12 cutoff_len=96 per_device_train_batch_size=2 \
+gradient_accumulation_steps=1 logging_steps=1"
+
+for name in dpo kto reward; do
+  example $name
+  # shellcheck disable=SC2086
+  "$fabrica" train $name.yaml $short_run >$name.log 2>&1 || { cat $name.log; fail "example $name"; }
+done
+python3 - <<'PY' || fail "metrics of the examples"
+import json, math
+def rows(name):
+    return [json.loads(l) for l in open(f"out_{name}/metrics.jsonl")]
+dpo, kto, rm = rows("dpo"), rows("kto"), rows("reward")
+for key in ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+            "logps/rejected", "reference_logps_bytes"]:
+    assert key in dpo[0], key
+assert abs(dpo[0]["loss"] - math.log(2)) < 1e-6, dpo[0]["loss"]
+for key in ["rewards/chosen", "rewards/rejected", "kl", "logps/chosen", "reference_logps_bytes"]:
+    assert any(key in r for r in kto), key
+assert abs(kto[0]["loss"] - 0.5) < 1e-6, kto[0]["loss"]  # 1 - sigmoid(0) at the reference, weights 1
+for key in ["rewards/accuracy", "rewards/chosen", "rewards/rejected"]:
+    assert key in rm[0], key
+print(f"  dpo first loss {dpo[0]['loss']:.9f} (ln 2 = {math.log(2):.9f}), kto {kto[0]['loss']:.9f}")
+PY
+[ -f out_reward/value_head.safetensors ] && [ -f out_reward/model.safetensors ] || fail "reward model files"
+"$fabrica" score --model out_reward --dataset dpo_en_demo --dataset-dir "$data" --template qwen3_nothink \
+  --max-samples 3 --cutoff-len 96 >score.out 2>&1 || { cat score.out; fail "fabrica score"; }
+[ "$(grep -c '"chosen"' score.out)" = 3 ] && grep -q '"accuracy"' score.out || { cat score.out; fail "score output"; }
+echo "ok: LLaMA-Factory's dpo, kto and reward examples; ln 2 at DPO's first step; fabrica score"
+
+same_losses() {  # same_losses REF_DIR DIR: per-step losses within 1e-5 relative
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "losses of $2 differ from $1"
+import json, sys
+ref, got = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+assert len(ref) == len(got), (len(ref), len(got))
+worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+print(f"  {sys.argv[2]}: {len(got)} steps, worst relative difference {worst:.1e}")
+assert worst < 1e-5
+PY
+}
+for name in dpo kto reward; do
+  common="$short_run bf16=false cutoff_len=64 learning_rate=1.0e-3 max_samples=16 max_steps=4"
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=1 "$fabrica" train $name.yaml $common output_dir=one_$name per_device_train_batch_size=4 \
+    >one_$name.log 2>&1 || { cat one_$name.log; fail "$name, one process"; }
+  # shellcheck disable=SC2086
+  OMP_NUM_THREADS=1 "$fabrica" train $name.yaml $common output_dir=dp_$name per_device_train_batch_size=2 \
+    nproc_per_node=2 >dp_$name.log 2>&1 || { cat dp_$name.log; fail "$name, 2 ranks"; }
+  same_losses one_$name dp_$name
+done
+echo "ok: dpo, kto and rm on 2 data-parallel ranks = one process"
+
+# A reward model resumed from a checkpoint continues bit for bit (its value head is restored).
+rm_common="$short_run bf16=false cutoff_len=64 learning_rate=1.0e-3 max_samples=16 max_steps=4 save_steps=2"
+# shellcheck disable=SC2086
+"$fabrica" train reward.yaml $rm_common output_dir=rm_full >rm_full.log 2>&1 || { cat rm_full.log; fail "rm run"; }
+cp -r rm_full rm_resumed
+# shellcheck disable=SC2086
+"$fabrica" train reward.yaml $rm_common output_dir=rm_resumed resume_from_checkpoint=rm_resumed/checkpoint-2 \
+  >rm_resumed.log 2>&1 || { cat rm_resumed.log; fail "rm resume"; }
+python3 - <<'PY' || fail "resumed reward model"
+import json
+full, resumed = ([json.loads(l)["loss"] for l in open(f"{d}/metrics.jsonl")] for d in ("rm_full", "rm_resumed"))
+assert full == resumed and len(full) == 4, (full, resumed)
+PY
+echo "ok: a resumed reward model reproduces the uninterrupted run exactly"
+
+# Bad data: one clear error naming the file and the field, exit code 2.
+mkdir bad
+cat > bad/dataset_info.json <<'JSON'
+{"no_rejected": {"file_name": "no_rejected.json", "ranking": true,
+                 "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected"}},
+ "no_tag": {"file_name": "no_tag.json", "formatting": "sharegpt",
+            "columns": {"messages": "messages", "kto_tag": "label"},
+            "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}
+JSON
+echo '[{"instruction": "Hi", "chosen": "Hello"}]' > bad/no_rejected.json
+echo '[{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "label": true},
+       {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Go"}]}]' > bad/no_tag.json
+expect_error() {  # expect_error LOG WORD... : exit code 2 and every word in the error
+  local log=$1 rc=0
+  shift
+  "$@" >"$log" 2>&1 || rc=$?
+  [ "$rc" = 2 ] || { cat "$log"; fail "expected exit code 2, got $rc"; }
+}
+expect_error bad_dpo.log "$fabrica" train dpo.yaml dataset=no_rejected dataset_dir=bad output_dir=bad_dpo $short_run
+grep -q "no_rejected.json: record 0: field 'rejected'" bad_dpo.log || { cat bad_dpo.log; fail "ranking error text"; }
+expect_error bad_kto.log "$fabrica" train kto.yaml dataset=no_tag dataset_dir=bad output_dir=bad_kto $short_run
+grep -q "no_tag.json: record 1: field 'label'" bad_kto.log || { cat bad_kto.log; fail "kto error text"; }
+echo "ok: a ranking record without rejected and a KTO record without its tag name the file and field"
