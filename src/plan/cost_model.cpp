@@ -129,10 +129,13 @@ MicroBatchTime stage_micro_batch(const PlanProblem& p, const ClusterSpec& c, con
   t.compute = flops / l.tp / rate;
   const double e = p.bf16 ? 2 : 4;
   if (l.tp > 1) {
-    // Per layer: 2 collectives forward (after attention, after the MLP; with sp an all-gather +
-    // reduce-scatter pair moving the same bytes), 2 backward, 2 more when recomputed.
-    const double collectives = l.recompute ? 6 : 4;
-    t.tensor_comm = stage_layers(l, s) * collectives *
+    // Per layer, in all-reduces of T h values (what TensorParallelOps sends, bench/RESULTS.md):
+    // 2 forward (after attention, after the MLP), 2 backward; sp replaces each by an all-gather
+    // + reduce-scatter pair of the same bytes and gathers a column-parallel input again in
+    // backward (5); recompute replays the forward's 2. The embedding and the head: one each.
+    const double per_layer = (l.sequence_parallel ? 5 : 4) + (l.recompute ? 2 : 0);
+    const double ends = (s == 0 ? 1 : 0) + (last ? 1 : 0);
+    t.tensor_comm = (stage_layers(l, s) * per_layer + ends) *
                     ring_all_reduce_seconds(tokens * double(m.hidden_size) * e, l.tp, c.intra_node);
   }
   if (l.pp > 1) {
