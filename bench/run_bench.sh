@@ -214,3 +214,9 @@ bash bench/prep_bench.sh "$(dirname "$fabrica")/fabrica"
 echo "=============================================================================="
 echo "Data parallel: Fabrica (mpirun) vs PyTorch DDP (torchrun, gloo)"
 FABRICA_BENCH="$fabrica" bash bench/distributed_bench.sh
+
+# The planner's predicted per-rank peak memory and step time against measured runs at 2 and 4
+# processes (ZeRO 0-3, recompute, micro-batch), and whether its fastest is the measured fastest.
+echo "=============================================================================="
+echo "Planner: predicted vs measured"
+bash bench/plan_check.sh "$(dirname "$fabrica")/fabrica"

@@ -41,6 +41,9 @@ void print_usage() {
                "  init --hosts H1,H2 --nproc-per-node N  write cluster.yaml for a multi-node run [--iface IF]\n"
                "  trace summary OUTPUT_DIR  per rank: compute, communication exposed and hidden, idle; the\n"
                "           straggler (of a run with trace: true) [--json]\n"
+               "  plan RUN.yaml  predicted memory and step time of every tp x pp x dp x ZeRO x recompute x\n"
+               "           micro-batch layout, the best first [--cluster FILE | --devices N --device NAME] [--top N]\n"
+               "           [--json]; plan --calibrate measures this machine\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
                "  demo       addition task -> BPE tokenizer -> tiny Qwen3 trained from scratch, accuracy\n"
                "             before and after [--steps N] [--workdir DIR]\n"
@@ -98,6 +101,19 @@ int print_command_help(const std::string& command) {
        "true): per rank the traced steps' compute, communication the compute thread waited for, communication "
        "hidden behind compute, and idle time; the slowest rank and the longest wait. The traces load in "
        "ui.perfetto.dev and chrome://tracing.\nexample:\n  fabrica trace summary saves/run\n"},
+      {"plan",
+       "fabrica plan RUN.yaml [key=value ...] [--cluster FILE] [--top N] [--json]\n"
+       "             [--devices N --devices-per-node M --device h100-80g|h200-141g|a100-80g|910b-64g]\n"
+       "fabrica plan --calibrate [--nproc N] [--output cluster.yaml]\n"
+       "  Enumerates the legal layouts of the run's model (config.json), cutoff_len, global batch and precision:\n"
+       "  tp within a node dividing the heads, pp, virtual stages, dp, ZeRO stage, recompute, micro-batch size;\n"
+       "  predicts each one's peak memory per device and step time (docs/PLANNER.md) and prints the N fastest\n"
+       "  that fit (default 5) with the memory breakdown of the best, and every pruned family with its reason.\n"
+       "  Without a cluster it plans for this machine at the YAML's nproc_per_node. --json prints\n"
+       "  {\"layouts\": [...], \"pruned\": [...]}. Exit code 3 when no layout fits. --calibrate measures this\n"
+       "  machine (GEMM rate, all-reduce bandwidth and latency over N processes under mpirun, memory) and\n"
+       "  prints (or writes) a cluster file.\nexample:\n  fabrica plan run.yaml --devices 512 --devices-per-node 8 "
+       "--device h100-80g --top 3\n"},
       {"env", "fabrica env\n  Version, CPU features, the kernel ISA in use, MPI and CUDA availability.\nexample:\n  fabrica env\n"},
       {"init",
        "fabrica init --hosts H1,H2 --nproc-per-node N [--iface IF] [--rsh-agent CMD] [--output cluster.yaml]\n"
@@ -164,6 +180,7 @@ int main(int argc, char** argv) {
     if (command == "export") return fab::run_export(argc, argv);
     if (command == "score") return fab::run_score(argc, argv);
     if (command == "init") return fab::run_init(argc, argv);
+    if (command == "plan") return fab::run_plan(argc, argv);
     if (command == "trace" && argc >= 3 && !std::strcmp(argv[2], "summary")) return fab::run_trace_summary(argc, argv);
     if (command == "config-reference") {
       std::cout << fab::config_reference_markdown();

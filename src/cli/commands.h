@@ -11,4 +11,5 @@ int run_chat(int argc, char** argv);          // fabrica chat --model DIR --temp
 int run_init(int argc, char** argv);          // fabrica init --hosts h1,h2 --nproc-per-node N
 int run_score(int argc, char** argv);         // fabrica score --model DIR --dataset NAMES
 int run_trace_summary(int argc, char** argv);  // fabrica trace summary OUTPUT_DIR [--json]
+int run_plan(int argc, char** argv);           // fabrica plan RUN.yaml [--cluster FILE] [--top N] [--json]
 }  // namespace fab

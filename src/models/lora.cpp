@@ -8,11 +8,11 @@
 #include "core/profiler.h"
 #include "core/rng.h"
 #include "kernels/kernel_table.h"
+#include "nn/op_helpers.h"
 
 namespace fab {
 namespace {
 
-const KernelTable& kernels_for(const Tensor& t) { return backend(t.device().kind).kernels(); }
 
 // C (m, n) (+)= op(A) op(B), fp32.
 void gemm(const KernelTable& k, const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m,

@@ -9,17 +9,14 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/profiler.h"
+#include "nn/op_helpers.h"
 
 namespace fab {
 namespace {
 
-const KernelTable& kernels_for(const Tensor& t) { return backend(t.device().kind).kernels(); }
-
 Tensor new_activation(Shape shape, DType dtype = DType::f32) {
   return Tensor::empty(std::move(shape), dtype, MemoryCategory::activations);
 }
-
-int64_t rows_of(const Tensor& x) { return x.numel() / x.dim(-1); }
 
 // Hands `g` to v as its gradient when it has none yet, else adds it.
 void accumulate_grad(const Var& v, const Tensor& g) {
@@ -41,28 +38,7 @@ Tensor padded_copy(const Tensor& x, const RowShard& s) {
   return buf;
 }
 
-// As nn/ops.cpp's gemm: C (M, N) (+)= op(A) op(B).
-void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float* c, int64_t m,
-          int64_t n, int64_t kdim, bool accumulate) {
-  MatmulArgs args;
-  args.a = a.raw();
-  args.b = b.raw();
-  args.c = c;
-  args.m = m;
-  args.n = n;
-  args.k = kdim;
-  args.trans_a = trans_a;
-  args.trans_b = trans_b;
-  args.accumulate = accumulate;
-  args.dtype = a.dtype();
-  k.matmul(args);
-}
-
-Tensor to_bf16(const Tensor& x) {
-  Tensor out = Tensor::empty(x.shape(), DType::bf16, MemoryCategory::temporaries);
-  kernels_for(x).to_bf16(x.data<float>(), out.data<bf16>(), x.numel());
-  return out;
-}
+Tensor to_bf16(const Tensor& x) { return fab::to_bf16(x, MemoryCategory::temporaries); }
 
 // Every rank's rows of the stream, in rank order: (rows, C), padding dropped.
 Tensor all_gather_rows(const Tensor& local, const RowShard& s, Communicator& group) {

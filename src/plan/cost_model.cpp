@@ -1,0 +1,276 @@
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace fab {
+namespace {
+
+constexpr double kBucketBytes = 25 << 20;  // ddp_bucket_size's default
+constexpr double kHeadChunkRows = 1024;    // lm_head_cross_entropy's logits chunk
+constexpr double kOptimizerTraffic = 28;   // AdamW bytes per parameter: w, m, v read + written, g read
+
+// Bytes per parameter of weights, gradients and optimizer state before sharding.
+struct StateBytesPerParameter {
+  double weights, gradients, optimizer;
+};
+
+StateBytesPerParameter state_bytes(const DeviceSpec& d, bool bf16) {
+  // DeepSpeed/Megatron mixed precision: bf16 weights and gradients, fp32 master + m + v (ZeRO
+  // paper: 2 + 2 + K with K = 12). Fabrica: fp32 weights, gradients, m and v, plus the bf16 copy.
+  if (d.state_layout == "mixed") return bf16 ? StateBytesPerParameter{2, 2, 12} : StateBytesPerParameter{4, 4, 8};
+  return {bf16 ? 6.0 : 4.0, 4, 8};
+}
+
+double activation_element_bytes(const DeviceSpec& d, bool bf16) {
+  return bf16 && d.state_layout == "mixed" ? 2 : 4;  // Fabrica keeps its saved activations in fp32
+}
+
+int last_chunk(const PlanLayout& l) { return l.pp * l.vpp - 1; }
+
+// Ranks that share one key/value head: with tp beyond the kv heads each rank holds a whole
+// replicated head, so k and v are split min(tp, kv heads) ways, everything else tp ways.
+double kv_split(const ModelConfig& m, int tp) { return double(std::min<int64_t>(tp, m.num_key_value_heads)); }
+
+double layer_parameters_per_rank(const ModelConfig& m, int tp) {
+  const double kv = 2 * double(m.hidden_size) * double(m.num_key_value_heads * m.head_dim);
+  return (layer_parameters(m) - kv) / tp + kv / kv_split(m, tp);
+}
+
+// Parameters one rank of stage s holds: its chunks' layers, the embedding on chunk 0, the head
+// and final norm on the last chunk (tied: a copy of the embedding there when it is another
+// stage); vocabulary-parallel embedding and head under tp.
+double stage_parameters(const ModelConfig& m, const PlanLayout& l, int s) {
+  double n = 0;
+  for (int k = s; k <= last_chunk(l); k += l.pp) {
+    n += double(l.chunk_layers[size_t(k)]) * layer_parameters_per_rank(m, l.tp);
+    if (k == 0) n += embedding_parameters(m) / l.tp;
+    if (k == last_chunk(l))
+      n += (head_parameters(m) + (m.tie_word_embeddings && l.pp > 1 ? embedding_parameters(m) : 0)) / l.tp;
+  }
+  return n;
+}
+
+double stage_layers(const PlanLayout& l, int s) {
+  double n = 0;
+  for (int k = s; k <= last_chunk(l); k += l.pp) n += double(l.chunk_layers[size_t(k)]);
+  return n;
+}
+
+// Micro-batches (in units of the stage's whole set of layers) whose activations stage s holds at
+// once: one without a pipeline; 1F1B's pp - s warm-up micro-batches; interleaved, Megatron's
+// (pp - s - 1) * 2 + (vpp - 1) * pp + 1 chunk-micro-batches of 1/vpp of the stage each
+// (Korthikanti et al. 2022, sec. 4.2.3: stage 0 holds L (1 + (p - 1) / (p v)) layers' worth).
+double micro_batches_in_flight(const PlanLayout& l, int s) {
+  if (l.pp == 1) return 1;
+  const double chunk_micro_batches =
+      l.vpp == 1 ? double(l.pp - s) : double((l.pp - s - 1) * 2 + (l.vpp - 1) * l.pp + 1);
+  return std::min(chunk_micro_batches, double(l.gradient_accumulation_steps * l.vpp)) / double(l.vpp);
+}
+
+const LinkSpec& link_for(const ClusterSpec& c, int span) {
+  return span <= c.devices_per_node ? c.intra_node : c.inter_node;
+}
+
+MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l, int s) {
+  const ModelConfig& m = p.model;
+  const StateBytesPerParameter per = state_bytes(c.device, p.bf16);
+  const double e = activation_element_bytes(c.device, p.bf16);
+  MemoryBreakdown b = model_state_memory(stage_parameters(m, l, s), l.dp, l.zero_stage, c.device, p.bf16);
+  const double tokens = double(l.micro_batch_size * p.sequence_length);
+  const double sp_split = l.sequence_parallel ? l.tp : 1;
+  const LayerActivationBytes a = layer_activation_bytes(m, e);
+  const double kv = e * 2 * double(m.num_key_value_heads * m.head_dim);  // k and v, in a.split
+  const double full_layer = tokens * (a.replicated / sp_split + (a.split - kv) / l.tp + kv / kv_split(m, l.tp));
+  const double kept_layer = l.recompute ? tokens * double(m.hidden_size) * e / sp_split : full_layer;
+  const double embedding_output = s == 0 ? tokens * double(m.hidden_size) * e / sp_split : 0;
+  b.activations = micro_batches_in_flight(l, s) * (stage_layers(l, s) * kept_layer + embedding_output) +
+                  (l.recompute ? full_layer : 0);  // the layer being replayed
+  const bool last = s == last_chunk(l) % l.pp;
+  b.logits = last ? std::min(kHeadChunkRows, tokens) * double(m.vocab_size) / l.tp * 4 : 0;
+  if (l.dp > 1) {
+    // A bucket is whole units of at least 25 MB: the largest is the bigger of the two. The ring
+    // keeps a receive buffer of one chunk (1/dp) of it.
+    const double largest_unit = std::max(embedding_parameters(m) / l.tp, layer_parameters_per_rank(m, l.tp));
+    const double largest_bucket = std::max(kBucketBytes, largest_unit * per.gradients);
+    b.buffers += largest_bucket / l.dp;
+    // ZeRO-2/3: a bucket's full-size gradients live until reduce-scattered (the tied embedding's
+    // from the head's backward to its own).
+    if (l.zero_stage >= 2) b.buffers += largest_bucket;
+    // ZeRO-3: the rest of the unit being used and of the one prefetched (the tied embedding stays
+    // gathered until its backward).
+    if (l.zero_stage == 3)
+      b.buffers += (1.0 - 1.0 / l.dp) * per.weights * (largest_unit + layer_parameters_per_rank(m, l.tp));
+  }
+  if (l.tp > 1) b.buffers += tokens * double(m.hidden_size) * e;  // one all-gathered sequence
+  if (l.pp > 1) b.buffers += 2 * tokens * double(m.hidden_size) * e / sp_split;  // send + receive
+  b.reserved = c.device.reserved_bytes + (c.device.host ? p.host_bytes : 0);
+  return b;
+}
+
+// One micro-batch's forward + backward on stage s, with its tp collectives and stage sends.
+struct MicroBatchTime {
+  double compute = 0, tensor_comm = 0, pipeline_comm = 0;
+  double total() const { return compute + tensor_comm + pipeline_comm; }
+};
+
+MicroBatchTime stage_micro_batch(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l, int s) {
+  const ModelConfig& m = p.model;
+  const double rate = (p.bf16 ? c.device.peak_flops_bf16 : c.device.peak_flops_fp32) * c.device.gemm_efficiency;
+  const double tokens = double(l.micro_batch_size * p.sequence_length);
+  const bool last = s == last_chunk(l) % l.pp;
+  // Backward costs twice the forward; recompute runs each layer's forward once more.
+  const double layer_passes = l.recompute ? 4 : 3;
+  const double flops = tokens * (stage_layers(l, s) * layer_forward_flops(m, p.sequence_length) * layer_passes +
+                                 (last ? 3 * head_forward_flops(m) : 0));
+  MicroBatchTime t;
+  t.compute = flops / l.tp / rate;
+  const double e = p.bf16 ? 2 : 4;
+  if (l.tp > 1) {
+    // Per layer, in all-reduces of T h values (what TensorParallelOps sends, bench/RESULTS.md):
+    // 2 forward (after attention, after the MLP), 2 backward; sp replaces each by an all-gather
+    // + reduce-scatter pair of the same bytes and gathers a column-parallel input again in
+    // backward (5); recompute replays the forward's 2. The embedding and the head: one each.
+    const double per_layer = (l.sequence_parallel ? 5 : 4) + (l.recompute ? 2 : 0);
+    const double ends = (s == 0 ? 1 : 0) + (last ? 1 : 0);
+    t.tensor_comm = (stage_layers(l, s) * per_layer + ends) *
+                    ring_all_reduce_seconds(tokens * double(m.hidden_size) * e, l.tp, c.intra_node);
+  }
+  if (l.pp > 1) {
+    const LinkSpec& link = link_for(c, l.tp * l.dp * l.pp);
+    const double bytes = tokens * double(m.hidden_size) * e / (l.sequence_parallel ? l.tp : 1);
+    t.pipeline_comm = 2.0 * l.vpp * (link.latency + bytes / link.bandwidth);  // activation out, gradient back
+  }
+  return t;
+}
+
+// Ring collective time of `bytes` split into ceil(bytes / bucket) buckets.
+double bucketed(double bytes, double bucket, int ranks, const LinkSpec& link, bool all_reduce) {
+  const double buckets = std::max(1.0, std::ceil(bytes / bucket));
+  return buckets * (all_reduce ? ring_all_reduce_seconds(bytes / buckets, ranks, link)
+                               : ring_gather_seconds(bytes / buckets, ranks, link));
+}
+
+}  // namespace
+
+double layer_parameters(const ModelConfig& m) {
+  const double c = double(m.hidden_size), q = double(m.num_attention_heads * m.head_dim),
+               kv = double(m.num_key_value_heads * m.head_dim);
+  double n = 2 * c + c * (q + 2 * kv) + q * c + 3 * c * double(m.intermediate_size);
+  if (m.attention_bias) n += q + 2 * kv;
+  if (m.qk_norm) n += 2 * double(m.head_dim);
+  return n;
+}
+
+double embedding_parameters(const ModelConfig& m) { return double(m.vocab_size) * double(m.hidden_size); }
+
+double head_parameters(const ModelConfig& m) {
+  return double(m.hidden_size) + (m.tie_word_embeddings ? 0 : embedding_parameters(m));
+}
+
+// 2 FLOPs per weight of each GEMM; causal attention's QK^T and PV over half the sequence on
+// average (the same count balanced_layer_split balances).
+double layer_forward_flops(const ModelConfig& m, int64_t sequence_length) {
+  const double C = double(m.hidden_size), D = double(m.head_dim), H = double(m.num_attention_heads),
+               KV = double(m.num_key_value_heads), I = double(m.intermediate_size);
+  return 2 * (C * (H + 2 * KV) * D + H * D * C + 3 * C * I) + 2 * 2 * H * D * double(sequence_length) / 2;
+}
+
+double head_forward_flops(const ModelConfig& m) { return 2.0 * double(m.vocab_size) * double(m.hidden_size); }
+
+// Korthikanti et al. 2022 (sec. 4.1) count a GPT layer's saved tensors; the same count for a
+// Llama layer with flash attention (no s x s scores kept) and a SwiGLU MLP, per token:
+//   replicated: the inputs and outputs of the two RMSNorms, 4 h (split by sp, not by tp);
+//   split by tp: q, k, v after RoPE (a d + 2 kv d), the attention output (a d), its row
+//   log-sum-exp (a fp32 values), the gate and up projections and their SwiGLU product (3 I).
+LayerActivationBytes layer_activation_bytes(const ModelConfig& m, double e) {
+  const double h = double(m.hidden_size), q = double(m.num_attention_heads * m.head_dim),
+               kv = double(m.num_key_value_heads * m.head_dim), I = double(m.intermediate_size);
+  return {4 * h * e, e * (2 * q + 2 * kv + 3 * I) + 4 * double(m.num_attention_heads)};
+}
+
+double ring_all_reduce_seconds(double bytes, int n, const LinkSpec& link) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) * link.latency + 2.0 * (n - 1) / n * bytes / link.bandwidth;
+}
+
+double ring_gather_seconds(double bytes, int n, const LinkSpec& link) {
+  if (n <= 1) return 0;
+  return double(n - 1) * link.latency + double(n - 1) / n * bytes / link.bandwidth;
+}
+
+MemoryBreakdown model_state_memory(double parameters, int dp, int zero_stage, const DeviceSpec& device, bool bf16) {
+  const StateBytesPerParameter per = state_bytes(device, bf16);
+  auto sharded = [&](double bytes, bool shard) { return shard ? bytes / dp : bytes; };
+  MemoryBreakdown b;
+  b.parameters = sharded(parameters * per.weights, zero_stage >= 3);
+  b.gradients = sharded(parameters * per.gradients, zero_stage >= 2);
+  b.optimizer_state = sharded(parameters * per.optimizer, zero_stage >= 1);
+  return b;
+}
+
+MemoryBreakdown predict_memory(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l) {
+  FAB_CHECK(int(l.chunk_layers.size()) == l.pp * l.vpp, "{} chunks for pp {} x vpp {}", l.chunk_layers.size(), l.pp,
+            l.vpp);
+  MemoryBreakdown worst;
+  for (int s = 0; s < l.pp; ++s) {
+    const MemoryBreakdown b = stage_memory(p, c, l, s);
+    if (b.total() > worst.total()) worst = b;
+  }
+  return worst;
+}
+
+TimeBreakdown predict_time(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l) {
+  const ModelConfig& m = p.model;
+  MicroBatchTime slowest;
+  double stage_params = 0;
+  for (int s = 0; s < l.pp; ++s) {
+    const MicroBatchTime t = stage_micro_batch(p, c, l, s);
+    if (t.total() > slowest.total()) slowest = t;
+    stage_params = std::max(stage_params, stage_parameters(m, l, s));
+  }
+  const double ga = double(l.gradient_accumulation_steps);
+  TimeBreakdown t;
+  t.compute = slowest.compute * ga;
+  t.tensor_comm = slowest.tensor_comm * ga;
+  t.pipeline_comm = slowest.pipeline_comm * ga;
+  // Narayanan et al. 2021: the 1F1B bubble is (p - 1) micro-batch times, interleaving divides it by v.
+  t.bubble = double(l.pp - 1) / l.vpp * slowest.total();
+  // Data parallel / ZeRO, the bytes DataParallel sends (parallel/data_parallel.h).
+  const StateBytesPerParameter per = state_bytes(c.device, p.bf16);
+  const LinkSpec& link = link_for(c, l.tp * l.dp);
+  const double grads = stage_params * per.gradients, weights = stage_params * per.weights;
+  const double backward = slowest.compute * 2 / 3;
+  double hideable = 0, exposed = 0, hide = 0;
+  if (l.dp > 1) {
+    if (l.zero_stage <= 1) {
+      hideable = bucketed(grads, kBucketBytes, l.dp, link, true);  // in the last micro-batch's backward
+      hide = backward;
+    } else if (l.zero_stage == 2) {
+      hideable = ga * bucketed(grads, kBucketBytes, l.dp, link, false);  // reduce-scatter every micro-batch
+      hide = ga * backward;
+    } else {
+      const double unit = std::max(1.0, weights / double(m.num_hidden_layers + 2));
+      hideable = ga * (2 * bucketed(weights, unit, l.dp, link, false) + bucketed(grads, unit, l.dp, link, false));
+      hide = ga * slowest.compute;
+    }
+    if (l.zero_stage == 1 || l.zero_stage == 2) exposed = bucketed(weights, kBucketBytes, l.dp, link, false);
+  }
+  t.data_comm = hideable + exposed;
+  t.data_comm_exposed = std::max(0.0, hideable - c.comm_overlap * hide) + exposed;
+  const double optimizer_params = l.zero_stage >= 1 ? stage_params / l.dp : stage_params;
+  t.optimizer = optimizer_params * kOptimizerTraffic / c.device.memory_bandwidth;
+  t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm_exposed + t.optimizer;
+  t.bubble_fraction = t.bubble / (t.bubble + ga * slowest.total());
+  const double tokens = double(p.global_batch * p.sequence_length);
+  t.tokens_per_s = tokens / t.step;
+  const double model_flops_per_token =
+      3 * (double(m.num_hidden_layers) * layer_forward_flops(m, p.sequence_length) + head_forward_flops(m));
+  const double peak = (p.bf16 ? c.device.peak_flops_bf16 : c.device.peak_flops_fp32) * c.devices();
+  t.mfu = t.tokens_per_s * model_flops_per_token / peak;
+  return t;
+}
+
+}  // namespace fab

@@ -1,0 +1,52 @@
+#pragma once
+// The planner: every legal layout of a problem on a cluster, its predicted memory and step time,
+// the fitting ones fastest first, and each pruned family of layouts with the reason.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/train_config.h"
+#include "plan/cost_model.h"
+
+namespace fab {
+
+struct PlannedLayout {
+  PlanLayout layout;
+  MemoryBreakdown memory;
+  TimeBreakdown time;
+  // false when parallel_layout accepts the sizes but Fabrica does not run them yet (planned from
+  // the formulas only).
+  bool implemented = true;
+};
+
+// A family is one (tp, pp, vpp, zero_stage); `zero_stage` -1 stands for every stage.
+struct PrunedFamily {
+  int tp = 1, pp = 1, vpp = 1, zero_stage = -1;
+  std::string reason;
+};
+
+struct Plan {
+  std::vector<PlannedLayout> layouts;  // fitting, fastest first
+  std::vector<PrunedFamily> pruned;
+  int64_t evaluated = 0;  // layouts whose cost was predicted
+  double seconds = 0;     // time the search took
+};
+
+// The problem a training YAML describes: config.json at model_name_or_path, cutoff_len (capped at
+// max_position_embeddings), the global batch per_device_train_batch_size x
+// gradient_accumulation_steps x its data-parallel size at `world_size` ranks, bf16.
+PlanProblem problem_from_config(const TrainConfig& config, const ModelConfig& model, int world_size);
+
+// Enumerates tp (dividing the devices, within a node, dividing the heads as parallel_layout
+// requires), pp (up to the layers, split by balanced_layer_split), vpp, ZeRO stage, recompute and
+// the micro-batch sizes that divide global batch / dp; legality is parallel_layout's.
+Plan make_plan(const PlanProblem& problem, const ClusterSpec& cluster);
+
+std::string plan_table(const Plan& plan, const PlanProblem& problem, const ClusterSpec& cluster, int top);
+nlohmann::json plan_json(const Plan& plan, int top);
+nlohmann::json layout_json(const PlannedLayout& planned);
+// The lines of the memory breakdown of one layout ("parameters 12.3 GB" ...).
+std::string memory_breakdown_text(const MemoryBreakdown& memory);
+
+}  // namespace fab

@@ -1,0 +1,200 @@
+// The planner: model-state memory against the ZeRO paper's published figures, activation memory
+// against a hand count for Llama-2-7B, each illegal layout pruned with its reason (the rules are
+// parallel_layout's), the cluster file read back, and Llama-3-70B on 512 H100s planned in under
+// a second with a layout that fits.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "core/error.h"
+#include "plan/planner.h"
+
+namespace fab {
+namespace {
+
+ModelConfig llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t intermediate,
+                  int64_t vocab) {
+  ModelConfig m;
+  m.model_type = "llama";
+  m.num_hidden_layers = layers;
+  m.hidden_size = hidden;
+  m.num_attention_heads = heads;
+  m.num_key_value_heads = kv_heads;
+  m.head_dim = hidden / heads;
+  m.intermediate_size = intermediate;
+  m.vocab_size = vocab;
+  m.max_position_embeddings = 1 << 17;
+  return m;
+}
+
+ModelConfig llama3_70b() { return llama(80, 8192, 64, 8, 28672, 128256); }
+ModelConfig llama2_7b() { return llama(32, 4096, 32, 32, 11008, 32000); }
+
+bool has_pruned(const Plan& plan, const std::string& family, const std::string& reason_part) {
+  for (const PrunedFamily& f : plan.pruned) {
+    const nlohmann::json j = plan_json(Plan{{}, {f}, 0, 0}, 0)["pruned"][0];
+    if (j["family"] == family && j["reason"].get<std::string>().find(reason_part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(PlanMemory, ModelStatesMatchTheZeroPaper) {
+  // Rajbhandari et al. 2020, Figure 1: a 7.5 B-parameter model on 64 GPUs, K = 12.
+  const DeviceSpec h100 = device_preset("h100-80g");
+  const double psi = 7.5e9;
+  auto total = [&](int stage) {
+    const MemoryBreakdown b = model_state_memory(psi, 64, stage, h100, true);
+    return (b.parameters + b.gradients + b.optimizer_state) / 1e9;
+  };
+  EXPECT_NEAR(total(0), 120.0, 1e-9);
+  EXPECT_NEAR(total(1), 31.4, 0.05);
+  EXPECT_NEAR(total(2), 16.6, 0.05);
+  EXPECT_NEAR(total(3), 1.875, 1e-9);
+}
+
+TEST(PlanMemory, FabricaStateLayoutIsFp32PlusTheBf16Copy) {
+  DeviceSpec cpu;
+  cpu.state_layout = "fabrica";
+  const MemoryBreakdown b = model_state_memory(1e6, 2, 1, cpu, true);
+  EXPECT_DOUBLE_EQ(b.parameters, 6e6);  // fp32 master + bf16 copy
+  EXPECT_DOUBLE_EQ(b.gradients, 4e6);
+  EXPECT_DOUBLE_EQ(b.optimizer_state, 4e6);  // m + v = 8 bytes, halved
+}
+
+TEST(PlanMemory, Llama2ActivationsMatchAHandCount) {
+  PlanProblem p{llama2_7b(), 4096, 64, true};
+  const ClusterSpec c = preset_cluster("h100-80g", 8, 8);
+  // Per token per layer, bf16: norms 4 h = 16384 values; q, k, v, attention output 4 x 4096 and
+  // 3 x 11008 for gate, up, their product = 49408 values; 32 fp32 log-sum-exps.
+  const double per_token_layer = 2.0 * 16384 + 2.0 * 49408 + 4.0 * 32;
+  EXPECT_DOUBLE_EQ(per_token_layer, 131712.0);
+  const double tokens = 4096, embedding_output = tokens * 4096 * 2;
+  PlanLayout l;
+  l.dp = 8;
+  l.chunk_layers = {32};
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).activations, 32 * tokens * per_token_layer + embedding_output);
+  l.recompute = true;  // each layer keeps its input; the replayed layer holds everything once
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).activations,
+                   32 * tokens * 4096 * 2 + embedding_output + tokens * per_token_layer);
+  l.recompute = false;
+  l.tp = 2;  // with sequence parallel, every saved tensor is halved
+  l.dp = 4;
+  l.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).activations, (32 * tokens * per_token_layer + embedding_output) / 2);
+  // The logits chunk: 1024 rows of the vocabulary in fp32, split by tp.
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).logits, 1024.0 * 32000 / 2 * 4);
+}
+
+TEST(PlanMemory, PipelineStagesHoldOneF1BsMicroBatchesInFlight) {
+  PlanProblem p{llama2_7b(), 4096, 64, true};
+  const ClusterSpec c = preset_cluster("h100-80g", 8, 8);
+  PlanLayout l;
+  l.pp = 4;
+  l.dp = 2;
+  l.gradient_accumulation_steps = 32;
+  l.chunk_layers = {8, 8, 8, 8};
+  const double one_stage = predict_memory(p, c, PlanLayout{1, 1, 1, 8, 0, false, false, 1, 32, {8}}).activations;
+  // Stage 0 holds pp = 4 micro-batches of its 8 layers (the embedding output is also stage 0's).
+  EXPECT_NEAR(predict_memory(p, c, l).activations, 4 * one_stage, 1);
+}
+
+TEST(PlanMemory, BucketBuffersFollowTheLargestUnit) {
+  // bench/plan_check.sh's model: a tied 151,669 x 128 embedding is one 77,654,528-byte fp32
+  // gradient unit, so it is the largest bucket (> 25 MB).
+  ModelConfig m = llama(4, 128, 4, 2, 352, 151669);
+  m.head_dim = 32;
+  m.tie_word_embeddings = true;
+  PlanProblem p{m, 64, 8, false};
+  ClusterSpec c = this_machine(2);
+  PlanLayout l;
+  l.dp = 2;
+  l.micro_batch_size = 2;
+  l.gradient_accumulation_steps = 2;
+  l.chunk_layers = {4};
+  const double bucket = 151669.0 * 128 * 4;
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).buffers, bucket / 2);  // the ring's receive chunk
+  l.zero_stage = 2;  // + the full-size gradient of that bucket until it is reduce-scattered
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).buffers, bucket / 2 + bucket);
+  l.zero_stage = 3;  // + the other half of the gathered embedding and of one prefetched layer
+  EXPECT_DOUBLE_EQ(predict_memory(p, c, l).buffers,
+                   bucket / 2 + bucket + 0.5 * 4 * (151669.0 * 128 + layer_parameters(m)));
+}
+
+TEST(PlanEnumeration, IllegalLayoutsArePrunedWithTheirReason) {
+  // 4 layers, 4 heads : 2 kv heads, 16 devices of 8 per node.
+  PlanProblem p{llama(4, 256, 4, 2, 704, 8192), 256, 40, true};
+  const Plan plan = make_plan(p, preset_cluster("h100-80g", 16, 8));
+  EXPECT_TRUE(has_pruned(plan, "tp=16", "tp=16 exceeds 8 devices per node"));
+  EXPECT_TRUE(has_pruned(plan, "tp=8", "does not divide config.json's num_attention_heads 4"));
+  EXPECT_TRUE(has_pruned(plan, "tp=1 pp=8", "pp=8 exceeds the 4 layers"));
+  EXPECT_TRUE(has_pruned(plan, "tp=1 pp=2 zero=3", "zero_stage 3 with pipeline_parallel_size 2 is not supported"));
+  EXPECT_TRUE(has_pruned(plan, "tp=1 pp=1", "global batch 40 is not a multiple of dp=16"));
+  for (const PlannedLayout& r : plan.layouts) {
+    EXPECT_LE(r.layout.tp, 4);
+    EXPECT_EQ(r.layout.tp * r.layout.pp * r.layout.dp, 16);
+    EXPECT_EQ(r.layout.micro_batch_size * r.layout.gradient_accumulation_steps * r.layout.dp, 40);
+    EXPECT_FALSE(r.layout.zero_stage == 3 && r.layout.pp > 1);
+  }
+}
+
+TEST(PlanEnumeration, InterleavingNeedsMicroBatchesInGroupsOfPp) {
+  // 2 devices, global batch 3: gradient accumulation is 1 or 3, never a multiple of pp = 2.
+  PlanProblem p{llama(4, 256, 4, 2, 704, 8192), 256, 3, true};
+  const Plan plan = make_plan(p, preset_cluster("h100-80g", 2, 2));
+  EXPECT_TRUE(has_pruned(plan, "tp=1 pp=2 vpp=2 zero=0", "is not a multiple of pipeline_parallel_size 2"));
+  EXPECT_TRUE(has_pruned(plan, "tp=1 pp=1", "global batch 3 is not a multiple of dp=2"));
+}
+
+TEST(PlanEnumeration, LayoutsThatDoNotFitNameTheirMemory) {
+  PlanProblem p{llama3_70b(), 8192, 64, true};
+  const Plan plan = make_plan(p, preset_cluster("h100-80g", 8, 8));
+  EXPECT_TRUE(has_pruned(plan, "tp=1 pp=1 zero=0", "> 80.0 GB (h100-80g)"));
+  for (const PlannedLayout& r : plan.layouts) EXPECT_LE(r.memory.total(), 80e9);
+}
+
+TEST(PlanScale, Llama3_70BOn512H100sInUnderASecond) {
+  PlanProblem p{llama3_70b(), 8192, 1024, true};
+  const ClusterSpec c = preset_cluster("h100-80g", 512, 8);
+  EXPECT_EQ(c.nodes, 64);
+  const auto start = std::chrono::steady_clock::now();
+  const Plan plan = make_plan(p, c);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 1.0);
+  ASSERT_FALSE(plan.layouts.empty());
+  const PlannedLayout& best = plan.layouts.front();
+  EXPECT_LE(best.memory.total(), 80e9);
+  EXPECT_GT(best.time.mfu, 0.2);
+  EXPECT_LT(best.time.mfu, 0.7);
+  std::printf("%s", plan_table(plan, p, c, 5).c_str());
+  const nlohmann::json j = plan_json(plan, 3);
+  ASSERT_EQ(j["layouts"].size(), 3u);
+  for (const char* key : {"tensor_parallel_size", "pipeline_parallel_size", "virtual_pipeline_parallel_size",
+                          "data_parallel_size", "zero_stage", "recompute", "micro_batch_size",
+                          "gradient_accumulation_steps", "memory_bytes", "step_seconds"})
+    EXPECT_TRUE(j["layouts"][0].contains(key)) << key;
+  EXPECT_TRUE(j["layouts"][0]["recompute"].is_boolean());
+}
+
+TEST(PlanCluster, FileRoundTripsAndBadFilesAreUserErrors) {
+  const ClusterSpec c = preset_cluster("a100-80g", 16, 8);
+  const std::string path = testing::TempDir() + "/plan_cluster.yaml";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(cluster_spec_to_yaml(c).c_str(), f);
+  std::fclose(f);
+  const ClusterSpec back = load_cluster_spec(path);
+  EXPECT_EQ(back.nodes, 2);
+  EXPECT_EQ(back.devices_per_node, 8);
+  EXPECT_DOUBLE_EQ(back.device.memory_bytes, 80e9);
+  EXPECT_DOUBLE_EQ(back.inter_node.bandwidth, c.inter_node.bandwidth);
+  EXPECT_EQ(back.device.state_layout, "mixed");
+  f = std::fopen(path.c_str(), "w");
+  std::fputs("nodes: 2\n", f);
+  std::fclose(f);
+  EXPECT_THROW(load_cluster_spec(path), UserError);
+  EXPECT_THROW(preset_cluster("h800", 8, 8), UserError);
+  EXPECT_THROW(preset_cluster("h100-80g", 12, 8), UserError);
+}
+
+}  // namespace
+}  // namespace fab
