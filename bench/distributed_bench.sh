@@ -2,7 +2,9 @@
 # Part of `make bench`: data parallel at 2 processes (1 thread each, the batch of 8 split in two)
 # for Fabrica (mpirun, DataParallel) and PyTorch DDP over gloo (torchrun) on the standard bench
 # model, in the same run; then the all-reduce bandwidth of Fabrica's communicator against a bare
-# MPI_Allreduce of the same buffer.
+# MPI_Allreduce of the same buffer; then pipeline parallel at 2 stages (1F1B and interleaved with 2
+# chunks per stage, 8 micro-batches, the bench model with 8 layers): each stage's idle fraction
+# against (p-1)/(v*m+p-1) and the bytes it sent against 2*B*T*H per micro-batch per boundary.
 # Environment: FABRICA_BENCH (default build/fabrica_bench), BENCH_WARMUP (2), BENCH_STEPS (8),
 # ALLREDUCE_MB (64).
 set -euo pipefail
@@ -28,3 +30,6 @@ print(f"all-reduce of {bw['allreduce_mb']:.0f} MB on {bw['ranks']} ranks: Fabric
       f"({bw['fabrica_bus_gb_s']:.2f} GB/s bus), MPI_Allreduce {bw['mpi_ms']:.1f} ms ({bw['mpi_bus_gb_s']:.2f} GB/s): "
       f"ratio {bw['mpi_ms'] / bw['fabrica_ms']:.2f}x")
 PY
+for chunks in 1 2; do
+  "${mpirun_2[@]}" "$fabrica" --pipeline $chunks --layers 8 --threads 1 --warmup "$warmup" --steps "$steps" | tail -1
+done

@@ -24,6 +24,9 @@
 #include "models/decoder.h"
 #include "comm/world.h"
 #include "parallel/data_parallel.h"
+#include "core/error.h"
+#include "parallel/layout.h"
+#include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 #define OMPI_SKIP_MPICXX 1
@@ -38,6 +41,8 @@ struct Flags {
   bool lora = false;  // LoRA r 8, alpha 16 on every projection, the base frozen (PEFT's setup)
   bool data_parallel = false;
   bool tensor_parallel = false, sequence_parallel = false;
+  int pipeline_chunks = 0;  // > 0: pipeline over the ranks with this many model chunks per stage
+  int layers = 4;
   int zero = 0;
   double allreduce_mb = 0;
   bool fma_peak = false;
@@ -61,6 +66,8 @@ Flags parse(int argc, char** argv) {
     else if (a == "--recompute") f.recompute = true;
     else if (a == "--lora") f.lora = true;
     else if (a == "--data-parallel") f.data_parallel = true;
+    else if (a == "--pipeline") f.pipeline_chunks = std::stoi(next());
+    else if (a == "--layers") f.layers = std::stoi(next());
     else if (a == "--tensor-parallel") f.tensor_parallel = true;
     else if (a == "--sequence-parallel") f.sequence_parallel = true;
     else if (a == "--zero") f.zero = std::stoi(next());
@@ -69,7 +76,7 @@ Flags parse(int argc, char** argv) {
     else {
       std::fprintf(stderr, "usage: fabrica_bench [--precision fp32|bf16] [--warmup N] [--steps N] [--threads N] [--recompute]\n"
                            "                     [--data-parallel [--zero N] | --tensor-parallel [--sequence-parallel]]\n"
-                           "                     [--allreduce-mb N] [--fma-peak]\n");
+                           "                     [--pipeline CHUNKS [--layers N]] [--allreduce-mb N] [--fma-peak]\n");
       std::exit(2);
     }
   }
@@ -106,6 +113,67 @@ int allreduce_bandwidth(const Flags& flags, fab::Communicator& world) {
   return 0;
 }
 
+// The pipeline over every rank (one stage each, --pipeline chunks per stage): the batch of 8
+// as 8 micro-batches of 1 x seq through 1F1B or interleaved 1F1B, with clipping and AdamW. Prints
+// each stage's idle fraction and bytes sent per step beside the formulas.
+int pipeline_bench(const Flags& flags, const fab::ModelConfig& cfg, int64_t seq, fab::Communicator& world) {
+  using namespace fab;
+  const int stages = world.size(), chunks = flags.pipeline_chunks, micro = 8;
+  DecoderOptions options;
+  options.precision = flags.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  options.max_seq_len = seq;
+  const std::vector<int64_t> split = balanced_layer_split(cfg, stages * chunks, seq);
+  options.stage = pipeline_stage(split, stages, world.rank());
+  DecoderModel model(cfg, options);
+  model.init_random(1234);
+  PipelineParallel pipeline(model, world, chunks);
+  LocalCommunicator alone;
+  DataParallelOptions dp_options{0, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}};
+  dp_options.model_parallel_group = &world;
+  DataParallel dp(model, alone, dp_options);
+  Rng rng(42);  // every stage the same batches
+  double seconds = 0;
+  for (int step = 0; step < flags.warmup + flags.steps; ++step) {
+    std::vector<PipelineMicroBatch> batches;
+    for (int m = 0; m < micro; ++m) {
+      Tensor ids = Tensor::empty({1, seq}, DType::i64, MemoryCategory::activations);
+      for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = int64_t(rng.next_u64() % cfg.vocab_size);
+      batches.push_back({ids, ids, {}});
+    }
+    if (step == flags.warmup) pipeline.take_stats();
+    const auto start = std::chrono::steady_clock::now();
+    dp.begin_step(micro);
+    pipeline.forward_backward(batches, float(1.0 / double(micro * (seq - 1))), dp);
+    dp.finish_gradients();
+    dp.clip_grad_norm(1.0);
+    dp.optimizer_step(3e-4f);
+    if (step >= flags.warmup) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const PipelineStats s = pipeline.take_stats();
+  std::vector<double> mine(size_t(2 * stages), 0.0);
+  mine[size_t(world.rank())] = 1.0 - s.busy_seconds / s.span_seconds;
+  mine[size_t(stages + world.rank())] = double(s.bytes_sent) / double(s.steps);
+  world.all_reduce(mine.data(), int64_t(mine.size()), "report").wait();
+  if (world.rank() == 0) {
+    std::string idle, sent;
+    for (int r = 0; r < stages; ++r) {
+      idle += fab::format("{}{}", r ? "," : "", mine[size_t(r)]);
+      sent += fab::format("{}{}", r ? "," : "", int64_t(mine[size_t(stages + r)]));
+    }
+    std::string layers;
+    for (size_t k = 0; k < split.size(); ++k) layers += fab::format("{}{}", k ? "," : "", split[k]);
+    const double formula = double(stages - 1) / double(chunks * micro + stages - 1);
+    // B*T*H floats per micro-batch per boundary each way; one message per boundary and direction.
+    const double per_boundary = 2.0 * double(seq * cfg.hidden_size) * sizeof(float) * micro;
+    std::printf("{\"impl\":\"fabrica\",\"pipeline_stages\":%d,\"chunks_per_stage\":%d,\"micro_batches\":%d,"
+                "\"layers\":[%s],\"tokens_per_s\":%.1f,\"pipeline_bubble_fraction\":[%s],\"formula\":%.4f,"
+                "\"bytes_sent_per_step\":[%s],\"formula_bytes_per_boundary\":%.0f}\n",
+                stages, chunks, micro, layers.c_str(), double(micro * seq) * flags.steps / seconds, idle.c_str(),
+                formula, sent.c_str(), per_boundary);
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   using namespace fab;
   const Flags flags = parse(argc, argv);
@@ -130,13 +198,19 @@ int main(int argc, char** argv) {
   cfg.vocab_size = 8192;
   cfg.hidden_size = 256;
   cfg.intermediate_size = 704;
-  cfg.num_hidden_layers = 4;
+  cfg.num_hidden_layers = flags.layers;
   cfg.num_attention_heads = 4;
   cfg.num_key_value_heads = 4;
   cfg.head_dim = 64;
   cfg.rope_theta = 10000;
   cfg.rms_norm_eps = 1e-6;
   const int64_t seq = 256, batch = flags.data_parallel ? 8 / world->size() : 8;  // per rank (tp: whole)
+  if (flags.pipeline_chunks > 0) {
+    const int rc = pipeline_bench(flags, cfg, seq, *world);
+    world.reset();
+    leave_world();
+    return rc;
+  }
 
   DecoderOptions options;
   options.precision = flags.precision == "bf16" ? Precision::bf16 : Precision::fp32;

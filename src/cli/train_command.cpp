@@ -22,6 +22,7 @@
 #include "models/hf_model.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "train/checkpoint.h"
 #include "train/finetuning.h"
@@ -173,6 +174,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = c.recompute_layers;
   options.max_seq_len = std::min(c.cutoff_len, longest_sequence(data));
+  if (layout.pp > 1) options.stage = pipeline_stage(layout.chunk_layers, layout.pp, mesh->coordinate("pp"));
   std::unique_ptr<TensorParallel> tp;  // outlives the model, which calls it
   if (layout.tp > 1) {
     tp = std::make_unique<TensorParallel>(mesh->group("tp"), layout.sequence_parallel);

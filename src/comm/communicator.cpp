@@ -29,6 +29,14 @@ std::pair<int64_t, int64_t> chunk_range(int64_t n, int parts, int i) {
   return {n * i / parts, n * (i + 1) / parts};
 }
 
+CommHandle Communicator::isend(const void*, int64_t, int peer, int) {
+  throw Error(format("this communicator has no non-blocking send (to rank {})", peer));
+}
+
+CommHandle Communicator::irecv(void*, int64_t, int peer, int) {
+  throw Error(format("this communicator has no non-blocking receive (from rank {})", peer));
+}
+
 CommHandle LocalCommunicator::finished() {
   auto task = std::make_shared<CommTask>();
   task->done = true;

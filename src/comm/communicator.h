@@ -65,6 +65,12 @@ class Communicator {
   // Point to point, blocking (with the same timeout).
   virtual void send(const void* data, int64_t bytes, int peer) = 0;
   virtual void recv(void* data, int64_t bytes, int peer) = 0;
+  // Point to point, non-blocking: posted at once (not queued behind collectives in flight) and
+  // done when the handle says so; the buffer must live until then. `tag` (0 <= tag < 2^20) tells
+  // apart messages between the same two ranks, so a receive may be posted long before the send.
+  // Not part of the collective sequence: the pipeline's stages exchange them in their own order.
+  virtual CommHandle isend(const void* data, int64_t bytes, int peer, int tag);
+  virtual CommHandle irecv(void* data, int64_t bytes, int peer, int tag);
   virtual void barrier(const std::string& what) = 0;
 
   // A sub-group: ranks with the same color, ordered by key (MPI_Comm_split).

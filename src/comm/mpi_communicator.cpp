@@ -20,6 +20,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kRingTag = 1, kPointTag = 2, kArrivalTag = 3;
+constexpr int kTaggedBase = 16, kMostTags = 1 << 20;  // isend/irecv tags sit above the others
 
 // The one thread that makes every MPI call after MPI_Init: tasks run in submission order.
 class CommThread {
@@ -36,6 +37,36 @@ class CommThread {
       jobs_.push_back(std::move(job));
     }
     wake_.notify_one();
+  }
+  // Point-to-point posts: run before the next queued job, and from inside a collective's wait,
+  // so they are never held up behind collectives in flight.
+  void submit_urgent(std::function<void()> job) {
+    {
+      std::lock_guard lock(mutex_);
+      start_locked();
+      urgent_.push_back(std::move(job));
+    }
+    wake_.notify_one();
+  }
+  // On the communication thread: `poll` runs whenever the thread is idle or waiting inside a
+  // collective, until it returns true (a posted request completed).
+  void add_poll(std::function<bool()> poll) { polls_.push_back(std::move(poll)); }
+  // On the communication thread: posts what jumped the queue and tests what was posted.
+  void service() {
+    std::deque<std::function<void()>> urgent;
+    {
+      std::lock_guard lock(mutex_);
+      urgent.swap(urgent_);
+    }
+    for (auto& job : urgent) job();
+    for (size_t i = 0; i < polls_.size();) {
+      if (polls_[i]()) {
+        polls_[i] = std::move(polls_.back());
+        polls_.pop_back();
+      } else {
+        ++i;
+      }
+    }
   }
   // Runs `job` on the communication thread and waits for it (rethrowing its error).
   void run_and_wait(const std::function<void()>& job) {
@@ -75,17 +106,25 @@ class CommThread {
       std::function<void()> job;
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-        if (jobs_.empty()) return;
-        job = std::move(jobs_.front());
-        jobs_.pop_front();
+        auto ready = [&] { return stopping_ || !jobs_.empty() || !urgent_.empty(); };
+        if (polls_.empty())
+          wake_.wait(lock, ready);
+        else  // requests in flight: test them every 50 us
+          wake_.wait_for(lock, std::chrono::microseconds(50), ready);
+        if (stopping_ && jobs_.empty() && urgent_.empty()) return;
+        if (!jobs_.empty()) {
+          job = std::move(jobs_.front());
+          jobs_.pop_front();
+        }
       }
-      job();
+      service();
+      if (job) job();
     }
   }
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> jobs_;
+  std::deque<std::function<void()>> jobs_, urgent_;
+  std::vector<std::function<bool()>> polls_;  // communication thread only
   std::thread thread_;
   bool stopping_ = false;
 };
@@ -186,6 +225,7 @@ struct MpiGroup {
       MPI_Testall(n, requests, &flag, MPI_STATUSES_IGNORE);
       if (flag) return;
       poll_arrivals();
+      CommThread::instance().service();
       if (Clock::now() > deadline) timed_out(peer);
       if (spins > 200) ::usleep(spins > 2000 ? 200 : 20);
       else sched_yield();
@@ -386,6 +426,53 @@ void MpiCommunicator::recv(void* data, int64_t bytes, int peer) {
   submit(format("recv from rank {}", peer), [data, bytes, peer](MpiGroup& g) {
     g.exchange(static_cast<const char*>(nullptr), 0, peer, static_cast<char*>(data), bytes, peer, kPointTag);
   }).wait();
+}
+
+CommHandle MpiCommunicator::isend(const void* data, int64_t bytes, int peer, int tag) {
+  return post_point_to_point(true, const_cast<void*>(data), bytes, peer, tag);
+}
+
+CommHandle MpiCommunicator::irecv(void* data, int64_t bytes, int peer, int tag) {
+  return post_point_to_point(false, data, bytes, peer, tag);
+}
+
+// Posts one MPI_Isend/MPI_Irecv from the communication thread and tests it there until it
+// completes; one that has not completed within the timeout stops the job naming the peer.
+CommHandle MpiCommunicator::post_point_to_point(bool send, void* data, int64_t bytes, int peer, int tag) {
+  FAB_CHECK(bytes >= 0 && bytes <= INT_MAX, "point-to-point message of {} bytes", bytes);
+  FAB_CHECK(tag >= 0 && tag < kMostTags, "point-to-point tag {}", tag);
+  FAB_CHECK(peer >= 0 && peer < size() && peer != rank(), "point-to-point peer {} in a group of {}", peer, size());
+  auto task = std::make_shared<CommTask>();
+  MpiGroup* g = group_.get();
+  CommThread::instance().submit_urgent([g, task, send, data, bytes, peer, tag] {
+    auto request = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);
+    if (send) {
+      MPI_Isend(data, int(bytes), MPI_BYTE, peer, kTaggedBase + tag, g->data, request.get());
+      g->count_sent(bytes, false, 0);
+    } else {
+      MPI_Irecv(data, int(bytes), MPI_BYTE, peer, kTaggedBase + tag, g->data, request.get());
+    }
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(g->timeout.load()));
+    CommThread::instance().add_poll([g, task, request, deadline, send, bytes, peer, tag] {
+      int flag = 0;
+      MPI_Test(request.get(), &flag, MPI_STATUS_IGNORE);
+      if (!flag) {
+        if (Clock::now() <= deadline) return false;
+        std::fprintf(stderr, "fabrica: rank %d: %s of %lld bytes (tag %d) %s rank %d did not finish within %.0f s\n",
+                     world_rank(), send ? "send" : "receive", (long long)bytes, tag, send ? "to" : "from",
+                     g->to_world(peer), g->timeout.load());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 75);
+        std::_Exit(75);
+      }
+      std::lock_guard lock(task->mutex);
+      task->done = true;
+      task->finished.notify_all();
+      return true;
+    });
+  });
+  return CommHandle(task, &g->blocked);
 }
 
 void MpiCommunicator::barrier(const std::string& what) {

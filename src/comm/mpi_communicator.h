@@ -28,6 +28,8 @@ class MpiCommunicator final : public Communicator {
   CommHandle broadcast(void* data, int64_t bytes, int root, const std::string& what) override;
   void send(const void* data, int64_t bytes, int peer) override;
   void recv(void* data, int64_t bytes, int peer) override;
+  CommHandle isend(const void* data, int64_t bytes, int peer, int tag) override;
+  CommHandle irecv(void* data, int64_t bytes, int peer, int tag) override;
   void barrier(const std::string& what) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   CommStats stats() const override;
@@ -35,6 +37,7 @@ class MpiCommunicator final : public Communicator {
  private:
   explicit MpiCommunicator(std::unique_ptr<MpiGroup> group);
   CommHandle submit(const std::string& what, std::function<void(MpiGroup&)> body);
+  CommHandle post_point_to_point(bool send, void* data, int64_t bytes, int peer, int tag);
   std::unique_ptr<MpiGroup> group_;
 };
 

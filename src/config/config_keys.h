@@ -391,7 +391,7 @@
   X(sequence_parallel, sequence_parallel, bool, false, Own, "With tensor parallel: norms and the residual stream on 1/tp of the tokens, all-gather / reduce-scatter instead of all-reduce") \
   X(pipeline_parallel_size, pipeline_parallel_size, int64_t, 1, Own, "Pipeline stages (pipeline_model_parallel_size is an alias)") \
   X(virtual_pipeline_parallel_size, virtual_pipeline_parallel_size, int64_t, 1, Own, "Model chunks per pipeline stage for interleaved 1F1B (virtual_pipeline_model_parallel_size is an alias)") \
-  X(pipeline_layers, pipeline_layers, std::vector<int64_t>, {}, Own, "Decoder layers of each pipeline stage (of each virtual chunk, in stage order, with interleaving), e.g. [3, 5]; empty: an automatic split that balances the embedding and the head") \
+  X(pipeline_layers, pipeline_layers, std::vector<int64_t>, {}, Own, "Decoder layers of each model chunk in layer order, e.g. [3, 5] (pp entries; pp x vpp interleaved, chunk k on stage k % pp); empty: an automatic split balancing a token's FLOPs, the head's vocab GEMM included") \
   X(pipeline_schedule, pipeline_schedule, std::string, "1f1b", Own, "1f1b or interleaved_1f1b (needs virtual_pipeline_parallel_size > 1)")
 
 // Other spellings of keys, read as the key they name (Megatron's, as LLaMA-Factory's mcore backend

@@ -47,10 +47,21 @@ void check_fits_in_memory(const ModelConfig& c, int64_t numel, bool bf16_copy) {
                  std::round(bytes / kGiB), std::round(memory / kGiB));
 }
 
+// The whole model, or the stage options().stage describes, checked against the layer count.
+PipelineStage stage_of(const ModelConfig& c, const DecoderOptions& options) {
+  if (!options.stage) return PipelineStage{{{0, c.num_hidden_layers}}, true, true};
+  const PipelineStage& s = *options.stage;
+  FAB_CHECK(!s.chunks.empty(), "a pipeline stage needs at least one model chunk");
+  for (const auto& [first, last] : s.chunks)
+    FAB_CHECK(0 <= first && first < last && last <= c.num_hidden_layers, "pipeline chunk of layers [{}, {}) of {}",
+              first, last, c.num_hidden_layers);
+  return s;
+}
+
 }  // namespace
 
 DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& options)
-    : config_(config), options_(options) {
+    : config_(config), options_(options), stage_(stage_of(config, options)) {
   // PEFT gives a module of modules_to_save its own copy, which unties a tied embedding; this
   // model keeps one tensor for both, so that combination is refused.
   for (const std::string& m : options_.lora.modules_to_save)
@@ -123,9 +134,67 @@ void DecoderModel::add_adapters(const std::string& prefix, int64_t in,
   }
 }
 
-// Megatron's split when options_.tp is set: split_dim 0 for column-parallel weights (q/k/v by
+namespace {
+
+// split_dim: Megatron's split under tensor parallel, 0 for column-parallel weights (q/k/v by
 // heads, gate/up), their biases and the vocabulary; 1 for row-parallel weights (o_proj, down);
-// -1 (replicated) for the norms. One process: every parameter whole.
+// -1 (replicated) for the norms. replicas: ranks that share each slice (K/V heads when tp >
+// num_key_value_heads).
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  int split_dim = -1;
+  bool packed_after_previous = false;  // fused with the previous one (q/k/v, gate/up)
+  bool starts_unit = false;
+  int replicas = 1;
+};
+
+void add_layer_specs(const ModelConfig& c, int64_t i, int kv_replicas, std::vector<ParamSpec>& out) {
+  const int64_t C = c.hidden_size, D = c.head_dim, KV = c.num_key_value_heads;
+  const std::string p = layer_prefix(i);
+  out.push_back({p + "input_layernorm.weight", {C}, -1, false, true});
+  out.push_back({p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}, 0});
+  out.push_back({p + "self_attn.k_proj.weight", {KV * D, C}, 0, true, false, kv_replicas});
+  out.push_back({p + "self_attn.v_proj.weight", {KV * D, C}, 0, true, false, kv_replicas});
+  if (c.attention_bias) {
+    out.push_back({p + "self_attn.q_proj.bias", {c.num_attention_heads * D}, 0});
+    out.push_back({p + "self_attn.k_proj.bias", {KV * D}, 0, true, false, kv_replicas});
+    out.push_back({p + "self_attn.v_proj.bias", {KV * D}, 0, true, false, kv_replicas});
+  }
+  if (c.qk_norm) {
+    out.push_back({p + "self_attn.q_norm.weight", {D}, -1});
+    out.push_back({p + "self_attn.k_norm.weight", {D}, -1});
+  }
+  out.push_back({p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}, 1});
+  out.push_back({p + "post_attention_layernorm.weight", {C}, -1});
+  out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, C}, 0});
+  out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, C}, 0, true});
+  out.push_back({p + "mlp.down_proj.weight", {C, c.intermediate_size}, 1});
+}
+
+// The parameters a stage holds, in buffer order: embedding, its chunks' layers, final norm and
+// head (a tied head on a stage without the embedding: its own copy of the embedding), and the
+// reward model's value head.
+std::vector<ParamSpec> parameter_specs(const ModelConfig& c, const PipelineStage& stage, bool value_head,
+                                       int kv_replicas) {
+  std::vector<ParamSpec> out;
+  const int64_t C = c.hidden_size;
+  if (stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, 0, false, true});
+  for (const auto& [first, last] : stage.chunks)
+    for (int64_t i = first; i < last; ++i) add_layer_specs(c, i, kv_replicas, out);
+  if (!stage.has_head) return out;
+  out.push_back({"model.norm.weight", {C}, -1, false, true});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, C}, 0});
+  else if (!stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, 0});
+  if (value_head) {
+    out.push_back({"v_head.summary.weight", {1, C}, -1});
+    out.push_back({"v_head.summary.bias", {1}, -1});
+  }
+  return out;
+}
+
+}  // namespace
+
 void DecoderModel::register_parameters() {
   const ModelConfig& c = config_;
   const int64_t C = c.hidden_size, D = c.head_dim, tp = tp_size();
@@ -136,46 +205,29 @@ void DecoderModel::register_parameters() {
                  tp, H, I, KV);
   FAB_USER_CHECK(tp == 1 || (!options_.trainable && !options_.lora.enabled()),
                  "tensor_parallel_size {} with finetuning_type lora or freeze is not implemented in Fabrica yet", tp);
+  FAB_USER_CHECK(is_whole() || (!options_.trainable && !options_.lora.enabled()),
+                 "pipeline_parallel_size > 1 with finetuning_type lora or freeze is not implemented in Fabrica yet");
+  FAB_CHECK(tp == 1 || is_whole(), "tensor parallel within a pipeline stage is not implemented yet");
   heads_ = H / tp;
   kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
   kv_heads_ = KV * kv_replicas_ / tp;
   intermediate_ = I / tp;
-  registering_unit_ = 0;
-  add_parameter("model.embed_tokens.weight", {c.vocab_size, C}, 0);
-  vocab_begin_ = tp > 1 ? shards_.back().begin : 0;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    registering_unit_ = int(i) + 1;
-    const std::string p = layer_prefix(i);
-    add_parameter(p + "input_layernorm.weight", {C}, -1);
-    add_parameter(p + "self_attn.q_proj.weight", {c.num_attention_heads * D, C}, 0);
-    add_parameter(p + "self_attn.k_proj.weight", {KV * D, C}, 0, true, kv_replicas_);
-    add_parameter(p + "self_attn.v_proj.weight", {KV * D, C}, 0, true, kv_replicas_);
-    if (c.attention_bias) {
-      add_parameter(p + "self_attn.q_proj.bias", {c.num_attention_heads * D}, 0);
-      add_parameter(p + "self_attn.k_proj.bias", {KV * D}, 0, true, kv_replicas_);
-      add_parameter(p + "self_attn.v_proj.bias", {KV * D}, 0, true, kv_replicas_);
-    }
-    if (c.qk_norm) {
-      add_parameter(p + "self_attn.q_norm.weight", {D}, -1);
-      add_parameter(p + "self_attn.k_norm.weight", {D}, -1);
-    }
-    add_parameter(p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}, 1);
-    add_parameter(p + "post_attention_layernorm.weight", {C}, -1);
-    add_parameter(p + "mlp.gate_proj.weight", {c.intermediate_size, C}, 0);
-    add_parameter(p + "mlp.up_proj.weight", {c.intermediate_size, C}, 0, true);
-    add_parameter(p + "mlp.down_proj.weight", {C, c.intermediate_size}, 1);
-    if (!options_.lora.enabled()) continue;
-    add_adapters(p + "self_attn.", C, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}});
-    add_adapters(p + "self_attn.", H * D, {{"o_proj", C}});
-    add_adapters(p + "mlp.", C, {{"gate_proj", I}, {"up_proj", I}});
-    add_adapters(p + "mlp.", I, {{"down_proj", C}});
-  }
-  registering_unit_ = int(c.num_hidden_layers) + 1;
-  add_parameter("model.norm.weight", {C}, -1);
-  if (!c.tie_word_embeddings) add_parameter("lm_head.weight", {c.vocab_size, C}, 0);
-  if (options_.value_head) {
-    add_parameter("v_head.summary.weight", {1, C}, -1);
-    add_parameter("v_head.summary.bias", {1}, -1);
+  const std::vector<ParamSpec> specs = parameter_specs(c, stage_, options_.value_head, kv_replicas_);
+  num_units_ = int(std::count_if(specs.begin(), specs.end(), [](const ParamSpec& p) { return p.starts_unit; }));
+  registering_unit_ = -1;
+  const std::string layer_end = "mlp.down_proj.weight";  // a layer's last base parameter: its adapters follow
+  for (const ParamSpec& p : specs) {
+    if (p.starts_unit) ++registering_unit_;
+    add_parameter(p.name, p.shape, p.split_dim, p.packed_after_previous, p.replicas);
+    if (p.name == "model.embed_tokens.weight" && tp > 1) vocab_begin_ = shards_.back().begin;
+    const bool ends_layer = p.name.size() > layer_end.size() &&
+                            p.name.compare(p.name.size() - layer_end.size(), layer_end.size(), layer_end) == 0;
+    if (!ends_layer || !options_.lora.enabled()) continue;
+    const std::string prefix = p.name.substr(0, p.name.size() - layer_end.size());
+    add_adapters(prefix + "self_attn.", C, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}});
+    add_adapters(prefix + "self_attn.", H * D, {{"o_proj", C}});
+    add_adapters(prefix + "mlp.", C, {{"gate_proj", I}, {"up_proj", I}});
+    add_adapters(prefix + "mlp.", I, {{"down_proj", C}});
   }
 }
 
@@ -241,33 +293,43 @@ std::vector<LoraBranch> DecoderModel::adapters_of(const std::string& prefix,
 
 void DecoderModel::bind_parameters() {
   const ModelConfig& c = config_;
-  const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, KV = c.num_key_value_heads;
-  embed_ = buffer_of("model.embed_tokens.weight").var("model.embed_tokens.weight");
-  final_norm_ = buffer_of("model.norm.weight").var("model.norm.weight");
-  lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
   auto var = [this](const std::string& name) { return buffer_of(name).var(name); };
-  if (options_.value_head) value_head_ = {var("v_head.summary.weight"), var("v_head.summary.bias"), {}};
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const std::string p = layer_prefix(i), a = p + "self_attn.";
-    Layer l;
-    l.input_norm = var(p + "input_layernorm.weight");
-    l.post_norm = var(p + "post_attention_layernorm.weight");
-    std::vector<std::string> qkv_bias;
-    if (c.attention_bias) qkv_bias = {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"};
-    l.qkv = make_linear({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, qkv_bias);
-    if (c.qk_norm) {
-      l.q_norm = var(a + "q_norm.weight");
-      l.k_norm = var(a + "k_norm.weight");
-    }
-    l.o_proj = make_linear({a + "o_proj.weight"}, {});
-    l.gate_up = make_linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {});
-    l.down = make_linear({p + "mlp.down_proj.weight"}, {});
-    l.qkv_lora = adapters_of(a, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}});
-    l.o_lora = adapters_of(a, {{"o_proj", C}});
-    l.gate_up_lora = adapters_of(p + "mlp.", {{"gate_proj", c.intermediate_size}, {"up_proj", c.intermediate_size}});
-    l.down_lora = adapters_of(p + "mlp.", {{"down_proj", C}});
-    layers_.push_back(l);
+  if (stage_.has_embedding) embed_ = var("model.embed_tokens.weight");
+  if (stage_.has_head) {
+    final_norm_ = var("model.norm.weight");
+    lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
+    if (options_.value_head) value_head_ = {var("v_head.summary.weight"), var("v_head.summary.bias"), {}};
   }
+  for (const auto& [first, last] : stage_.chunks) {
+    chunk_first_.push_back(layers_.size());
+    for (int64_t i = first; i < last; ++i) bind_layer(i);
+  }
+  chunk_first_.push_back(layers_.size());
+}
+
+void DecoderModel::bind_layer(int64_t i) {
+  const ModelConfig& c = config_;
+  const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, KV = c.num_key_value_heads;
+  auto var = [this](const std::string& name) { return buffer_of(name).var(name); };
+  const std::string p = layer_prefix(i), a = p + "self_attn.";
+  Layer l;
+  l.input_norm = var(p + "input_layernorm.weight");
+  l.post_norm = var(p + "post_attention_layernorm.weight");
+  std::vector<std::string> qkv_bias;
+  if (c.attention_bias) qkv_bias = {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"};
+  l.qkv = make_linear({a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}, qkv_bias);
+  if (c.qk_norm) {
+    l.q_norm = var(a + "q_norm.weight");
+    l.k_norm = var(a + "k_norm.weight");
+  }
+  l.o_proj = make_linear({a + "o_proj.weight"}, {});
+  l.gate_up = make_linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {});
+  l.down = make_linear({p + "mlp.down_proj.weight"}, {});
+  l.qkv_lora = adapters_of(a, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}});
+  l.o_lora = adapters_of(a, {{"o_proj", C}});
+  l.gate_up_lora = adapters_of(p + "mlp.", {{"gate_proj", c.intermediate_size}, {"up_proj", c.intermediate_size}});
+  l.down_lora = adapters_of(p + "mlp.", {{"down_proj", C}});
+  layers_.push_back(l);
 }
 
 void DecoderModel::init_adapters() {
@@ -283,19 +345,23 @@ void DecoderModel::init_adapters() {
   weights_changed();
 }
 
+// The draws of the whole model's tensors, in the order one process makes them: a pipeline stage
+// keeps its own parameters' values (a tied copy equals the original) and a tensor-parallel rank
+// those of its slice, so every layout starts from the same weights.
 void DecoderModel::init_random(uint64_t seed) {
-  // The draws of the whole tensors, in the order one process makes them; a tensor-parallel rank
-  // keeps those of its slice, so every layout starts from the same weights.
   Rng rng(seed);
-  for (const auto& [p, buffer] : base_parameters()) {
+  for (const ParamSpec& p : parameter_specs(config_, stage_of(config_, {}), options_.value_head, kv_replicas_)) {
+    const bool held = params_.contains(p.name) || frozen_.contains(p.name) || frozen_bf16_.contains(p.name);
+    ParamBuffer* buffer = held ? &buffer_of(p.name) : nullptr;
     const bool sliced = buffer == &params_;
-    const ShardSpec s = sliced ? shards_[size_t(p - params_.params().data())] : ShardSpec{-1, p->shape, 0, p->shape[0], 1};
-    const bool is_norm = p->name.find("norm.weight") != std::string::npos;
-    const bool is_bias = p->name.size() > 5 && p->name.compare(p->name.size() - 5, 5, ".bias") == 0;
-    const int64_t full = shape_numel(s.full_shape), cols = s.full_shape.size() > 1 ? s.full_shape[1] : 1;
-    std::vector<float> w(size_t(p->numel()));
+    const ShardSpec s = sliced ? shards_[params_.index(p.name)] : ShardSpec{-1, p.shape, 0, p.shape[0], 1};
+    const bool is_norm = p.name.find("norm.weight") != std::string::npos;
+    const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    const int64_t full = shape_numel(p.shape), cols = p.shape.size() > 1 ? p.shape[1] : 1;
+    std::vector<float> w(held ? size_t(buffer->info(p.name).numel()) : 0);
     for (int64_t i = 0; i < full; ++i) {
       const float value = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);
+      if (!held) continue;
       if (s.split_dim < 0) {
         w[size_t(i)] = value;
         continue;
@@ -304,7 +370,7 @@ void DecoderModel::init_random(uint64_t seed) {
       if (at < 0 || at >= s.length) continue;
       w[size_t(s.split_dim == 0 ? at * cols + col : row * s.length + at)] = value;
     }
-    buffer->set_values(*p, w.data());
+    if (held) buffer->set_values(buffer->info(p.name), w.data());
   }
   weights_changed();
 }
@@ -393,9 +459,14 @@ void DecoderModel::leave_unit(Tape& tape, int unit) {
 }
 
 std::string DecoderModel::unit_name(int unit) const {
-  if (unit == 0) return "embedding";
-  if (unit == num_units() - 1) return "head";
-  return "layer " + std::to_string(unit - 1);
+  if (unit == 0 && stage_.has_embedding) return "embedding";
+  if (unit == head_unit() && stage_.has_head) return "head";
+  int64_t local = unit - (stage_.has_embedding ? 1 : 0);  // a pipeline stage's layers, chunk after chunk
+  for (const auto& [first, last] : stage_.chunks) {
+    if (local < last - first) return "layer " + std::to_string(first + local);
+    local -= last - first;
+  }
+  return "unit " + std::to_string(unit);
 }
 
 std::pair<int64_t, int64_t> DecoderModel::unit_range(int unit) const {
@@ -436,25 +507,35 @@ Tensor DecoderModel::positions_of(const Tensor& ids, const SequenceLayout& layou
   return positions;
 }
 
-Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
-  check_ids(ids, 0);
-  const int64_t batch = ids.dim(0), seq = ids.dim(1);
-  const Tensor positions = positions_of(ids, layout), doc_start = layout.doc_start;
-
+Var DecoderModel::embed(Tape& tape, const Tensor& ids) {
   enter_unit(tape, 0);
-  const Tensor flat_ids = ids.reshape({batch * seq});
+  const Tensor flat_ids = ids.reshape({ids.numel()});
   Var x = options_.tp ? options_.tp->embedding(tape, flat_ids, embed_, vocab_begin_) : embedding(tape, flat_ids, embed_);
   leave_unit(tape, 0);
-  for (size_t i = 0; i < layers_.size(); ++i) {
+  return x;
+}
+
+Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions,
+                             const Tensor& doc_start, int64_t batch, int64_t seq) {
+  for (size_t i = first; i < last; ++i) {
     const Layer& l = layers_[i];
     auto body = [this, &l, positions, doc_start, batch, seq](Tape& t, const Var& in) {
       return layer_forward(t, l, in, positions, doc_start, batch, seq);
     };
-    enter_unit(tape, int(i) + 1);
+    enter_unit(tape, layer_unit(i));
     x = options_.recompute_layers ? checkpoint(tape, x, body) : body(tape, x);
-    leave_unit(tape, int(i) + 1);
+    leave_unit(tape, layer_unit(i));
   }
-  enter_unit(tape, num_units() - 1);  // left by the caller after lm_head
+  return x;
+}
+
+Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
+  FAB_CHECK(is_whole(), "a pipeline stage runs through stage_forward");
+  check_ids(ids, 0);
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  const Tensor positions = positions_of(ids, layout);
+  Var x = run_layers(tape, 0, layers_.size(), embed(tape, ids), positions, layout.doc_start, batch, seq);
+  enter_unit(tape, head_unit());  // left by the caller after lm_head
   return rmsnorm(tape, x, shared(tape, final_norm_), float(config_.rms_norm_eps));
 }
 
@@ -467,6 +548,32 @@ double DecoderModel::head_loss(Tape& tape, const Var& hidden, const Tensor& targ
 void DecoderModel::check_whole(const char* what) const {
   FAB_USER_CHECK(!options_.tp, "{} with tensor_parallel_size {} is not implemented: run it on the saved model folder",
                  what, tp_size());
+  FAB_CHECK(is_whole(), "{} needs the whole model, not a pipeline stage", what);
+}
+
+Var DecoderModel::stage_forward(Tape& tape, int chunk, const Tensor& ids, const Var& input,
+                                const SequenceLayout& layout) {
+  FAB_CHECK(chunk >= 0 && size_t(chunk) + 1 < chunk_first_.size(), "chunk {} of {}", chunk, chunk_first_.size() - 1);
+  check_ids(ids, 0);
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  const bool embeds = chunk == 0 && stage_.has_embedding;
+  FAB_CHECK(embeds == !input, "the first chunk of the first stage embeds ids; every other chunk takes hidden states");
+  if (!embeds)
+    FAB_CHECK(input->value.numel() == batch * seq * config_.hidden_size, "hidden states of {} values for ({}, {}) ids",
+              input->value.numel(), batch, seq);
+  const Var x = embeds ? embed(tape, ids) : input;
+  return run_layers(tape, chunk_first_[size_t(chunk)], chunk_first_[size_t(chunk) + 1], x, positions_of(ids, layout),
+                    layout.doc_start, batch, seq);
+}
+
+double DecoderModel::stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale) {
+  FAB_CHECK(stage_.has_head, "stage_loss on a stage without the head");
+  const Tensor targets = shift_labels(labels, config_.vocab_size);
+  enter_unit(tape, head_unit());
+  const Var normed = rmsnorm(tape, hidden, final_norm_, float(config_.rms_norm_eps));
+  const double loss = lm_head_cross_entropy(tape, normed, lm_head_, targets, loss_scale);
+  leave_unit(tape, head_unit());
+  return loss;
 }
 
 double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale,
@@ -475,7 +582,7 @@ double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, f
   Tape tape;
   Var hidden = forward_hidden(tape, ids, layout);
   double loss = head_loss(tape, hidden, targets, loss_scale);
-  leave_unit(tape, num_units() - 1);
+  leave_unit(tape, head_unit());
   tape.backward();
   return loss;
 }
@@ -486,7 +593,7 @@ double DecoderModel::forward_with_head(const Tensor& ids, bool with_grad,
   Tape tape(with_grad);
   Var hidden = forward_hidden(tape, ids, layout);
   const double loss = head(tape, hidden);
-  leave_unit(tape, num_units() - 1);
+  leave_unit(tape, head_unit());
   if (with_grad) tape.backward();
   return loss;
 }
@@ -497,7 +604,7 @@ double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const Seq
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
   const double loss = head_loss(no_grad, hidden, shift_labels(labels, config_.vocab_size), 1.0f);
-  leave_unit(no_grad, num_units() - 1);
+  leave_unit(no_grad, head_unit());
   return loss;
 }
 
@@ -506,7 +613,7 @@ Tensor DecoderModel::logits(const Tensor& ids, const SequenceLayout& layout) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
   Tensor out = lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
-  leave_unit(no_grad, num_units() - 1);
+  leave_unit(no_grad, head_unit());
   return out;
 }
 

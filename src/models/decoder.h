@@ -3,8 +3,10 @@
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
 #include <functional>
 #include <chrono>
+#include <optional>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/lora.h"
@@ -14,6 +16,16 @@
 #include "nn/ops.h"
 
 namespace fab {
+
+// One pipeline stage's share of the model (parallel/pipeline_parallel.h builds it): model
+// chunks, each a range of decoder layers run in order (v chunks under the interleaved schedule),
+// and whether the stage holds the embedding (first stage) and the final norm + head (last).
+// A tied head on a stage without the embedding holds its own copy of model.embed_tokens.weight,
+// whose gradient the pipeline sums with the first stage's.
+struct PipelineStage {
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // [first, last) decoder layers
+  bool has_embedding = true, has_head = true;
+};
 
 struct DecoderOptions {
   DecoderOptions(Precision precision_ = Precision::fp32, bool recompute = false, int64_t max_seq = 0,
@@ -32,6 +44,7 @@ struct DecoderOptions {
   // for matrices when precision is bf16, with no gradient and no optimizer state.
   std::function<bool(const std::string&)> trainable;
   LoraOptions lora;  // adapters on the chosen projections (rank 0: none); they always train
+  std::optional<PipelineStage> stage = std::nullopt;  // empty: the whole model
 };
 
 // Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
@@ -49,7 +62,7 @@ struct KvCache {
 };
 
 // Called around each unit of parameters — 0: the embedding, 1..L: the decoder layers, L + 1: the
-// final norm and lm_head — in forward, and through the tape in backward, so data parallelism can
+// final norm and lm_head (a pipeline stage numbers only the units it holds, in the same order) — in forward, and through the tape in backward, so data parallelism can
 // reduce a unit's gradients as soon as they are final and ZeRO-3 can gather a unit's parameters
 // just before it runs and free them after.
 class ModelHooks {
@@ -123,9 +136,21 @@ class DecoderModel {
   KvCache make_cache(int64_t batch, int64_t capacity) const;
   Tensor logits_cached(const Tensor& ids, KvCache& cache);
 
+  // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
+  // micro-batch on `tape`. `input` is the previous virtual stage's hidden states (B * T, C),
+  // whose gradient the tape's backward fills; on the stage's first chunk of a stage with the
+  // embedding it is null and `ids` are embedded instead. Returns the chunk's output, whose
+  // gradient the caller sets before tape.backward() unless it ends in stage_loss.
+  Var stage_forward(Tape& tape, int chunk, const Tensor& ids, const Var& input, const SequenceLayout& layout = {});
+  // The last stage: final norm, head and the loss of `hidden` (what the last chunk returned), as
+  // forward_backward: loss_scale * sum back-propagates, the unscaled sum is returned.
+  double stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale);
+  const PipelineStage& stage() const { return stage_; }
+  bool is_whole() const { return !options_.stage.has_value(); }
+
   // Parallelism wraps the model through these (nullptr: none).
   void set_hooks(ModelHooks* hooks) { hooks_ = hooks; }
-  int num_units() const { return int(config_.num_hidden_layers) + 2; }
+  int num_units() const { return num_units_; }
   // Elements [first, second) of the flat buffers that hold the parameters of `unit`; the units
   // tile the buffers in order.
   std::pair<int64_t, int64_t> unit_range(int unit) const;
@@ -154,7 +179,14 @@ class DecoderModel {
                                       const std::vector<std::pair<std::string, int64_t>>& projections) const;
   Var project(Tape& tape, const Var& x, const Linear& linear, const std::vector<LoraBranch>& adapters);
   void bind_parameters();
+  void bind_layer(int64_t index);
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
+  Var embed(Tape& tape, const Tensor& ids);
+  // layers_[first, last) on x.
+  Var run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions, const Tensor& doc_start,
+                 int64_t batch, int64_t seq);
+  int layer_unit(size_t local_layer) const { return int(local_layer) + (stage_.has_embedding ? 1 : 0); }
+  int head_unit() const { return num_units() - 1; }
   double head_loss(Tape& tape, const Var& hidden, const Tensor& targets, float loss_scale);
   void check_whole(const char* what) const;  // a UserError under tensor parallel
   void enter_unit(Tape& tape, int unit);
@@ -179,7 +211,10 @@ class DecoderModel {
   RopeTable rope_;
   Var embed_, final_norm_;
   Linear lm_head_, value_head_;
-  std::vector<Layer> layers_;
+  std::vector<Layer> layers_;       // the layers this stage holds, chunk after chunk
+  std::vector<size_t> chunk_first_;  // index into layers_ where each chunk starts (and one past the end)
+  PipelineStage stage_;              // the whole model: one chunk of every layer, embedding and head
+  int num_units_ = 0;  // embedding, layers and head this stage holds
   ModelHooks* hooks_ = nullptr;
   std::vector<ShardSpec> shards_;  // one per parameter
   // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.

@@ -98,7 +98,8 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
   }
   for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;
-    FAB_USER_CHECK(known.count(name) || tied_head, "{}: unexpected tensor \"{}\" for a {} model",
+    // A pipeline stage holds only its part of the model's tensors.
+    FAB_USER_CHECK(known.count(name) || tied_head || !model.is_whole(), "{}: unexpected tensor \"{}\" for a {} model",
                    weights.file_of(name).path(), name, model.config().model_type);
   }
   model.weights_changed();
@@ -122,6 +123,7 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
 }
 
 void save_model_folder(const DecoderModel& model, const std::string& folder, size_t max_shard_bytes) {
+  FAB_CHECK(model.is_whole(), "a pipeline stage's weights are saved through PipelineParallel::gather_weights");
   FAB_CHECK(!model.options().tp, "a tensor-parallel model is saved from its gathered tensors");
   std::vector<NamedTensor> tensors;
   for (const auto& [p, buffer] : model.base_parameters()) tensors.push_back({p->name, buffer->values_f32(*p)});

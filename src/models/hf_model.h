@@ -33,7 +33,8 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
 // value head goes beside them into value_head.safetensors, as LLaMA-Factory saves it.
 void save_model_folder(const DecoderModel& model, const std::string& folder,
                        size_t max_shard_bytes = size_t(5) << 30);
-// The same from whole tensors (a tensor-parallel model's, gathered by parallel/tensor_parallel.h).
+// The same from named whole-model tensors (a pipeline's stages or a tensor-parallel model's
+// slices, gathered).
 void save_model_folder(const ModelConfig& config, const std::vector<NamedTensor>& tensors, const std::string& folder,
                        size_t max_shard_bytes = size_t(5) << 30);
 

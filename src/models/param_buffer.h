@@ -35,6 +35,7 @@ class ParamBuffer {
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo& info(const std::string& name) const;
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  size_t index(const std::string& name) const { return index_.at(name); }  // into params()
   int64_t numel() const { return total_; }  // including alignment padding
 
   Var var(const std::string& name) const;

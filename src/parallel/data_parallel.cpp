@@ -165,7 +165,7 @@ double DataParallel::clip_grad_norm(double max_norm) {
     return options_.zero_stage >= 2 ? shard_grads_.data<float>() + b.shard_offset
                                     : params_.grads().data<float>() + b.own_begin;
   };
-  // Each rank's share of the squared norm, then the sum over the group.
+  // Each rank's share of the squared norm, then the sum over the group (and the stages).
   double squares = 0;
   for (const Bucket& b : buckets_) squares += sum_squares(shard_grads(b), b.own_begin, b.own_end);
   group_.all_reduce(&squares, 1, "gradient norm").wait();

@@ -51,7 +51,8 @@ class DataParallel final : public ModelHooks {
   void begin_step(int64_t micro_batches);
   void begin_micro_batch(int64_t index);
   void finish_gradients();
-  // The global gradient L2 norm (over the whole group); clips as torch.nn.utils.clip_grad_norm_.
+  // The global gradient L2 norm (over the whole group, and the pipeline's stages); clips as
+  // torch.nn.utils.clip_grad_norm_.
   double clip_grad_norm(double max_norm);
   void optimizer_step(float lr);
 

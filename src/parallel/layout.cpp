@@ -66,6 +66,11 @@ void check_pipeline(const TrainConfig& c, const ModelConfig& m, const ParallelLa
                  "zero_stage 3 with pipeline_parallel_size {} is not supported: each stage already holds only its "
                  "layers; use zero_stage 1 or 2",
                  l.pp);
+  FAB_USER_CHECK(l.pp == 1 || c.zero_stage < 2 || !m.tie_word_embeddings,
+                 "zero_stage {} with pipeline_parallel_size {} and tie_word_embeddings is not supported yet: the tied "
+                 "embedding's gradient is summed between the first and last stage after the data-parallel reduction, "
+                 "which ZeRO-2 leaves only as shards; use zero_stage 1",
+                 c.zero_stage, l.pp);
   if (c.pipeline_layers.empty()) return;
   FAB_USER_CHECK(l.pp > 1, "pipeline_layers {} is set but pipeline_parallel_size is 1", join(c.pipeline_layers));
   FAB_USER_CHECK(int64_t(c.pipeline_layers.size()) == l.chunks(),
@@ -145,7 +150,13 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "yet: the preference stages run data parallel (and ZeRO) only",
                  c.stage, l.tp, l.pp);
   l.chunk_layers = c.pipeline_layers.empty() ? balanced_layer_split(m, l.chunks(), std::min(c.cutoff_len, m.max_position_embeddings)) : c.pipeline_layers;
-  FAB_USER_CHECK(l.pp == 1, "pipeline_parallel_size {} is not implemented in Fabrica yet", l.pp);
+  FAB_USER_CHECK(l.tp == 1 || l.pp == 1,
+                 "tensor_parallel_size {} with pipeline_parallel_size {} is not implemented yet: use one of them",
+                 l.tp, l.pp);
+  FAB_USER_CHECK(l.pp == 1 || c.finetuning_type == "full",
+                 "finetuning_type {} with pipeline_parallel_size {} is not implemented in Fabrica yet: the pipeline "
+                 "trains every parameter (finetuning_type full)",
+                 c.finetuning_type, l.pp);
   return l;
 }
 

@@ -17,6 +17,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
+#include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "train/finetuning.h"
 
@@ -47,6 +48,12 @@ std::vector<fs::path> checkpoints_by_step(const std::string& output_dir) {
     if (e.is_directory() && step_of(e.path()) >= 0) found.push_back(e.path());
   std::sort(found.begin(), found.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
   return found;
+}
+
+// Each pipeline stage's optimizer files carry the stage in their name: stages hold different
+// parameters (and a tied head's copy of the embedding has its own moments).
+std::string stage_prefix(const PipelineParallel* pipeline) {
+  return pipeline ? format("stage-{}-of-{}-", pipeline->stage(), pipeline->num_stages()) : "";
 }
 
 // Tensor parallel: (this rank's slot, slots) of the group, (0, 1) without it.
@@ -106,11 +113,13 @@ int64_t steps_taken(const SafetensorsFile& f) {
 
 // Fills this rank's segments of the moments from the pieces saved by every rank of the run that
 // wrote the checkpoint, whatever its world size was.
-void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
+void load_optimizer_shards(const fs::path& dir, DataParallel& dp, const std::string& prefix) {
   std::vector<SafetensorsFile> files;
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string().rfind("optimizer-rank-", 0) == 0) files.push_back(SafetensorsFile::open(e.path().string()));
-  FAB_USER_CHECK(!files.empty(), "{}: no optimizer-rank-*.safetensors (not a complete checkpoint)", dir.string());
+    if (e.path().filename().string().rfind(prefix + "optimizer-rank-", 0) == 0)
+      files.push_back(SafetensorsFile::open(e.path().string()));
+  FAB_USER_CHECK(!files.empty(), "{}: no {}optimizer-rank-*.safetensors (not a complete checkpoint)", dir.string(),
+                 prefix);
   // Optimizer state saved at another tensor_parallel_size would have to be cut anew: not implemented.
   const auto [tp_rank, tp_size] = tp_place(dp);
   for (const SafetensorsFile& f : files)
@@ -187,21 +196,30 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 }  // namespace
 
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml, Communicator* tp, const std::string& base_model) {
+                     const std::string& config_yaml, Communicator* tp, const std::string& base_model,
+                     PipelineParallel* pipeline) {
   Communicator& group = dp.group();
-  const bool main = group.rank() == 0 && (!tp || tp->rank() == 0);
-  auto barrier = [&](const std::string& what) {  // every rank of both groups has reached it
+  const bool stage_main = group.rank() == 0;  // of this stage's data-parallel group
+  const bool main = stage_main && (!tp || tp->rank() == 0) && (!pipeline || pipeline->stage() == 0);
+  // The data-parallel group's barrier, then the tensor-parallel group's or the pipeline's:
+  // together every rank of the job.
+  auto barrier = [&](const std::string& what) {
     group.barrier(what);
     if (tp) tp->barrier(what);
+    if (pipeline) pipeline->group().barrier(what);
   };
   const fs::path final_dir(dir);
   const fs::path tmp = final_dir.string() + ".tmp";
   dp.gather_all_parameters();
+  std::vector<NamedTensor> stages_weights;
+  if (pipeline && stage_main) stages_weights = pipeline->gather_weights();
   const std::vector<NamedTensor> whole = tp ? gather_full_tensors(dp.model(), *tp) : std::vector<NamedTensor>();
   if (main) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    if (tp)
+    if (pipeline)
+      save_model_folder(dp.model().config(), stages_weights, tmp.string());
+    else if (tp)
       save_model_folder(dp.model().config(), whole, tmp.string());
     else
       save_trained_weights(dp.model(), tmp.string(), base_model);
@@ -209,16 +227,18 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
                         {"sampler_epoch", state.sampler.epoch},
                         {"sampler_position", state.sampler.position},
                         {"losses", losses_to_json(state.losses)},
-                        {"world_size", group.size()}};
+                        {"world_size", group.size()},
+                        {"pipeline_parallel_size", pipeline ? pipeline->num_stages() : 1}};
     write_file_atomically((tmp / "trainer_state.json").string(), j.dump(1) + "\n");
     write_file_atomically((tmp / "train_config.yaml").string(), config_yaml);
   }
+  stages_weights.clear();
   dp.release_gathered_parameters();
   barrier("checkpoint: folder made");
-  // Without ZeRO every data-parallel rank holds the whole optimizer state (of its tensor-parallel
-  // slices): data-parallel rank 0 writes it once.
-  if (dp.zero_stage() > 0 || group.rank() == 0)
-    save_optimizer_shard(tmp / optimizer_file(group.rank(), group.size(), tp_place(dp)), dp);
+  // Without ZeRO every data-parallel rank of a stage holds the whole optimizer state (of its
+  // tensor-parallel slices): data-parallel rank 0 writes it once.
+  if (dp.zero_stage() > 0 || stage_main)
+    save_optimizer_shard(tmp / (stage_prefix(pipeline) + optimizer_file(group.rank(), group.size(), tp_place(dp))), dp);
   barrier("checkpoint: shards written");
   if (main) {
     for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());
@@ -230,17 +250,23 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   barrier("checkpoint: renamed");
 }
 
-TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
+TrainerState load_checkpoint(const std::string& dir, DataParallel& dp, PipelineParallel* pipeline) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
-  load_trained_weights(dp.model(), dir);
-  if (dp.model().options().value_head) load_value_head(dp.model(), dir);
-  dp.weights_loaded();
-  load_optimizer_shards(dir, dp);
   std::ifstream in(fs::path(dir) / "trainer_state.json");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
+    const int64_t saved_stages = j.value("pipeline_parallel_size", int64_t(1));
+    const int64_t stages = pipeline ? pipeline->num_stages() : 1;
+    FAB_USER_CHECK(saved_stages == stages,
+                   "{} was saved with pipeline_parallel_size {} and this run has pipeline_parallel_size {}: resuming at "
+                   "another pipeline layout is not implemented yet (its optimizer state is per stage)",
+                   dir, saved_stages, stages);
+    load_trained_weights(dp.model(), dir);
+    if (dp.model().options().value_head) load_value_head(dp.model(), dir);
+    dp.weights_loaded();
+    load_optimizer_shards(dir, dp, stage_prefix(pipeline));
     TrainerState s;
     s.global_step = j.at("global_step").get<int64_t>();
     s.sampler.epoch = j.at("sampler_epoch").get<int64_t>();

@@ -14,6 +14,8 @@
 
 namespace fab {
 
+class PipelineParallel;
+
 struct TrainerState {
   int64_t global_step = 0;  // optimizer steps done
   Sampler::State sampler;
@@ -21,13 +23,17 @@ struct TrainerState {
   int64_t world_size = 1;      // data-parallel ranks of the run that saved it (the sampler position is per rank)
 };
 
-// Collective over the data-parallel group and `tp`, the tensor-parallel group (nullptr: none):
-// every rank calls it; the weights are gathered whole. They are a Hugging Face folder, or with
-// LoRA the adapter folder alone (`base_model` is its base_model_name_or_path).
+// Collective over the data-parallel group, `tp`, the tensor-parallel group, and `pipeline`'s
+// stages (nullptr: none): every rank calls it; the weights are gathered whole. They are a Hugging
+// Face folder, or with LoRA the adapter folder alone (`base_model` is its base_model_name_or_path).
+// With a pipeline, stage 0 writes the weights of every stage as one HF folder and each stage's
+// optimizer files are named stage-S-of-P-optimizer-rank-R-of-N.safetensors.
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml, Communicator* tp = nullptr, const std::string& base_model = "");
-// Restores weights, optimizer shards and state saved by save_checkpoint at any world size.
-TrainerState load_checkpoint(const std::string& dir, DataParallel& dp);
+                     const std::string& config_yaml, Communicator* tp = nullptr, const std::string& base_model = "",
+                     PipelineParallel* pipeline = nullptr);
+// Restores weights, optimizer shards and state saved by save_checkpoint at any data-parallel
+// world size; the pipeline_parallel_size must be the one it was saved with (a UserError names both).
+TrainerState load_checkpoint(const std::string& dir, DataParallel& dp, PipelineParallel* pipeline = nullptr);
 
 // The checkpoint-<N> folder of output_dir with the largest N, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);

@@ -117,14 +117,22 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   FAB_USER_CHECK(!config_.output_dir.empty(), "output_dir is required");
   if (!mesh) own_group_ = std::make_unique<LocalCommunicator>();
   group_ = mesh ? &mesh->group("dp") : own_group_.get();
+  if (!model_->is_whole()) {
+    FAB_CHECK(mesh && mesh->sizes().pp > 1, "a pipeline stage's model needs a mesh with pipeline stages");
+    pipeline_ = std::make_unique<PipelineParallel>(*model_, mesh->group("pp"), int(config_.virtual_pipeline_parallel_size));
+  }
   if (mesh && mesh->sizes().tp > 1) tp_ = &mesh->group("tp");
   FAB_CHECK((tp_ != nullptr) == (model_->options().tp != nullptr), "the model and the mesh disagree on tensor parallel");
-  main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0);
+  main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0);
   DataParallelOptions dp;
   dp.zero_stage = int(config_.zero_stage);
   dp.bucket_bytes = int64_t(config_.ddp_bucket_size * double(1 << 20));
   dp.adamw = AdamWConfig{float(config_.adam_beta1), float(config_.adam_beta2), float(config_.adam_epsilon),
                          float(config_.weight_decay)};
+  if (pipeline_) {
+    dp.model_parallel_group = &pipeline_->group();
+    dp.not_counted = {pipeline_->norm_counted_elsewhere()};
+  }
   if (tp_) {
     dp.model_parallel_group = tp_;
     dp.not_counted = ranges_counted_elsewhere(*model_);
@@ -146,6 +154,14 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
 }
 
 Trainer::~Trainer() = default;
+
+// Every rank of the job: the data-parallel group's barrier, then the tensor-parallel group's or
+// the pipeline's.
+void Trainer::barrier_all(const std::string& what) {
+  group_->barrier(what);
+  if (tp_) tp_->barrier(what);
+  if (pipeline_) pipeline_->group().barrier(what);
+}
 
 // The targets and tokens of this rank's next `micro_batches` micro-batches, counted on a copy of
 // the sampler: each batch is collated, counted and dropped, so memory holds one micro-batch
@@ -187,16 +203,23 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
   sums[1] = double(g_stop_signal != 0);
   sums[2] = double(main_ && timed_save_due());
   const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
-  for (int64_t m = 0; m < micro_batches; ++m) {
-    dp_->begin_micro_batch(m);
-    // LoRA dropout masks: one stream per (seed, rank, micro-batch of the run), so a resumed run draws the same.
-    model_->set_dropout_seed((uint64_t(config_.seed) * 1000003u + uint64_t(group_->rank())) * 0x100000001b3ull +
-                             uint64_t(step * micro_batches + m));
-    sums[0] += micro_batch(scale);
+  if (pipeline_) {
+    sums[0] = pipeline_step(micro_batches, scale);
+  } else {
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      dp_->begin_micro_batch(m);
+      // LoRA dropout masks: one stream per (seed, rank, micro-batch of the run), so a resumed run draws the same.
+      model_->set_dropout_seed((uint64_t(config_.seed) * 1000003u + uint64_t(group_->rank())) * 0x100000001b3ull +
+                               uint64_t(step * micro_batches + m));
+      sums[0] += micro_batch(scale);
+    }
   }
   sums[size_t(3 + group_->rank())] = double(!std::isfinite(sums[0]));
   dp_->finish_gradients();
+  if (pipeline_) pipeline_->sum_tied_gradients();
   group_->all_reduce(sums.data(), int64_t(sums.size()), "loss").wait();  // tp peers hold the same loss sums
+  // The loss is the last stage's; every stage learns it (and any stage's flags).
+  if (pipeline_) pipeline_->group().all_reduce(sums.data(), int64_t(sums.size()), "loss over the pipeline").wait();
   if (tp_) tp_->all_reduce(&sums[1], 2, "stop request and timed save").wait();
   stop_requested_ = sums[1] > 0;  // every rank stops after the same step
   save_due_ = sums[2] > 0;
@@ -261,6 +284,22 @@ bool Trainer::timed_save_due() const {
          std::chrono::steady_clock::now() - last_save_ >= std::chrono::duration<double>(60 * config_.save_every_minutes);
 }
 
+// Pipeline parallel: the step's micro-batches (each stage collates the same ones: the first
+// embeds their ids, the last takes their labels, every stage their packing layout) through the
+// schedule. Memory holds the step's micro-batches of ids, next to the activations in flight.
+double Trainer::pipeline_step(int64_t micro_batches, float scale) {
+  std::vector<PipelineMicroBatch> batches;
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    const Batch b = collate_traced(data_.train, sampler_->next_batch(), data_.pad_id, config_.neat_packing);
+    batches.push_back({b.ids, b.labels, {b.positions, b.doc_start}});
+  }
+  return pipeline_->forward_backward(batches, scale, *dp_);
+}
+
+double Trainer::eval_loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout) {
+  return pipeline_ ? pipeline_->loss_sum({ids, labels, layout}) : model_->loss_sum(ids, labels, layout);
+}
+
 // Forward and backward of this rank's next micro-batch; returns its loss sum.
 double Trainer::micro_batch(float loss_scale) {
   if (objective_)
@@ -319,17 +358,18 @@ double Trainer::evaluate() {
     if (start >= data_.eval.size()) {
       Tensor none = Tensor::zeros({1, 1}, DType::i64, MemoryCategory::activations);
       none.data<int64_t>()[0] = -100;
-      model_->loss_sum(Tensor::zeros({1, 1}, DType::i64, MemoryCategory::activations), none);
+      eval_loss_sum(Tensor::zeros({1, 1}, DType::i64, MemoryCategory::activations), none, {});
       continue;
     }
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(data_.eval.size(), start + batch); ++i) idx.push_back(i);
     Batch b = collate(data_.eval, idx, data_.pad_id, config_.neat_packing);
-    sums[0] += model_->loss_sum(b.ids, b.labels, {b.positions, b.doc_start});
+    sums[0] += eval_loss_sum(b.ids, b.labels, {b.positions, b.doc_start});
     sums[1] += double(DecoderModel::count_targets(b.labels));
   }
   dp_->release_gathered_parameters();
   group_->all_reduce(sums, 2, "evaluation loss").wait();
+  if (pipeline_) pipeline_->group().all_reduce(sums, 1, "evaluation loss over the pipeline").wait();
   return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 
@@ -342,8 +382,8 @@ double Trainer::mfu(double tokens_per_s) const {
   const double t = double(data_.train.total_tokens()) / double(std::max<int64_t>(1, data_.train.size()));
   const double flops = 6 * n + 12.0 * double(m.num_hidden_layers) * t * double(m.hidden_size);
   const char* peak_env = std::getenv("FAB_PEAK_GFLOPS");
-  const int ranks = group_->size() * (tp_ ? tp_->size() : 1);
-  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * ranks;
+  const int processes = group_->size() * (tp_ ? tp_->size() : 1) * (pipeline_ ? pipeline_->num_stages() : 1);
+  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * processes;
   return tokens_per_s * flops / peak;
 }
 
@@ -376,16 +416,37 @@ nlohmann::json Trainer::parallel_metrics() {
     grads.push_back(int64_t(bytes[size_t(3 * r + 1)]));
     opt.push_back(int64_t(bytes[size_t(3 * r + 2)]));
   }
-  return {{"world_size", ranks},
-          {"tensor_parallel_size", tp},
-          {"comm_tp_bytes_sent_per_step", int64_t(tp_sent)},
-          {"zero_stage", dp_->zero_stage()},
-          {"memory_parameters_bytes", params},
-          {"memory_gradients_bytes", grads},
-          {"memory_optimizer_state_bytes", opt},
-          {"memory_frozen_parameters_bytes", model_->frozen().bytes() + model_->frozen_bf16().bytes()},
-          {"comm_bytes_sent_per_step", int64_t(sent)},
-          {"comm_hidden_fraction", busy > 0 ? std::clamp(1.0 - blocked / busy, 0.0, 1.0) : 1.0}};
+  nlohmann::json j = {{"world_size", ranks},
+                      {"tensor_parallel_size", tp},
+                      {"comm_tp_bytes_sent_per_step", int64_t(tp_sent)},
+                      {"zero_stage", dp_->zero_stage()},
+                      {"memory_parameters_bytes", params},
+                      {"memory_gradients_bytes", grads},
+                      {"memory_optimizer_state_bytes", opt},
+                      {"memory_frozen_parameters_bytes", model_->frozen().bytes() + model_->frozen_bf16().bytes()},
+                      {"comm_bytes_sent_per_step", int64_t(sent)},
+                      {"comm_hidden_fraction", busy > 0 ? std::clamp(1.0 - blocked / busy, 0.0, 1.0) : 1.0}};
+  if (pipeline_) j.update(pipeline_metrics());
+  return j;
+}
+
+// Each stage's idle fraction (1 - time in forward and backward / the steps' span) and the bytes
+// of activations and gradients it sent per step, since the last log.
+nlohmann::json Trainer::pipeline_metrics() {
+  const PipelineStats mine = pipeline_->take_stats();
+  const int stages = pipeline_->num_stages(), stage = pipeline_->stage();
+  std::vector<double> values(size_t(2 * stages), 0.0);
+  values[size_t(stage)] = mine.span_seconds > 0 ? 1.0 - mine.busy_seconds / mine.span_seconds : 0.0;
+  values[size_t(stages + stage)] = double(mine.bytes_sent) / double(std::max<int64_t>(1, mine.steps));
+  pipeline_->group().all_reduce(values.data(), int64_t(values.size()), "pipeline report").wait();
+  nlohmann::json idle = nlohmann::json::array(), sent = nlohmann::json::array();
+  for (int s = 0; s < stages; ++s) {
+    idle.push_back(values[size_t(s)]);
+    sent.push_back(int64_t(values[size_t(stages + s)]));
+  }
+  return {{"pipeline_parallel_size", stages},
+          {"pipeline_bubble_fraction", idle},
+          {"pipeline_bytes_sent_per_step", sent}};
 }
 
 // On a terminal: one line redrawn every step with a bar, loss, lr, tokens/s, MFU and ETA.
@@ -438,7 +499,7 @@ void Trainer::save(int64_t step) {
   last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
-  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path);
+  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get());
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
   barrier_all("checkpoints pruned");
 }
@@ -446,7 +507,7 @@ void Trainer::save(int64_t step) {
 // A checkpoint saved by N ranks resumes on M: the sampler position counts this rank's share of
 // the epoch's samples, so it scales by N / M.
 void Trainer::resume(const std::string& checkpoint) {
-  state_ = load_checkpoint(checkpoint, *dp_);
+  state_ = load_checkpoint(checkpoint, *dp_, pipeline_.get());
   const int64_t saved_world = state_.world_size;
   if (saved_world != group_->size()) {
     const int64_t consumed = state_.sampler.position * saved_world;
@@ -534,7 +595,11 @@ bool Trainer::run() {
 // The trained model as an HF folder in output_dir, with the tokenizer files copied beside it.
 void Trainer::finish() {
   dp_->gather_all_parameters();
-  if (tp_) {
+  if (pipeline_) {
+    std::vector<NamedTensor> weights;
+    if (group_->rank() == 0) weights = pipeline_->gather_weights();
+    if (main_) save_model_folder(model_->config(), weights, config_.output_dir);
+  } else if (tp_) {
     const std::vector<NamedTensor> whole = gather_full_tensors(*model_, *tp_);
     if (main_) save_model_folder(model_->config(), whole, config_.output_dir);
   } else if (main_) {
@@ -550,12 +615,6 @@ void Trainer::finish() {
                     "training loss of " + config_.output_dir);
   }
   copy_tokenizer_and_template_files(config_.model_name_or_path, config_.output_dir);
-}
-
-// The data-parallel barrier, then the tensor-parallel one: every rank of the mesh has reached it.
-void Trainer::barrier_all(const std::string& what) {
-  group_->barrier(what);
-  if (tp_) tp_->barrier(what);
 }
 
 }  // namespace fab

@@ -16,6 +16,7 @@
 #include "train/batch.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_parallel.h"
 #include "train/checkpoint.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
@@ -53,6 +54,9 @@ class Trainer {
 
  private:
   double train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
+  double pipeline_step(int64_t micro_batches, float scale);
+  double eval_loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout);
+  nlohmann::json pipeline_metrics();
   double micro_batch(float loss_scale);
   double evaluate_stage();
   nlohmann::json stage_metrics(double eval_loss);
@@ -80,7 +84,8 @@ class Trainer {
   DeviceMesh* mesh_ = nullptr;
   Communicator* group_;                       // data parallel
   Communicator* tp_ = nullptr;                // tensor parallel, when the model is split
-  bool main_ = true;  // rank 0 of the group (and of the tensor-parallel group)
+  bool main_ = true;  // rank 0 of the group (and of the tensor-parallel group, and the first pipeline stage)
+  std::unique_ptr<PipelineParallel> pipeline_;  // the model is one pipeline stage
   std::unique_ptr<DataParallel> dp_;
   CommStats comm_at_last_log_, tp_at_last_log_;
   int64_t steps_since_log_ = 0;
