@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 // go on side by side.
 std::string shared_dir(const std::string& name) {
   Communicator& w = test::world();
-  const std::string dir = "/tmp/fabrica-mpi-test-" + std::to_string(w.size()) + "/" + name;
+  const std::string dir = test::scratch_root() + "/" + name;
   if (w.rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -146,7 +146,7 @@ TEST(DataParallel, CheckpointsReshardToAnotherWorldSize) {
   ASSERT_EQ(full.size(), 20u);
   auto check_resumed = [&](Communicator& group, const std::string& name, const std::string& extra,
                            bool bitwise = false) {
-    const auto c = config_for(model, "/tmp/fabrica-mpi-test-" + std::to_string(w.size()) + "/" + name,
+    const auto c = config_for(model, test::scratch_root() + "/" + name,
                               2 * w.size() / group.size(),
                               extra + "resume_from_checkpoint: " + saved + "/checkpoint-10\noverwrite_output_dir: true\n");
     const auto resumed = train(c, &group);

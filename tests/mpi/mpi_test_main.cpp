@@ -1,5 +1,6 @@
 // The GoogleTest main of the tests that need several processes: run under mpirun (make test runs
 // it at 2 and 4 ranks). Every rank runs every test in the same order, so their collectives match.
+#include <filesystem>
 #include <gtest/gtest.h>
 
 #include "comm/world.h"
@@ -9,6 +10,10 @@ namespace fab::test {
 
 Communicator* g_world = nullptr;
 Communicator& world() { return *g_world; }
+
+std::string scratch_root() {
+  return (std::filesystem::current_path() / ("mpi-scratch-" + std::to_string(world().size()))).string();
+}
 
 }  // namespace fab::test
 

@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 
 std::string shared_dir(const std::string& name) {
   Communicator& w = test::world();
-  const std::string dir = "/tmp/fabrica-mpi-pp-test-" + std::to_string(w.size()) + "/" + name;
+  const std::string dir = test::scratch_root() + "/" + name;
   if (w.rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);
@@ -223,7 +223,7 @@ TEST(PipelineParallel, CheckpointsResumeExactlyAndTheOutputIsAWholeModel) {
   if (w.rank() == 0) {
     LocalCommunicator alone;
     try {
-      train(config_for(model, "/tmp/fabrica-mpi-pp-test-2/elsewhere", 2,
+      train(config_for(model, test::scratch_root() + "/elsewhere", 2,
                        "resume_from_checkpoint: " + saved + "/checkpoint-10\n"),
             alone);
       ADD_FAILURE() << "resumed a pp2 checkpoint on one process";
@@ -233,7 +233,7 @@ TEST(PipelineParallel, CheckpointsResumeExactlyAndTheOutputIsAWholeModel) {
           << e.what();
     }
     // The output folder loads as a whole model and holds what one process trains.
-    const std::string one = "/tmp/fabrica-mpi-pp-test-2/one";
+    const std::string one = test::scratch_root() + "/one";
     fs::remove_all(one);
     train(config_for(model, one, 2, ""), alone);
     auto a = load_model_folder(saved, {Precision::fp32, false, 64});

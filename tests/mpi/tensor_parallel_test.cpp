@@ -40,7 +40,7 @@ std::unique_ptr<Communicator> tp_group() { return test::world().split(test::worl
 // A model folder with seeded weights, written by rank 0.
 std::string model_folder(const std::string& name, const std::string& config_json) {
   Communicator& w = test::world();
-  const std::string dir = "/tmp/fabrica-mpi-test-" + std::to_string(w.size()) + "/tp-" + name;
+  const std::string dir = test::scratch_root() + "/tp-" + name;
   if (w.rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);

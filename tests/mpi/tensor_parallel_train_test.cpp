@@ -36,7 +36,7 @@ const char* kOneKvHead = R"({"model_type":"llama","vocab_size":67,"hidden_size":
   "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":1,"max_position_embeddings":64})";
 
 std::string test_dir(const std::string& name) {
-  return "/tmp/fabrica-mpi-test-" + std::to_string(test::world().size()) + "/tp-train-" + name;
+  return test::scratch_root() + "/tp-train-" + name;
 }
 
 std::string fresh_dir(const std::string& name) {
