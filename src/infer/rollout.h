@@ -1,0 +1,33 @@
+#pragma once
+// Rollouts for reinforcement learning (and batched `fabrica generate`): many prompts, each sampled
+// with its own seeded stream, so what a request produces never depends on which other requests
+// share its batch or in which order they finish.
+#include <cstdint>
+#include <vector>
+
+#include "infer/generate.h"
+
+namespace fab {
+
+struct RolloutRequest {
+  std::vector<int32_t> prompt;
+  uint64_t seed = 0;  // this request's own sampling stream (SamplingOptions::seed is not used)
+};
+
+struct RolloutOutput {
+  std::vector<int32_t> tokens;  // the response; ends with the stop id when one ended it
+  bool stopped = false;         // ended by a stop id (false: cut at max_new_tokens)
+};
+
+struct RolloutStats {
+  int64_t generated_tokens = 0;
+  int64_t peak_batch = 0;  // the most sequences decoded together
+  double seconds = 0;
+};
+
+// Generates a response for every request under `options`, decoding up to `max_batch` sequences
+// together. Outputs come back in the order of `requests`.
+std::vector<RolloutOutput> rollout(DecoderModel& model, const std::vector<RolloutRequest>& requests,
+                                   const SamplingOptions& options, int64_t max_batch, RolloutStats* stats = nullptr);
+
+}  // namespace fab
