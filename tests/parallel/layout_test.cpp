@@ -103,6 +103,7 @@ TEST(ParallelLayout, ConflictsNameTheSizes) {
   expect("tensor_parallel_size: 2\npipeline_parallel_size: 2\n", 4, "tensor_parallel_size 2 with pipeline_parallel_size 2 is not implemented yet");
   expect("finetuning_type: lora\npipeline_parallel_size: 2\n", 2, "finetuning_type lora with pipeline_parallel_size 2 is not implemented");
   expect("finetuning_type: freeze\npipeline_parallel_size: 2\n", 2, "finetuning_type freeze with pipeline_parallel_size 2");
+  expect("finetuning_type: lora\ntensor_parallel_size: 2\n", 2, "finetuning_type lora with tensor_parallel_size 2 is not implemented");
   expect("stage: dpo\ntensor_parallel_size: 2\n", 2, "stage dpo with tensor_parallel_size 2 and pipeline_parallel_size 1 is not implemented");
   expect("pipeline_schedule: zero_bubble\n", 1, "expected 1f1b or interleaved_1f1b");
 }

@@ -4,10 +4,14 @@
 // a second with a layout that fits.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 
 #include "core/error.h"
+#include "parallel/layout.h"
+#include "plan/auto_layout.h"
 #include "plan/planner.h"
 
 namespace fab {
@@ -176,9 +180,86 @@ TEST(PlanScale, Llama3_70BOn512H100sInUnderASecond) {
   EXPECT_TRUE(j["layouts"][0]["recompute"].is_boolean());
 }
 
+// A run config as parse_train_config gives it: `yaml` sets (and marks as given) its keys.
+TrainConfig run_config(const std::string& yaml) { return parse_train_config("max_steps: 1\n" + yaml, "run.yaml"); }
+
+// Every layout the planner marks as runnable is one the trainer's parallel_layout accepts with
+// the run's own settings: after apply_planned_layout the config passes, with the global batch kept.
+void expect_runnable_layouts_pass_the_trainer(const Plan& plan, const TrainConfig& run, const ModelConfig& m,
+                                              int devices, int64_t global_batch) {
+  for (const PlannedLayout& r : plan.layouts) {
+    if (!r.implemented) continue;
+    TrainConfig c = run;
+    apply_planned_layout(layout_json(r), c);
+    const ParallelLayout l = parallel_layout(c, m, devices);
+    EXPECT_EQ(c.per_device_train_batch_size * c.gradient_accumulation_steps * l.dp, global_batch);
+    EXPECT_EQ(l.chunk_layers, r.layout.chunk_layers);
+  }
+}
+
+TEST(PlanAuto, TheRunsSettingsDecideWhatRuns) {
+  const ModelConfig m = llama(4, 256, 4, 2, 704, 8192);
+  const ClusterSpec c = preset_cluster("h100-80g", 4, 4);
+  PlanProblem p{m, 256, 16, true};
+  for (const char* yaml : {"parallel: auto\n", "parallel: auto\nfinetuning_type: lora\n",
+                           "parallel: auto\nfinetuning_type: freeze\nfreeze_trainable_layers: 1\n",
+                           "parallel: auto\nstage: dpo\n"}) {
+    SCOPED_TRACE(yaml);
+    const TrainConfig run = run_config(yaml);
+    const Plan plan = make_plan(p, c, plan_constraints(run));
+    const PlannedLayout* chosen = first_runnable(plan);
+    ASSERT_NE(chosen, nullptr);
+    if (run.finetuning_type != "full" || run.stage == "dpo") {
+      // LoRA/freeze: no tp and no pp; preference stages: data parallel only.
+      EXPECT_EQ(chosen->layout.tp, 1);
+      EXPECT_EQ(chosen->layout.pp, 1);
+      for (const PlannedLayout& r : plan.layouts)
+        if (r.layout.tp > 1 || r.layout.pp > 1) EXPECT_FALSE(r.implemented);
+    }
+    // tp x pp together is judged by parallel_layout too: runnable exactly when it accepts it.
+    expect_runnable_layouts_pass_the_trainer(plan, run, m, 4, 16);
+  }
+}
+
+TEST(PlanAuto, KeysSetByHandConstrainTheSearch) {
+  const ModelConfig m = llama(4, 256, 4, 2, 704, 8192);
+  const ClusterSpec c = preset_cluster("h100-80g", 4, 4);
+  PlanProblem p{m, 256, 16, true};
+  const TrainConfig run = run_config("parallel: auto\ntensor_parallel_size: 2\nzero_stage: 1\ngradient_checkpointing: true\n");
+  const PlanConstraints fixed = plan_constraints(run);
+  EXPECT_EQ(fixed.tp, 2);
+  EXPECT_EQ(fixed.zero_stage, 1);
+  EXPECT_EQ(fixed.recompute, true);
+  EXPECT_FALSE(fixed.pp.has_value());
+  const Plan plan = make_plan(p, c, fixed);
+  ASSERT_FALSE(plan.layouts.empty());
+  for (const PlannedLayout& r : plan.layouts) {
+    EXPECT_EQ(r.layout.tp, 2);
+    EXPECT_EQ(r.layout.zero_stage, 1);
+    EXPECT_TRUE(r.layout.recompute);
+  }
+  EXPECT_EQ(plan_json(plan, 1)["constrained_by"],
+            nlohmann::json({"tensor_parallel_size=2", "zero_stage=1", "recompute_layers=true"}));
+  // Without parallel: auto the same keys are the run's manual layout: `fabrica plan` searches all.
+  const TrainConfig manual = run_config("tensor_parallel_size: 2\nzero_stage: 1\n");
+  EXPECT_FALSE(plan_constraints(manual).tp.has_value());
+  EXPECT_GT(make_plan(p, c, plan_constraints(manual)).layouts.size(), plan.layouts.size());
+}
+
+TEST(PlanAuto, AFixedLayoutThatCannotRunSaysWhy) {
+  const ModelConfig m = llama(4, 256, 4, 2, 704, 8192);
+  PlanProblem p{m, 256, 16, true};
+  const ClusterSpec c = preset_cluster("h100-80g", 2, 2);
+  const TrainConfig run = run_config("parallel: auto\npipeline_parallel_size: 2\nzero_stage: 3\n");
+  const Plan plan = make_plan(p, c, plan_constraints(run));
+  EXPECT_EQ(first_runnable(plan), nullptr);
+  EXPECT_NE(no_layout_reason(plan, 2).find("zero_stage 3 with pipeline_parallel_size 2"), std::string::npos)
+      << no_layout_reason(plan, 2);
+}
+
 TEST(PlanCluster, FileRoundTripsAndBadFilesAreUserErrors) {
   const ClusterSpec c = preset_cluster("a100-80g", 16, 8);
-  const std::string path = testing::TempDir() + "/plan_cluster.yaml";
+  const std::string path = testing::TempDir() + "/plan_cluster_" + std::to_string(::getpid()) + ".yaml";
   std::FILE* f = std::fopen(path.c_str(), "w");
   std::fputs(cluster_spec_to_yaml(c).c_str(), f);
   std::fclose(f);
