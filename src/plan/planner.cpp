@@ -288,11 +288,14 @@ std::string no_layout_reason(const Plan& plan, int devices) {
 }
 
 std::string memory_breakdown_text(const MemoryBreakdown& m) {
+  const std::string save = m.save_gathered > m.activations + m.logits
+                               ? format(" (the peak: the final save gathers {})", gigabytes(m.save_gathered))
+                               : std::string();
   return format("parameters {}, gradients {}, optimizer state {}, activations {}, logits chunk {}, buffers {}, "
-                "reserved {}: total {}",
+                "reserved {}: total {}{}",
                 gigabytes(m.parameters), gigabytes(m.gradients), gigabytes(m.optimizer_state),
                 gigabytes(m.activations), gigabytes(m.logits), gigabytes(m.buffers), gigabytes(m.reserved),
-                gigabytes(m.total()));
+                gigabytes(m.total()), save);
 }
 
 std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec& c, int top) {
@@ -395,7 +398,8 @@ nlohmann::json layout_json(const PlannedLayout& r) {
                       {"activations", int64_t(m.activations)},
                       {"logits", int64_t(m.logits)},
                       {"buffers", int64_t(m.buffers)},
-                      {"reserved", int64_t(m.reserved)}}},
+                      {"reserved", int64_t(m.reserved)},
+                      {"save_gathered", int64_t(m.save_gathered)}}},
           {"time", {{"compute", t.compute},
                     {"tensor_comm", t.tensor_comm},
                     {"pipeline_comm", t.pipeline_comm},

@@ -125,6 +125,32 @@ TEST(PlanMemory, BucketBuffersFollowTheLargestUnit) {
                    bucket / 2 + bucket + 0.5 * 4 * (151669.0 * 128 + layer_parameters(m)));
 }
 
+TEST(PlanMemory, TheFinalSaveGathersWeightsOnTheHost) {
+  // bench/plan_check.sh's model on this machine at 2 ranks.
+  ModelConfig m = llama(4, 128, 4, 2, 352, 151669);
+  m.head_dim = 32;
+  m.tie_word_embeddings = true;
+  PlanProblem p{m, 64, 8, false};
+  const ClusterSpec c = this_machine(2);
+  const double embedding = 151669.0 * 128, whole = 4 * layer_parameters(m) + embedding + 128;
+  PlanLayout tp;  // every tp rank builds the whole model, and the embedding's gathered slices
+  tp.tp = 2;
+  tp.micro_batch_size = 2;
+  tp.gradient_accumulation_steps = 4;
+  tp.chunk_layers = {4};
+  EXPECT_NEAR(predict_memory(p, c, tp).save_gathered, 4 * (whole + embedding), 4 * 2 * 4.0);
+  PlanLayout pp;  // stage 0 receives stage 1's weights: 2 layers, the norm and the tied copy
+  pp.pp = 2;
+  pp.gradient_accumulation_steps = 8;
+  pp.chunk_layers = {2, 2};
+  const MemoryBreakdown stage0 = predict_memory(p, c, pp);
+  EXPECT_DOUBLE_EQ(stage0.save_gathered, 4 * (2 * layer_parameters(m) + 128 + embedding));
+  EXPECT_DOUBLE_EQ(stage0.total(), stage0.parameters + stage0.gradients + stage0.optimizer_state + stage0.buffers +
+                                       stage0.reserved + stage0.save_gathered);
+  // On a GPU preset the save is host memory, not the device's.
+  EXPECT_EQ(predict_memory(p, preset_cluster("h100-80g", 2, 2), pp).save_gathered, 0);
+}
+
 TEST(PlanEnumeration, IllegalLayoutsArePrunedWithTheirReason) {
   // 4 layers, 4 heads : 2 kv heads, 16 devices of 8 per node.
   PlanProblem p{llama(4, 256, 4, 2, 704, 8192), 256, 40, true};
