@@ -13,7 +13,8 @@
 # the measured fastest.
 #
 #   bench/plan_check.sh [build/fabrica]    PLAN_STEPS=n (3)   FAB_SHARED_DIR (../shared)
-#   PLAN_RANKS="2 4" (the process counts)
+#   PLAN_RANKS="2 4" (the process counts)   PLAN_MATCH=regex (only the layouts whose name matches,
+#   e.g. 'tp2-pp1' or 'pp2-v2')
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -78,6 +79,7 @@ for ranks in ${PLAN_RANKS:-2 4}; do
     read -r tp pp vpp sp zero recompute mbs <<<"$spec"
     dp=$((ranks / tp / pp))
     name="r${ranks}-tp${tp}-pp${pp}-v${vpp}-sp${sp}-z${zero}-rc${recompute}-b${mbs}"
+    [[ "$name" =~ ${PLAN_MATCH:-.} ]] || continue
     base_yaml "$ranks" "$mbs" | sed "s/^gradient_accumulation_steps: .*/gradient_accumulation_steps: $((8 / dp / mbs))/" > "$name.yaml"
     schedule=1f1b; [ "$vpp" -gt 1 ] && schedule=interleaved_1f1b
     printf 'tensor_parallel_size: %s\npipeline_parallel_size: %s\nvirtual_pipeline_parallel_size: %s\npipeline_schedule: %s\nsequence_parallel: %s\nzero_stage: %s\nrecompute_layers: %s\noutput_dir: %s\n' \

@@ -86,6 +86,13 @@ grep -q "kept as set: tensor_parallel_size=1, zero_stage=1" auto_fixed.log || { 
 check_auto_metrics auto_fixed 1 1
 echo "ok: parallel: auto keeps tensor_parallel_size and zero_stage set by hand"
 
+# A resumed parallel: auto run keeps the layout its checkpoint was saved with.
+"$fabrica" train auto.yaml output_dir=auto_resume "${fix[@]}" save_steps=2 > resume1.log 2>&1 || { cat resume1.log; fail "run to resume"; }
+"$fabrica" train auto.yaml output_dir=auto_resume resume_from_checkpoint=true > resume2.log 2>&1 || { cat resume2.log; fail "resume"; }
+grep -q "kept as set: the layout of .*checkpoint-2" resume2.log || { cat resume2.log; fail "resume replanned"; }
+check_auto_metrics auto_resume 1 1
+echo "ok: a resumed parallel: auto run keeps its checkpoint's layout"
+
 expect_exit2() {  # expect_exit2 WHAT CMD...
   local what=$1; shift
   local rc=0
