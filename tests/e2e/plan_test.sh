@@ -66,7 +66,7 @@ error = end["predicted_memory_bytes"] / end["peak_memory_bytes"] - 1
 print(f"  layout tp {l['tensor_parallel_size']} pp {l['pipeline_parallel_size']} dp {l['data_parallel_size']} "
       f"zero {l['zero_stage']} mbs {l['micro_batch_size']}: memory predicted {end['predicted_memory_bytes']/1e6:.1f} MB, "
       f"measured {end['peak_memory_bytes']/1e6:.1f} MB ({100*error:+.1f}%)")
-assert abs(error) < 0.25, error
+assert abs(error) < 0.15, error  # bench/RESULTS.md: within 3% on the bench model
 PY
 }
 { sft_config; printf 'nproc_per_node: 2\nparallel: auto\nmax_steps: 3\nsave_steps: 0\ncutoff_len: 64\n'; } > auto.yaml
