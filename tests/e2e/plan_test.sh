@@ -2,7 +2,8 @@
 # `fabrica plan` as scripts call it: this machine at the YAML's nproc_per_node, a hypothetical
 # cluster (--devices/--device), --json with the interface's keys, a cluster file from --calibrate
 # (2 processes under mpirun) read back with --cluster, `parallel: auto` training at 2 processes
-# (unconstrained and with tensor_parallel_size kept), and bad input as exit code 2.
+# (free, with tensor_parallel_size and zero_stage set by hand, resumed), its metrics.jsonl, and
+# bad input as exit code 2.
 # Usage: plan_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
