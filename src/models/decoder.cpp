@@ -205,8 +205,8 @@ void DecoderModel::register_parameters() {
                  tp, H, I, KV);
   FAB_USER_CHECK(tp == 1 || (!options_.trainable && !options_.lora.enabled()),
                  "tensor_parallel_size {} with finetuning_type lora or freeze is not implemented in Fabrica yet", tp);
-  FAB_USER_CHECK(is_whole() || (!options_.trainable && !options_.lora.enabled()),
-                 "pipeline_parallel_size > 1 with finetuning_type lora or freeze is not implemented in Fabrica yet");
+  FAB_USER_CHECK(is_whole() || !options_.lora.enabled(),
+                 "pipeline_parallel_size > 1 with finetuning_type lora is not implemented in Fabrica yet");
   heads_ = H / tp;
   kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
   kv_heads_ = KV * kv_replicas_ / tp;

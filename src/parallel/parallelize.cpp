@@ -34,6 +34,10 @@ ParallelModel parallelize(DecoderModel& model, DeviceMesh& mesh, const TrainConf
     dp.not_counted = ranges_counted_elsewhere(model);
   }
   if (sizes.pp > 1) {  // 2. the stage's executor; the norm summed over the stages, a tied copy counted once
+    FAB_USER_CHECK(model.params().numel() > 0,
+                   "pipeline stage {} holds no trainable parameter (finetuning_type freeze trains none of its layers): "
+                   "choose freeze_trainable_layers / freeze_extra_modules that reach every stage, or fewer stages",
+                   mesh.coordinate("pp"));
     out.pipeline = std::make_unique<PipelineParallel>(model, mesh.group("pp"), int(config.virtual_pipeline_parallel_size));
     dp.model_parallel_groups.push_back(&out.pipeline->group());
     dp.not_counted = merge_ranges(dp.not_counted, out.pipeline->norm_counted_elsewhere());

@@ -167,15 +167,20 @@ double PipelineParallel::forward_backward(const std::vector<PipelineMicroBatch>&
   return loss;
 }
 
+// A frozen embedding (freeze fine-tuning) has no gradient: nothing to sum or to leave out.
+bool PipelineParallel::tied_embedding_trains() const {
+  return embedding_group_ && model_.params().contains("model.embed_tokens.weight");
+}
+
 void PipelineParallel::sum_tied_gradients() {
-  if (!embedding_group_) return;
+  if (!tied_embedding_trains()) return;
   const ParamInfo& e = model_.params().info("model.embed_tokens.weight");
   embedding_group_->all_reduce(model_.params().grads().data<float>() + e.offset, e.numel(), "tied embedding gradients")
       .wait();
 }
 
 std::pair<int64_t, int64_t> PipelineParallel::norm_counted_elsewhere() const {
-  if (!embedding_group_ || stage() == 0) return {0, 0};
+  if (!tied_embedding_trains() || stage() == 0) return {0, 0};
   const ParamInfo& e = model_.params().info("model.embed_tokens.weight");
   return {e.offset, e.offset + e.numel()};
 }
@@ -207,9 +212,8 @@ double PipelineParallel::loss_sum(const PipelineMicroBatch& b) {
 }
 
 std::vector<NamedTensor> PipelineParallel::own_weights() const {
-  std::vector<NamedTensor> out;
-  const ParamBuffer& params = model_.params();
-  for (const ParamInfo& p : params.params()) out.push_back({p.name, params.values().view(p.offset, p.shape)});
+  std::vector<NamedTensor> out;  // trained and frozen (freeze fine-tuning) alike, in fp32
+  for (const auto& [p, buffer] : model_.base_parameters()) out.push_back({p->name, buffer->values_f32(*p)});
   return out;
 }
 

@@ -76,7 +76,7 @@ class PipelineParallel {
   // Elements of this stage's flat buffers that another stage counts in the gradient norm.
   std::pair<int64_t, int64_t> norm_counted_elsewhere() const;
 
-  // This stage's parameters as they are held (views of the flat buffer).
+  // This stage's Hugging Face parameters (trained and frozen), fp32.
   std::vector<NamedTensor> own_weights() const;
   // Every stage's `stage_weights` (its whole HF tensors: own_weights(), or under tensor parallel
   // the slices gathered) collected on stage 0 as the whole model (each name once); empty on the
@@ -87,6 +87,7 @@ class PipelineParallel {
 
  private:
   int tag(bool gradient, int receiving_virtual_stage) const;
+  bool tied_embedding_trains() const;
   Tensor hidden_buffer(const PipelineMicroBatch& b) const;
 
   DecoderModel& model_;

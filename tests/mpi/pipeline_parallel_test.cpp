@@ -19,6 +19,7 @@
 #include "parallel/layout.h"
 #include "parallel/parallelize.h"
 #include "parallel/pipeline_parallel.h"
+#include "train/finetuning.h"
 #include "train/synthetic_data.h"
 #include "train/trainer.h"
 #include "test_util.h"
@@ -148,7 +149,8 @@ std::vector<StepRecord> train(const TrainConfig& c, Communicator& group) {
   const ModelConfig model_config = load_model_config(c.model_name_or_path + "/config.json");
   const ParallelLayout layout = parallel_layout(c, model_config, group.size());
   DeviceMesh mesh(group, layout.sizes());
-  const ModelShare share = model_share({Precision::fp32, false, 64}, layout, mesh, c);
+  ModelShare share = model_share({Precision::fp32, false, 64}, layout, mesh, c);
+  apply_finetuning(c, model_config.num_hidden_layers, share.options);
   auto model = load_model_folder(c.model_name_or_path, share.options, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(64, 1), test::synthetic_samples(6, 2), 0};
   Trainer trainer(c, std::move(model), std::move(data), &mesh);
@@ -188,6 +190,22 @@ TEST(PipelineParallel, TwoStagesReproduceTheSingleProcessLosses) {
       const auto history = train(config_for(model, shared_dir("pp"), 2, layout), w);
       expect_same_losses(history, reference, std::string(name) + " " + layout);
     }
+  }
+}
+
+// Freeze fine-tuning across stages: a trainable embedding tied to the last stage's head (its
+// gradient summed between them), a frozen tied embedding (nothing to sum), and norms on every stage.
+TEST(PipelineParallel, FreezeFineTuningReproducesTheSingleProcessLosses) {
+  Communicator& w = test::world();
+  if (w.size() != 2) GTEST_SKIP() << "the pp2 layouts run at 2 ranks";
+  const std::string freeze = "finetuning_type: freeze\nfreeze_trainable_layers: 1\n";
+  for (const auto& [name, json, extra] : {std::tuple{"qwen3", kQwen3Tied, "freeze_extra_modules: embed_tokens\n"},
+                                          std::tuple{"qwen3", kQwen3Tied, "freeze_extra_modules: norm\n"},
+                                          std::tuple{"llama", kLlama, "freeze_extra_modules: norm\n"}}) {
+    const std::string model = model_folder(std::string("model-") + name, json);
+    const auto reference = single_process_losses(config_for(model, shared_dir("reference"), 2, freeze + extra));
+    const auto history = train(config_for(model, shared_dir("pp"), 2, freeze + extra + "pipeline_parallel_size: 2\n"), w);
+    expect_same_losses(history, reference, std::string(name) + " freeze " + extra);
   }
 }
 
