@@ -126,8 +126,8 @@ void save_optimizer_shard(const fs::path& path, const DataParallel& dp) {
 }
 
 struct SavedPiece {
-  const SafetensorsFile* file;
-  int64_t begin, length, at;  // elements of the saved slice; position in the file's moments
+  const float *exp_avg, *exp_avg_sq;  // the file's moments (mapped)
+  int64_t begin, length, at;           // elements of the saved slice; position in the file's moments
   SliceGeometry slice;
 };
 
@@ -164,7 +164,8 @@ std::map<std::string, std::vector<SavedPiece>> saved_pieces(const std::vector<Sa
                                          : SliceGeometry::of(full, -1, 0, 0);
           FAB_USER_CHECK(begin + length <= g.rows * g.cols, "segment {} runs past its slice of {} elements",
                          seg.dump(), g.rows * g.cols);
-          pieces[name].push_back({&f, begin, length, at, g});
+          pieces[name].push_back({f.tensor("exp_avg").data<float>(), f.tensor("exp_avg_sq").data<float>(), begin,
+                                  length, at, g});
         }
         at += length;
       }
@@ -202,8 +203,8 @@ int64_t fill_from_pieces(const SliceGeometry& mine, int64_t begin, int64_t lengt
       const int64_t x = std::max(a, first), y = std::min(b, real_last);
       if (x >= y) continue;
       const int64_t from = p.at + pr * p.slice.cols + (x - p.slice.col0) - p.begin;
-      std::copy_n(p.file->tensor("exp_avg").data<float>() + from, y - x, m + (x - first));
-      std::copy_n(p.file->tensor("exp_avg_sq").data<float>() + from, y - x, v + (x - first));
+      std::copy_n(p.exp_avg + from, y - x, m + (x - first));
+      std::copy_n(p.exp_avg_sq + from, y - x, v + (x - first));
       covered.push_back({x, y});
     }
     std::sort(covered.begin(), covered.end());

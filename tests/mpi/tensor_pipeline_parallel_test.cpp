@@ -4,7 +4,8 @@
 // tensor_parallel_test measures it) on llama and on qwen3 with tied
 // embeddings (their gradient summed between the first and last stage per tp rank), with and
 // without sequence parallel; and 20 fp32 training steps through the Trainer within 1e-5 relative
-// of one process's losses, the output folder a whole HF model.
+// of one process's losses (ZeRO-1; sp; sp with the interleaved schedule), the output folder a
+// whole HF model; a checkpoint resumes at its layout bit for bit and on one process.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -194,7 +195,9 @@ TEST(TensorTimesPipelineParallel, ReproducesTheSingleProcessLosses) {
     const std::string model = model_folder(std::string("model-") + name, json);
     const auto reference = single_process_losses(config_for(model, shared_dir("reference"), 2, ""));
     for (const std::string layout : {"tensor_parallel_size: 2\npipeline_parallel_size: 2\nzero_stage: 1\n",
-                                     "tensor_parallel_size: 2\npipeline_parallel_size: 2\nsequence_parallel: true\n"}) {
+                                     "tensor_parallel_size: 2\npipeline_parallel_size: 2\nsequence_parallel: true\n",
+                                     "tensor_parallel_size: 2\npipeline_parallel_size: 2\nsequence_parallel: true\n"
+                                     "virtual_pipeline_parallel_size: 2\npipeline_schedule: interleaved_1f1b\n"}) {
       const std::string out = shared_dir("tp2pp2");
       const auto history = train(config_for(model, out, 2, layout), w);
       ASSERT_EQ(history.size(), reference.size());
