@@ -11,7 +11,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <map>
 
 #include "core/backend.h"
 #include "kernels/kernel_table.h"
