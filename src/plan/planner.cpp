@@ -15,8 +15,9 @@ namespace {
 
 constexpr int kMaxVirtualStages = 8;
 constexpr int64_t kMaxMicroBatch = 64;
-// parallel_layout's refusals of sizes the rules allow but Fabrica does not run yet ("... is not
-// implemented in Fabrica yet", "tp with pp is not implemented yet"): its last checks.
+// parallel_layout's refusals of combinations the rules allow but Fabrica does not run yet ("... is
+// not implemented in Fabrica yet": LoRA with tp or pp, freeze with tp, preference stages with
+// either): its last checks.
 constexpr const char* kNotImplemented = "is not implemented";
 
 std::vector<int64_t> divisors(int64_t n, int64_t limit) {
