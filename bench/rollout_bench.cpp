@@ -4,7 +4,7 @@
 // top-p 1. `--write DIR` saves the model (random weights, seed 1234) and the prompts
 // (prompts.json) so bench/hf_generate_peer.py runs the same work in transformers; `--model DIR`
 // then loads them. Prints one JSON line: generated tokens/s of the timed run (after one untimed
-// warm-up rollout of `--batch` prompts).
+// warm-up rollout of `--batch` prompts), and tokens per CPU-second of the process.
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -88,6 +88,14 @@ std::vector<fab::RolloutRequest> read_prompts(const std::string& dir, int64_t n)
   return requests;
 }
 
+// User + system time of the whole process so far: on a shared machine, tokens per CPU-second
+// say how much work a token costs whatever share of the cores the run got.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,15 +113,17 @@ int main(int argc, char** argv) {
     const std::vector<RolloutRequest> requests = read_prompts(f.model_dir, f.prompts);
     rollout(*model, {requests.begin(), requests.begin() + std::min<int64_t>(f.batch, f.prompts)}, o, f.batch);
     RolloutStats stats;
+    const double cpu_before = cpu_seconds();
     rollout(*model, requests, o, f.batch, &stats);
+    const double cpu = cpu_seconds() - cpu_before;
     rusage usage{};
     getrusage(RUSAGE_SELF, &usage);
     std::printf("{\"impl\":\"fabrica\",\"precision\":\"%s\",\"threads\":%d,\"prompts\":%lld,\"new_tokens\":%lld,"
                 "\"batch\":%lld,\"generated_tokens\":%lld,\"seconds\":%.3f,\"tokens_per_s\":%.1f,"
-                "\"peak_rss_mb\":%.1f}\n",
+                "\"cpu_seconds\":%.3f,\"tokens_per_cpu_s\":%.1f,\"peak_rss_mb\":%.1f}\n",
                 f.precision.c_str(), f.threads, (long long)f.prompts, (long long)f.new_tokens, (long long)f.batch,
-                (long long)stats.generated_tokens, stats.seconds, double(stats.generated_tokens) / stats.seconds,
-                double(usage.ru_maxrss) / 1024.0);
+                (long long)stats.generated_tokens, stats.seconds, double(stats.generated_tokens) / stats.seconds, cpu,
+                double(stats.generated_tokens) / cpu, double(usage.ru_maxrss) / 1024.0);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fabrica_rollout_bench: %s\n", e.what());

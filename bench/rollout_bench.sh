@@ -85,10 +85,15 @@ print(f"  date     {e['BENCH_DATE']}, commit {e['BENCH_COMMIT']}")
 hf = next(r for (p, b, i), rs in runs.items() if i == "transformers" for r in rs)
 print(f"  peer     transformers {hf['transformers']}, torch {hf['torch']}")
 print("=" * 78)
-print(f"{'precision':<9}  {'batch':>5}  {'fabrica tok/s':>13}  {'hf tok/s':>9}  {'ratio':>6}  per round")
+print(f"{'precision':<9}  {'batch':>5}  {'fabrica tok/s':>13}  {'hf tok/s':>9}  {'ratio':>6}  {'ratio/CPU-s':>11}  per round")
+med = lambda rs, k: statistics.median(r[k] for r in rs)
 for (p, b) in sorted({(p, b) for (p, b, i) in runs}, key=lambda k: (k[0] != "fp32", k[1])):
     fa, hf = runs[(p, b, "fabrica")], runs[(p, b, "transformers")]
-    med = lambda rs: statistics.median(r["tokens_per_s"] for r in rs)
     per_round = ", ".join(f"x{f['tokens_per_s'] / h['tokens_per_s']:.1f}" for f, h in zip(fa, hf))
-    print(f"{p:<9}  {b:>5}  {med(fa):>13.1f}  {med(hf):>9.1f}  x{med(fa) / med(hf):>5.1f}  {per_round}")
+    ratio = med(fa, "tokens_per_s") / med(hf, "tokens_per_s")
+    cpu_ratio = med(fa, "tokens_per_cpu_s") / med(hf, "tokens_per_cpu_s")
+    print(f"{p:<9}  {b:>5}  {med(fa, 'tokens_per_s'):>13.1f}  {med(hf, 'tokens_per_s'):>9.1f}  x{ratio:>5.1f}  "
+          f"x{cpu_ratio:>10.1f}  {per_round}")
+print("ratio: of each side's median tokens/s; ratio/CPU-s: of tokens per CPU-second (user + system of the")
+print("process), which a shared machine's load disturbs less")
 PY

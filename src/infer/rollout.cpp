@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/profiler.h"
 #include "core/rng.h"
 
 namespace fab {
@@ -91,6 +92,7 @@ class Engine {
     const Tensor logits = model_.logits_slots(id_tensor, spans, cache_);
     const int64_t vocab = model_.config().vocab_size;
     std::vector<int32_t> sampled(spans.size());
+    ProfileScope profile("sample");
     // Each slot samples from its own stream: the same tokens whichever thread draws them.
 #pragma omp parallel for schedule(dynamic)
     for (size_t i = 0; i < spans.size(); ++i)

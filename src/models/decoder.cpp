@@ -8,6 +8,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/profiler.h"
 #include "core/rng.h"
 #include "core/trace.h"
 
@@ -741,6 +742,7 @@ Var DecoderModel::layer_forward_slots(const Layer& l, size_t index, const Var& x
   Var attn = make_var(Tensor::empty({x->value.dim(0), q_row}, DType::f32, MemoryCategory::activations));
   float* kc = cache.k[index].data<float>();
   float* vc = cache.v[index].data<float>();
+  ProfileScope profile("slot attention");
   // One slot per iteration: the kernel's own threads stay idle inside (nested), so a step of many
   // one-token slots is one parallel region, not one per slot.
 #pragma omp parallel for schedule(dynamic)
@@ -774,7 +776,9 @@ Tensor DecoderModel::logits_slots(const Tensor& ids, const std::vector<SlotSpan>
     std::copy_n(x->value.data<float>() + (row - 1) * C, C, last->value.data<float>() + int64_t(s) * C);
     cache.length[size_t(spans[s].slot)] += spans[s].count;
   }
-  return lm_head_logits(rmsnorm(none, last, final_norm_, float(config_.rms_norm_eps)), lm_head_);
+  const Var normed = rmsnorm(none, last, final_norm_, float(config_.rms_norm_eps));
+  ProfileScope profile("lm_head");
+  return lm_head_logits(normed, lm_head_);
 }
 
 int64_t DecoderModel::count_targets(const Tensor& labels) {

@@ -128,7 +128,8 @@ TEST_P(Rollout, GreedyEqualsSequentialDecodingAtEveryBatchSize) {
   SamplingOptions o;
   o.max_new_tokens = 12;
   const std::vector<RolloutOutput> expected = references(*model, requests, o);
-  for (int64_t batch : {1, 3, 8, 16}) expect_same(rollout(*model, requests, o, batch), expected, "batch " + std::to_string(batch));
+  for (int64_t batch : {1, 3, 8, 16})
+    expect_same(rollout(*model, requests, o, batch), expected, "batch " + std::to_string(batch));
 }
 
 // Sampling: each request draws from its own stream, so the batch it shared changes nothing, and
@@ -142,7 +143,8 @@ TEST_P(Rollout, SampledOutputsDependOnlyOnTheirSeed) {
   o.top_p = 0.9;
   o.top_k = 20;
   const std::vector<RolloutOutput> expected = references(*model, requests, o);
-  for (int64_t batch : {1, 3, 8}) expect_same(rollout(*model, requests, o, batch), expected, "batch " + std::to_string(batch));
+  for (int64_t batch : {1, 3, 8})
+    expect_same(rollout(*model, requests, o, batch), expected, "batch " + std::to_string(batch));
   expect_same(rollout(*model, requests, o, 5), rollout(*model, requests, o, 5), "a second run");
   std::vector<RolloutRequest> reseeded = requests;
   for (RolloutRequest& r : reseeded) r.seed += 1;
@@ -220,7 +222,8 @@ TEST(RolloutEngine, Bf16DecodesFromTheModelsOwnWeights) {
   Allocator& host = backend(DeviceKind::cpu).allocator();
   host.reset_peaks();
   const size_t before = host.total().live;
-  for (int64_t batch : {1, 4}) expect_same(rollout(*model, requests, o, batch), expected, "bf16 batch " + std::to_string(batch));
+  for (int64_t batch : {1, 4})
+    expect_same(rollout(*model, requests, o, batch), expected, "bf16 batch " + std::to_string(batch));
   const size_t bf16_weights = size_t(model->params().numel() + model->frozen().numel()) * 2;
   EXPECT_LT(host.total().peak - before, bf16_weights / 2) << "a rollout allocates a fraction of the weights";
   // The first token of request 0 is the argmax of the bf16 full forward.
