@@ -1,5 +1,6 @@
 #include "models/decoder.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -743,9 +744,11 @@ Var DecoderModel::layer_forward_slots(const Layer& l, size_t index, const Var& x
   float* kc = cache.k[index].data<float>();
   float* vc = cache.v[index].data<float>();
   ProfileScope profile("slot attention");
-  // One slot per iteration: the kernel's own threads stay idle inside (nested), so a step of many
-  // one-token slots is one parallel region, not one per slot.
-#pragma omp parallel for schedule(dynamic)
+  // One slot per iteration when there are slots for every thread: the kernel's own threads stay
+  // idle inside (nested), so a step of many one-token slots is one parallel region, not one per
+  // slot. Fewer slots (one long prompt, say) keep the kernel's own split over heads and queries.
+  const bool by_slot = int64_t(spans.size()) >= omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic) if (by_slot)
   for (size_t s = 0; s < spans.size(); ++s) {
     const SlotSpan& span = spans[s];
     const int64_t past = cache.length[size_t(span.slot)], r0 = first_row[s];

@@ -181,7 +181,7 @@ TEST(RolloutEngine, StopIdsEndSequencesAndTheirSlotsAreRefilled) {
     tokens += int64_t(out.tokens.size());
   }
   ASSERT_GE(stopped, 3u) << "the test needs sequences that stop early";
-  for (int64_t batch : {1, 3, 4, 9}) {
+  for (int64_t batch : {1, 4, 9}) {
     RolloutStats stats;
     const std::vector<RolloutOutput> got = rollout(*model, requests, o, batch, &stats);
     expect_same(got, expected, "batch " + std::to_string(batch));
