@@ -126,9 +126,9 @@ TEST_P(Rollout, GreedyEqualsSequentialDecodingAtEveryBatchSize) {
   auto model = tiny_model(GetParam());
   const std::vector<RolloutRequest> requests = requests_of(11);
   SamplingOptions o;
-  o.max_new_tokens = 12;
+  o.max_new_tokens = 8;
   const std::vector<RolloutOutput> expected = references(*model, requests, o);
-  for (int64_t batch : {1, 3, 8, 16})
+  for (int64_t batch : {1, 3, 16})
     expect_same(rollout(*model, requests, o, batch), expected, "batch " + std::to_string(batch));
 }
 
@@ -136,19 +136,19 @@ TEST_P(Rollout, GreedyEqualsSequentialDecodingAtEveryBatchSize) {
 // the same seeds give the same rollouts.
 TEST_P(Rollout, SampledOutputsDependOnlyOnTheirSeed) {
   auto model = tiny_model(GetParam());
-  const std::vector<RolloutRequest> requests = requests_of(13);
+  const std::vector<RolloutRequest> requests = requests_of(9);
   SamplingOptions o;
-  o.max_new_tokens = 10;
+  o.max_new_tokens = 8;
   o.temperature = 1.0;
   o.top_p = 0.9;
   o.top_k = 20;
   const std::vector<RolloutOutput> expected = references(*model, requests, o);
   for (int64_t batch : {1, 3, 8})
     expect_same(rollout(*model, requests, o, batch), expected, "batch " + std::to_string(batch));
-  expect_same(rollout(*model, requests, o, 5), rollout(*model, requests, o, 5), "a second run");
+  expect_same(rollout(*model, requests, o, 8), expected, "a second run");
   std::vector<RolloutRequest> reseeded = requests;
   for (RolloutRequest& r : reseeded) r.seed += 1;
-  const std::vector<RolloutOutput> other = rollout(*model, reseeded, o, 5);
+  const std::vector<RolloutOutput> other = rollout(*model, reseeded, o, 9);
   size_t differ = 0;
   for (size_t i = 0; i < other.size(); ++i) differ += other[i].tokens != expected[i].tokens;
   EXPECT_GT(differ, other.size() / 2) << "other seeds, other rollouts";
