@@ -16,7 +16,7 @@
 #include "core/rng.h"
 #include "dataset/prepare.h"
 #include "dataset/tokenizer_encoder.h"
-#include "infer/generate.h"
+#include "infer/rollout.h"
 #include "models/hf_model.h"
 #include "tokenizer/bpe_trainer.h"
 #include "train/trainer.h"
@@ -78,10 +78,13 @@ double accuracy(DecoderModel& model, const Tokenizer& tokenizer, const std::vect
   SamplingOptions greedy;
   greedy.max_new_tokens = 6;
   greedy.stop_ids = {*tokenizer.eos_id()};
+  std::vector<RolloutRequest> requests;
+  for (const Problem& p : problems)
+    requests.push_back({chat.encode_oneturn({{Role::user, p.question}, {Role::assistant, ""}}, "", "").first, 0});
+  const std::vector<RolloutOutput> outputs = rollout(model, requests, greedy, 32);
   size_t right = 0;
   for (size_t i = 0; i < problems.size(); ++i) {
-    const auto turn = chat.encode_oneturn({{Role::user, problems[i].question}, {Role::assistant, ""}}, "", "");
-    const std::string answer = tokenizer.decode(generate(model, turn.first, greedy), true);
+    const std::string answer = tokenizer.decode(outputs[i].tokens, true);
     right += answer == problems[i].answer;
     if (i < show) {
       const std::string verdict = answer == problems[i].answer ? "right" : "wrong, expected " + problems[i].answer;

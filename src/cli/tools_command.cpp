@@ -6,6 +6,7 @@
 #include <iostream>
 #include <set>
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "cli/args.h"
@@ -15,6 +16,7 @@
 #include "dataset/template.h"
 #include "dataset/tokenizer_encoder.h"
 #include "infer/generate.h"
+#include "infer/rollout.h"
 #include "models/hf_model.h"
 #include "models/peft_adapter.h"
 #include "train/finetuning.h"
@@ -73,11 +75,13 @@ SamplingOptions sampling_from(const Args& args, const Tokenizer& tokenizer) {
   return o;
 }
 
-// The model of `dir`, with the PEFT adapter of `adapter` on it when that is not empty.
-std::unique_ptr<DecoderModel> model_for_generation(const std::string& dir, const std::string& adapter = "") {
+// The model of `dir`, with the PEFT adapter of `adapter` on it when that is not empty; bf16
+// computes with bf16 weights (as bf16 training does).
+std::unique_ptr<DecoderModel> model_for_generation(const std::string& dir, const std::string& adapter = "",
+                                                   bool bf16 = false) {
   FAB_USER_CHECK(HfWeights::present(dir), "{}: no weights to generate with (config.json only)", dir);
   const ModelConfig config = load_model_config((fs::path(dir) / "config.json").string());
-  DecoderOptions options(Precision::fp32, false, config.max_position_embeddings);
+  DecoderOptions options(bf16 ? Precision::bf16 : Precision::fp32, false, config.max_position_embeddings);
   if (!adapter.empty()) use_lora(read_adapter_config(adapter), options);
   auto model = load_model_folder(dir, options);
   if (!adapter.empty()) load_adapter(*model, adapter);
@@ -105,24 +109,82 @@ std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const 
 const std::set<std::string> kSamplingFlags = {"model", "adapter", "template", "system", "max-new-tokens",
                                               "temperature", "top-p", "top-k", "seed"};
 
+// A user turn through --template, or the text as it is.
+std::vector<int32_t> prompt_tokens(const Args& args, const Tokenizer& tokenizer, const std::string& text,
+                                   const std::string& system) {
+  return args.has("template") ? templated_prompt(tokenizer, args.get("template"), {{Role::user, text}}, system)
+                              : tokenizer.encode(text, true);
+}
+
+struct PromptLine {
+  std::string prompt, system;
+};
+
+// --prompts FILE: one JSON object a line with "prompt" (and optionally "system"); blank lines skipped.
+std::vector<PromptLine> read_prompt_lines(const std::string& path, const std::string& default_system) {
+  std::ifstream in(path);
+  FAB_USER_CHECK(in, "{}: cannot open", path);
+  std::vector<PromptLine> lines;
+  int64_t number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    FAB_USER_CHECK(j.is_object() && j.contains("prompt") && j["prompt"].is_string(),
+                   "{} line {}: expected a JSON object with a string \"prompt\"", path, number);
+    FAB_USER_CHECK(!j.contains("system") || j["system"].is_string(), "{} line {}: \"system\" must be a string",
+                   path, number);
+    lines.push_back({j["prompt"].get<std::string>(), j.value("system", default_system)});
+  }
+  FAB_USER_CHECK(!lines.empty(), "{}: no prompts", path);
+  return lines;
+}
+
+// Batched: every prompt of --prompts through the rollout engine, --batch at a time; prompt i
+// samples with seed --seed + i. Writes one JSON line per prompt, in order, to --output.
+int generate_batched(const Args& args, const Tokenizer& tokenizer, const SamplingOptions& o) {
+  FAB_USER_CHECK(args.has("output"), "fabrica generate --prompts needs --output FILE.jsonl");
+  const std::vector<PromptLine> lines = read_prompt_lines(args.get("prompts"), args.get("system"));
+  const int64_t batch = args.get_integer("batch", 16, 1, 1 << 16);
+  std::vector<RolloutRequest> requests;
+  for (size_t i = 0; i < lines.size(); ++i)
+    requests.push_back({prompt_tokens(args, tokenizer, lines[i].prompt, lines[i].system), o.seed + i});
+  auto model = model_for_generation(args.get("model"), args.get("adapter", ""), args.flag("bf16"));
+  RolloutStats stats;
+  const std::vector<RolloutOutput> outputs = rollout(*model, requests, o, batch, &stats);
+  std::string text;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const nlohmann::json j = {{"prompt", lines[i].prompt},
+                              {"response", tokenizer.decode(outputs[i].tokens, true)},
+                              {"tokens", outputs[i].tokens.size()},
+                              {"stopped", outputs[i].stopped}};
+    text += j.dump() + "\n";
+  }
+  write_file_atomically(args.get("output"), text);
+  std::printf("generated %zu responses, %lld tokens in %.2f s (%.0f tokens/s, up to %lld at a time) -> %s\n",
+              outputs.size(), static_cast<long long>(stats.generated_tokens), stats.seconds,
+              double(stats.generated_tokens) / std::max(stats.seconds, 1e-9), static_cast<long long>(stats.peak_batch),
+              args.get("output").c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_generate(int argc, char** argv) {
   std::set<std::string> flags = kSamplingFlags;
-  flags.insert("prompt");
-  Args args(argc, argv, 2, flags, {});
-  FAB_USER_CHECK(args.has("model") && args.has("prompt"),
-                 "usage: fabrica generate --model DIR --prompt TEXT [--adapter PEFT_DIR] [--template NAME] [--system TEXT] "
+  flags.insert({"prompt", "prompts", "output", "batch"});
+  Args args(argc, argv, 2, flags, {"bf16"});
+  FAB_USER_CHECK(args.has("model") && args.has("prompt") != args.has("prompts"),
+                 "usage: fabrica generate --model DIR (--prompt TEXT | --prompts FILE.jsonl --output OUT.jsonl "
+                 "[--batch N]) [--adapter PEFT_DIR] [--template NAME] [--system TEXT] [--bf16] "
                  "[--max-new-tokens N] [--temperature T --top-p P --top-k K --seed S]\n"
                  "example: fabrica generate --model saves/qwen3-sft --template qwen3_nothink --prompt 'Hi'");
   const std::string dir = args.get("model");
   const Tokenizer tokenizer = Tokenizer::load(dir);
   const SamplingOptions o = sampling_from(args, tokenizer);
-  const std::vector<int32_t> prompt =
-      args.has("template")
-          ? templated_prompt(tokenizer, args.get("template"), {{Role::user, args.get("prompt")}}, args.get("system"))
-          : tokenizer.encode(args.get("prompt"), true);
-  auto model = model_for_generation(dir, args.get("adapter", ""));
+  if (args.has("prompts")) return generate_batched(args, tokenizer, o);
+  const std::vector<int32_t> prompt = prompt_tokens(args, tokenizer, args.get("prompt"), args.get("system"));
+  auto model = model_for_generation(dir, args.get("adapter", ""), args.flag("bf16"));
   stream_reply(*model, tokenizer, prompt, o);
   return 0;
 }

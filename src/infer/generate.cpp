@@ -6,66 +6,78 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "infer/rollout.h"
 
 namespace fab {
 
+namespace {
+
+// Draws token t with probability weight[t] / sum(weight).
+int32_t draw(const std::vector<float>& weight, double sum, Rng& rng) {
+  double u = rng.uniform() * sum;
+  for (size_t t = 0; t < weight.size(); ++t) {
+    u -= weight[t];
+    if (u <= 0) return int32_t(t);
+  }
+  return int32_t(weight.size() - 1);
+}
+
+// Draws order[i] with probability weight[order[i]] / sum over the first `n` of order.
+int32_t draw(const std::vector<float>& weight, const int32_t* order, size_t n, double sum, Rng& rng) {
+  double u = rng.uniform() * sum;
+  for (size_t i = 0; i < n; ++i) {
+    u -= weight[size_t(order[i])];
+    if (u <= 0) return order[i];
+  }
+  return order[n - 1];
+}
+
+}  // namespace
+
 // HF's order: temperature, then top-k, then top-p (keep the smallest set of most likely tokens
-// whose probability reaches top_p, at least one), then sample from the renormalised rest.
+// whose probability reaches top_p, at least one), then sample from the renormalised rest. Only
+// the kept tokens are sorted (most likely first, ties by id): without top-k or top-p nothing is,
+// and top-p alone sorts a prefix that doubles until it holds the nucleus.
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& o, Rng& rng) {
   if (o.temperature <= 0.0)
     return int32_t(std::max_element(logits, logits + vocab) - logits);
+  float top = logits[0];
+  for (int64_t i = 1; i < vocab; ++i) top = logits[i] > top ? logits[i] : top;
+  // exp((logit - max) / temperature) in fp32 (glibc's expf: several times the double exp's speed;
+  // the sums below are in double).
+  const float inverse_temperature = float(1.0 / o.temperature);
+  std::vector<float> weight(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) weight[size_t(i)] = std::exp((logits[i] - top) * inverse_temperature);
+  const bool top_k = o.top_k > 0 && o.top_k < vocab;
+  if (!top_k && o.top_p >= 1.0) return draw(weight, std::accumulate(weight.begin(), weight.end(), 0.0), rng);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  size_t keep = o.top_k > 0 ? std::min<size_t>(size_t(o.top_k), order.size()) : order.size();
-  std::vector<double> p(keep);
-  const double top = double(logits[order[0]]) / o.temperature;
+  auto more_likely = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  size_t keep = top_k ? size_t(o.top_k) : order.size();
+  if (top_k) {
+    std::nth_element(order.begin(), order.begin() + ptrdiff_t(keep) - 1, order.end(), more_likely);
+    std::sort(order.begin(), order.begin() + ptrdiff_t(keep), more_likely);
+  }
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(double(logits[order[i]]) / o.temperature - top);
-  if (o.top_p < 1.0) {
+  for (size_t i = 0; i < keep; ++i) sum += weight[size_t(order[i])];
+  if (o.top_p >= 1.0) return draw(weight, order.data(), keep, sum, rng);
+  for (size_t sorted = top_k ? keep : std::min<size_t>(64, keep);; sorted = std::min(keep, 2 * sorted)) {
+    if (!top_k) std::partial_sort(order.begin(), order.begin() + ptrdiff_t(sorted), order.end(), more_likely);
     double cumulative = 0;
     size_t n = 0;
-    while (n < keep && cumulative < o.top_p * sum) cumulative += p[n++];
-    keep = std::max<size_t>(1, n);
-    sum = cumulative;
+    while (n < sorted && cumulative < o.top_p * sum) cumulative += weight[size_t(order[n++])];
+    if (cumulative >= o.top_p * sum || sorted == keep)
+      return draw(weight, order.data(), std::max<size_t>(1, n), cumulative, rng);
   }
-  double u = rng.uniform() * sum;
-  for (size_t i = 0; i < keep; ++i) {
-    u -= p[i];
-    if (u <= 0) return order[i];
-  }
-  return order[keep - 1];
 }
 
+// One request through the rollout engine (batch 1), seeded with options.seed.
 std::vector<int32_t> generate(DecoderModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& o,
                               const std::function<void(int32_t)>& on_token) {
-  FAB_USER_CHECK(!prompt.empty(), "generate: the prompt is empty");
-  const int64_t context = model.options().max_seq_len ? model.options().max_seq_len
-                                                      : model.config().max_position_embeddings;
-  FAB_USER_CHECK(o.max_new_tokens >= 1 && int64_t(prompt.size()) + o.max_new_tokens <= context,
-                 "max_new_tokens {}: with the prompt's {} tokens, expected at most {} positions in all (the model's "
-                 "max_position_embeddings)",
-                 o.max_new_tokens, prompt.size(), context);
-  const int64_t vocab = model.config().vocab_size;
-  KvCache cache = model.make_cache(1, int64_t(prompt.size()) + o.max_new_tokens);
-  Rng rng(o.seed);
-  Tensor ids = Tensor::empty({1, int64_t(prompt.size())}, DType::i64, MemoryCategory::activations);
-  for (size_t i = 0; i < prompt.size(); ++i) ids.data<int64_t>()[i] = prompt[i];
-  Tensor logits = model.logits_cached(ids, cache);
-  std::vector<int32_t> out;
-  const float* last = logits.data<float>() + (int64_t(prompt.size()) - 1) * vocab;
-  for (int64_t step = 0; step < o.max_new_tokens; ++step) {
-    const int32_t next = sample_token(last, vocab, o, rng);
-    out.push_back(next);
-    if (on_token) on_token(next);
-    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) break;
-    if (step + 1 == o.max_new_tokens) break;
-    Tensor one = Tensor::empty({1, 1}, DType::i64, MemoryCategory::activations);
-    one.data<int64_t>()[0] = next;
-    logits = model.logits_cached(one, cache);
-    last = logits.data<float>();
-  }
-  return out;
+  const RolloutTokenCallback each = on_token ? [&](size_t, int32_t token) { on_token(token); } : RolloutTokenCallback();
+  return rollout_streamed(model, {{prompt, o.seed}}, o, 1, each).front().tokens;
 }
 
 }  // namespace fab

@@ -2,7 +2,9 @@
 // Rollouts for reinforcement learning (and batched `fabrica generate`): many prompts, each sampled
 // with its own seeded stream, so what a request produces never depends on which other requests
 // share its batch or in which order they finish.
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "infer/generate.h"
@@ -29,5 +31,13 @@ struct RolloutStats {
 // together. Outputs come back in the order of `requests`.
 std::vector<RolloutOutput> rollout(DecoderModel& model, const std::vector<RolloutRequest>& requests,
                                    const SamplingOptions& options, int64_t max_batch, RolloutStats* stats = nullptr);
+
+// Sees each token as it is sampled, with the index of its request.
+using RolloutTokenCallback = std::function<void(size_t request, int32_t token)>;
+
+// rollout() with `on_token` called for every token in the order they are sampled.
+std::vector<RolloutOutput> rollout_streamed(DecoderModel& model, const std::vector<RolloutRequest>& requests,
+                                            const SamplingOptions& options, int64_t max_batch,
+                                            const RolloutTokenCallback& on_token, RolloutStats* stats = nullptr);
 
 }  // namespace fab

@@ -1,5 +1,6 @@
 #include "models/decoder.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/profiler.h"
 #include "core/rng.h"
 #include "core/trace.h"
 
@@ -681,6 +683,107 @@ Tensor DecoderModel::logits_cached(const Tensor& ids, KvCache& cache) {
   cache.length += n;
   Var hidden = rmsnorm(none, x, final_norm_, float(config_.rms_norm_eps));
   return lm_head_logits(hidden, lm_head_).reshape({batch, n, config_.vocab_size});
+}
+
+SlotKvCache DecoderModel::make_slot_cache(int64_t slots, int64_t capacity) const {
+  SlotKvCache cache;
+  cache.slots = slots;
+  cache.capacity = capacity;
+  cache.length.assign(size_t(slots), 0);
+  const Shape shape{slots, capacity, config_.num_key_value_heads, config_.head_dim};
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    cache.k.push_back(Tensor::empty(shape, DType::f32, MemoryCategory::activations));
+    cache.v.push_back(Tensor::empty(shape, DType::f32, MemoryCategory::activations));
+  }
+  return cache;
+}
+
+// Each row's position: its slot's length plus its place among the slot's new tokens.
+Tensor DecoderModel::slot_positions(const Tensor& ids, const std::vector<SlotSpan>& spans,
+                                    const SlotKvCache& cache) const {
+  FAB_CHECK(ids.ndim() == 1 && ids.dtype() == DType::i64, "ids must be (rows) i64, got {}", shape_str(ids.shape()));
+  Tensor positions = Tensor::empty({ids.numel()}, DType::i64, MemoryCategory::activations);
+  std::vector<bool> seen(size_t(cache.slots), false);
+  int64_t row = 0;
+  for (const SlotSpan& span : spans) {
+    FAB_CHECK(span.slot >= 0 && span.slot < cache.slots && !seen[size_t(span.slot)] && span.count >= 1,
+              "span of {} tokens in slot {} of {} (one span per slot)", span.count, span.slot, cache.slots);
+    seen[size_t(span.slot)] = true;
+    const int64_t first = cache.length[size_t(span.slot)];
+    FAB_USER_CHECK(first + span.count <= cache.capacity, "generation needs {} positions but the cache holds {}",
+                   first + span.count, cache.capacity);
+    FAB_CHECK(row + span.count <= ids.numel(), "spans cover more than the {} ids", ids.numel());
+    for (int64_t t = 0; t < span.count; ++t) positions.data<int64_t>()[row++] = first + t;
+  }
+  FAB_CHECK(row == ids.numel(), "spans cover {} of the {} ids", row, ids.numel());
+  for (int64_t r = 0; r < row; ++r)  // the vocabulary, and each position against RoPE and sliding_window
+    check_ids(ids.view(r, {1, 1}), positions.data<int64_t>()[r]);
+  return positions;
+}
+
+// layer_forward_cached for the rows of several slots: each span's keys and values join its slot,
+// and its queries attend to that slot's positions 0 .. length + count - 1 only.
+Var DecoderModel::layer_forward_slots(const Layer& l, size_t index, const Var& x, const Tensor& positions,
+                                      const std::vector<SlotSpan>& spans, SlotKvCache& cache) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
+  const float eps = float(c.rms_norm_eps);
+  Tape none(false);
+  Var h = rmsnorm(none, x, l.input_norm, eps);
+  std::vector<Var> qkv = split_columns(none, project(none, h, l.qkv, l.qkv_lora), {H * D, KV * D, KV * D});
+  Var q = qkv[0], k = qkv[1], v = qkv[2];
+  if (c.qk_norm) {
+    q = rmsnorm(none, q, l.q_norm, eps);
+    k = rmsnorm(none, k, l.k_norm, eps);
+  }
+  q = rope(none, q, positions, rope_, H);
+  k = rope(none, k, positions, rope_, KV);
+  const KernelTable& kt = backend(DeviceKind::cpu).kernels();
+  const int64_t kv_row = KV * D, q_row = H * D, slot_size = cache.capacity * kv_row;
+  std::vector<int64_t> first_row(spans.size() + 1, 0);
+  for (size_t s = 0; s < spans.size(); ++s) first_row[s + 1] = first_row[s] + spans[s].count;
+  Var attn = make_var(Tensor::empty({x->value.dim(0), q_row}, DType::f32, MemoryCategory::activations));
+  float* kc = cache.k[index].data<float>();
+  float* vc = cache.v[index].data<float>();
+  ProfileScope profile("slot attention");
+  // One slot per iteration when there are slots for every thread: the kernel's own threads stay
+  // idle inside (nested), so a step of many one-token slots is one parallel region, not one per
+  // slot. Fewer slots (one long prompt, say) keep the kernel's own split over heads and queries.
+  const bool by_slot = int64_t(spans.size()) >= omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic) if (by_slot)
+  for (size_t s = 0; s < spans.size(); ++s) {
+    const SlotSpan& span = spans[s];
+    const int64_t past = cache.length[size_t(span.slot)], r0 = first_row[s];
+    float* ks = kc + span.slot * slot_size;
+    float* vs = vc + span.slot * slot_size;
+    kt.copy_2d(k->value.data<float>() + r0 * kv_row, kv_row, ks + past * kv_row, kv_row, span.count, kv_row, false);
+    kt.copy_2d(v->value.data<float>() + r0 * kv_row, kv_row, vs + past * kv_row, kv_row, span.count, kv_row, false);
+    const AttentionShape shape{1, span.count, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+    kt.attention_decode(q->value.data<float>() + r0 * q_row, ks, vs, shape, past, cache.capacity,
+                        attn->value.data<float>() + r0 * q_row);
+  }
+  Var x2 = add(none, x, project(none, attn, l.o_proj, l.o_lora));
+  Var gate_up = project(none, rmsnorm(none, x2, l.post_norm, eps), l.gate_up, l.gate_up_lora);
+  return add(none, x2, project(none, swiglu(none, gate_up, c.intermediate_size), l.down, l.down_lora));
+}
+
+Tensor DecoderModel::logits_slots(const Tensor& ids, const std::vector<SlotSpan>& spans, SlotKvCache& cache) {
+  check_whole("generation");
+  const Tensor positions = slot_positions(ids, spans, cache);
+  Tape none(false);
+  Var x = embedding(none, ids, embed_);
+  for (size_t i = 0; i < layers_.size(); ++i) x = layer_forward_slots(layers_[i], i, x, positions, spans, cache);
+  const int64_t C = config_.hidden_size;
+  Var last = make_var(Tensor::empty({int64_t(spans.size()), C}, DType::f32, MemoryCategory::activations));
+  int64_t row = 0;
+  for (size_t s = 0; s < spans.size(); ++s) {
+    row += spans[s].count;
+    std::copy_n(x->value.data<float>() + (row - 1) * C, C, last->value.data<float>() + int64_t(s) * C);
+    cache.length[size_t(spans[s].slot)] += spans[s].count;
+  }
+  const Var normed = rmsnorm(none, last, final_norm_, float(config_.rms_norm_eps));
+  ProfileScope profile("lm_head");
+  return lm_head_logits(normed, lm_head_);
 }
 
 int64_t DecoderModel::count_targets(const Tensor& labels) {

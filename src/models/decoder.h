@@ -61,6 +61,19 @@ struct KvCache {
   int64_t batch = 0, capacity = 0, length = 0;
 };
 
+// Continuous batching (infer/rollout.cpp): `slots` sequences side by side in one cache, each with
+// its own length, so sequences of different ages share a step. (slots, capacity, KVH, D) each.
+struct SlotKvCache {
+  std::vector<Tensor> k, v;
+  int64_t slots = 0, capacity = 0;
+  std::vector<int64_t> length;  // the tokens each slot holds
+};
+
+// The new tokens of one slot in a batched step: `count` consecutive rows of the step's ids.
+struct SlotSpan {
+  int64_t slot = 0, count = 0;
+};
+
 // Called around each unit of parameters — 0: the embedding, 1..L: the decoder layers, L + 1: the
 // final norm and lm_head (a pipeline stage numbers only the units it holds, in the same order) — in forward, and through the tape in backward, so data parallelism can
 // reduce a unit's gradients as soon as they are final and ZeRO-3 can gather a unit's parameters
@@ -135,6 +148,12 @@ class DecoderModel {
   // next positions given `ids` (B, n) that follow the cache's contents (which they extend).
   KvCache make_cache(int64_t batch, int64_t capacity) const;
   Tensor logits_cached(const Tensor& ids, KvCache& cache);
+  // Continuous batching: one forward over the new tokens of several slots, `ids` (sum of counts)
+  // i64 in the order of `spans` (one span per slot at most). A slot's tokens take its positions
+  // length .. length + count - 1 and attend to that slot's cache only. Returns (spans, vocab):
+  // the logits of each span's last token (the head runs on those rows only).
+  SlotKvCache make_slot_cache(int64_t slots, int64_t capacity) const;
+  Tensor logits_slots(const Tensor& ids, const std::vector<SlotSpan>& spans, SlotKvCache& cache);
 
   // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
   // micro-batch on `tape`. `input` is the previous virtual stage's hidden states (B * T, C),
@@ -197,6 +216,9 @@ class DecoderModel {
                     int64_t batch, int64_t seq);
   Var layer_forward_cached(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
                            KvCache& cache, int64_t n);
+  Var layer_forward_slots(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
+                          const std::vector<SlotSpan>& spans, SlotKvCache& cache);
+  Tensor slot_positions(const Tensor& ids, const std::vector<SlotSpan>& spans, const SlotKvCache& cache) const;
   void check_ids(const Tensor& ids, int64_t first_position) const;
   Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
 

@@ -77,6 +77,31 @@ expect_exit2 "generate --temperature nan" "$fabrica" generate --model exported -
 expect_exit2 "generate --top-p 2" "$fabrica" generate --model exported --prompt Hi --top-p 2
 expect_exit2 "generate --top-k -5" "$fabrica" generate --model exported --prompt Hi --top-k -5
 
+# Batched: a file of prompts through the rollout engine, one JSON line out per line in, in order;
+# greedy, so batch 2 gives what batch 1 gives.
+printf '%s\n' '{"prompt": "Who are you?"}' '{"prompt": "Hi"}' '' '{"prompt": "What is 2+2?", "system": "Be brief."}' >prompts.jsonl
+for b in 1 2; do
+  "$fabrica" generate --model exported --template qwen3_nothink --prompts prompts.jsonl --output responses-$b.jsonl \
+    --batch $b --max-new-tokens 8 >batched.txt || fail "generate --prompts --batch $b"
+done
+grep -q "generated 3 responses" batched.txt || fail "generate --prompts: $(cat batched.txt)"
+cmp -s responses-1.jsonl responses-2.jsonl || fail "generate --prompts: batch 2 differs from batch 1"
+/usr/bin/python3 - <<'PY' || fail "generate --prompts output"
+import json
+lines = [json.loads(l) for l in open("responses-2.jsonl")]
+assert [l["prompt"] for l in lines] == ["Who are you?", "Hi", "What is 2+2?"], lines
+assert all(0 < l["tokens"] <= 8 and isinstance(l["stopped"], bool) for l in lines), lines
+PY
+"$fabrica" generate --model exported --prompts prompts.jsonl --output responses-bf16.jsonl --bf16 --temperature 1 \
+  --seed 3 --max-new-tokens 8 >/dev/null || fail "generate --prompts --bf16"
+[ "$(wc -l <responses-bf16.jsonl)" -eq 3 ] || fail "generate --prompts --bf16: $(cat responses-bf16.jsonl)"
+echo "ok: generate --prompts (greedy: batch 2 = batch 1; bf16 sampled)"
+printf '%s\n' '{"prompt": "Hi"}' '{"text": "no prompt"}' >bad-prompts.jsonl
+expect_exit2 "generate --prompts without a prompt field" "$fabrica" generate --model exported --prompts bad-prompts.jsonl \
+  --output never.jsonl
+grep -q "bad-prompts.jsonl line 2: expected a JSON object" err.txt || fail "bad prompts: $(cat err.txt)"
+[ ! -e never.jsonl ] || fail "a refused --prompts run wrote its output"
+
 # SIGINT finishes the current step, saves a checkpoint and exits cleanly (signal_test.sh sends
 # stop signals at random moments, many times).
 "$fabrica" train run.yaml output_dir=interrupted max_steps=100000 save_steps=0 >int.log 2>&1 &
