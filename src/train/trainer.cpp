@@ -499,6 +499,9 @@ void Trainer::save(int64_t step) {
   last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
+  if (async_writer_)
+    return async_writer_->save(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get(),
+                               config_.save_total_limit);
   save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get());
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
   barrier_all("checkpoints pruned");
@@ -545,11 +548,13 @@ bool Trainer::run() {
   const auto run_start = window_start;
   first_step_ = state_.global_step;
   last_save_ = run_start;
+  if (config_.async_save) async_writer_ = std::make_unique<AsyncCheckpointWriter>(std::chrono::seconds(config_.ddp_timeout));
   int64_t window_tokens = 0, run_tokens = 0;
   for (int64_t step = state_.global_step; step < total_steps_; ++step) {
     double grad_norm = 0;
     const double lr = schedule.lr(step);
     const int64_t tokens_before = window_tokens;
+    if (async_writer_) async_writer_->check();  // a background write that failed stops the run here
     trace_before_step(step);
     double loss = 0;
     {
@@ -583,11 +588,13 @@ bool Trainer::run() {
     trace_after_step(step);
     if (stop_requested_) {
       save(step + 1);
+      if (async_writer_) async_writer_->wait();
       if (main_)
         std::printf("stopped by signal %d after step %lld; checkpoint saved\n", int(g_stop_signal), (long long)(step + 1));
       return false;
     }
   }
+  if (async_writer_) async_writer_->wait();
   finish();
   return true;
 }
