@@ -333,7 +333,7 @@ bool wait_for_markers(const CheckpointPart& part, std::chrono::seconds timeout, 
 
 void write_in_background(const CheckpointPart& part, std::chrono::seconds peers_timeout,
                          const std::atomic<bool>& abandon, int64_t keep) {
-  trace::name_thread("checkpoint writer");
+  if (trace::recording()) trace::name_thread("checkpoint writer");  // a thread per save: named only when traced
   trace::Scope traced(trace::kCheckpoint, "write " + part.final_dir.filename().string());
   if (part.main) write_main_files(part);
   pause_for_tests();
