@@ -23,6 +23,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/tensor_parallel.h"
 #include "monitor/loss_plot.h"
+#include "monitor/progress_bar.h"
 #include "monitor/tensorboard.h"
 #include "train/finetuning.h"
 #include "train/metrics_log.h"
@@ -452,12 +453,8 @@ nlohmann::json Trainer::pipeline_metrics() {
 // On a terminal: one line redrawn every step with a bar, loss, lr, tokens/s, MFU and ETA.
 void Trainer::show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed) {
   if (!::isatty(STDOUT_FILENO)) return;
-  const int width = 24, filled = int(width * double(step) / double(total_steps_));
-  const double eta = elapsed / double(step - first_step_) * double(total_steps_ - step);
-  std::printf("\r%lld/%lld [%s%s] loss %.4f lr %.2e tok/s %.0f MFU %.0f%% ETA %dm%02ds ", (long long)step,
-              (long long)total_steps_, std::string(size_t(filled), '#').c_str(),
-              std::string(size_t(width - filled), ' ').c_str(), loss, lr, tokens_per_s, 100 * mfu(tokens_per_s),
-              int(eta) / 60, int(eta) % 60);
+  const Progress p{step, total_steps_, first_step_, loss, lr, tokens_per_s, mfu(tokens_per_s), elapsed};
+  std::printf("\r%s ", progress_line(p).c_str());
   std::fflush(stdout);
 }
 
