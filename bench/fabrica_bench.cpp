@@ -8,8 +8,9 @@
 // bare MPI_Allreduce (bench/distributed_bench.sh runs both). --fma-peak prints the measured fp32
 // FMA peak of the machine (bench/fma_peak.h), the denominator of MFU. --save-every N --save-dir DIR
 // checkpoints every N timed steps into DIR (save_checkpoint, or with --async-save the background
-// writer of async_save), counted in the step time; the async run's last write, drained after the
-// timed steps, is reported apart (drain_ms).
+// writer of async_save), counted in the step time; save_ms is the mean time a save held the
+// training thread, and the async run's last write, drained after the timed steps, is reported
+// apart (drain_ms).
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -262,7 +263,8 @@ int main(int argc, char** argv) {
     batches.push_back(ids);
   }
 
-  double loss = 0, seconds = 0, drain_seconds = 0;
+  double loss = 0, seconds = 0, drain_seconds = 0, save_seconds = 0;  // save: on the training thread
+  int saves = 0;
   int64_t tp_bytes = 0;
   AsyncCheckpointWriter writer(std::chrono::seconds(600));
   TrainerState saved;
@@ -289,7 +291,12 @@ int main(int argc, char** argv) {
     dp.finish_gradients();
     dp.clip_grad_norm(1.0);
     dp.optimizer_step(3e-4f);
-    if (flags.save_every > 0 && step >= flags.warmup && (step + 1 - flags.warmup) % flags.save_every == 0) save(step);
+    if (flags.save_every > 0 && step >= flags.warmup && (step + 1 - flags.warmup) % flags.save_every == 0) {
+      const auto save_start = std::chrono::steady_clock::now();
+      save(step);
+      save_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+      ++saves;
+    }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step >= flags.warmup) seconds += s;
   }
@@ -308,12 +315,12 @@ int main(int argc, char** argv) {
         "\"tensor_parallel\":%d,\"sequence_parallel\":%d,"
         "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\","
         "\"parameter_bytes\":%lld,\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld,"
-        "\"save_every\":%d,\"async_save\":%d,\"drain_ms\":%.1f}\n",
+        "\"save_every\":%d,\"async_save\":%d,\"save_ms\":%.1f,\"drain_ms\":%.1f}\n",
         (flags.precision + (flags.lora ? "+lora" : "")).c_str(), flags.threads, world->size(), flags.zero,
         int(flags.tensor_parallel), int(flags.sequence_parallel), tokens / seconds, 1000.0 * seconds / flags.steps,
         double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str(),
         (long long)dp.state_bytes().parameters, activations, (long long)tp_bytes, flags.save_every,
-        int(flags.async_save), 1000.0 * drain_seconds);
+        int(flags.async_save), saves ? 1000.0 * save_seconds / saves : 0.0, 1000.0 * drain_seconds);
   world.reset();
   leave_world();
   return 0;
