@@ -144,8 +144,8 @@ int pipeline_bench(const Flags& flags, const fab::ModelConfig& cfg, int64_t seq,
   model.init_random(1234);
   PipelineParallel pipeline(model, world, chunks);
   LocalCommunicator alone;
-  DataParallelOptions dp_options{0, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}};
-  dp_options.model_parallel_group = &world;
+  DataParallelOptions dp_options{0, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, {}, {}};
+  dp_options.model_parallel_groups = {&world};
   DataParallel dp(model, alone, dp_options);
   Rng rng(42);  // every stage the same batches
   double seconds = 0;
@@ -247,9 +247,9 @@ int main(int argc, char** argv) {
   }
   DecoderModel model(cfg, options);
   model.init_random(1234);
-  DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, nullptr, {}};
+  DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, {}, {}};
   if (tp) {
-    dp_options.model_parallel_group = world.get();
+    dp_options.model_parallel_groups = {world.get()};
     dp_options.not_counted = ranges_counted_elsewhere(model);
   }
   DataParallel dp(model, dp_group, dp_options);
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
 
   double loss = 0, seconds = 0, drain_seconds = 0, save_seconds = 0;  // save: on the training thread
   int saves = 0;
-  int64_t tp_bytes = 0;
+  int64_t bytes_sent = 0;
   AsyncCheckpointWriter writer(std::chrono::seconds(600));
   TrainerState saved;
   auto save = [&](int step) {
@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
   };
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {
     if (step == flags.warmup) {
-      tp_bytes = world->stats().bytes_sent;
+      bytes_sent = world->stats().bytes_sent;  // over tp, or over dp
       backend(DeviceKind::cpu).allocator().reset_peaks();
     }
     auto start = std::chrono::steady_clock::now();
@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
   drain_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - drain_start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  tp_bytes = (world->stats().bytes_sent - tp_bytes) / flags.steps;
+  bytes_sent = (world->stats().bytes_sent - bytes_sent) / flags.steps;
   const double activations = double(backend(DeviceKind::cpu).allocator().stats(MemoryCategory::activations).peak);
   if (!tp) world->all_reduce(&loss, 1, "loss").wait();  // each rank's share of the mean
   const double tokens = double(batch * seq * (tp ? 1 : world->size())) * flags.steps;
@@ -314,13 +314,16 @@ int main(int argc, char** argv) {
         "{\"impl\":\"fabrica\",\"precision\":\"%s\",\"threads\":%d,\"ranks\":%d,\"zero_stage\":%d,"
         "\"tensor_parallel\":%d,\"sequence_parallel\":%d,"
         "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\","
-        "\"parameter_bytes\":%lld,\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld,"
+        "\"parameter_bytes\":%lld,\"gradient_bytes\":%lld,\"optimizer_state_bytes\":%lld,"
+        "\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld,\"dp_bytes_sent_per_step\":%lld,"
         "\"save_every\":%d,\"async_save\":%d,\"save_ms\":%.1f,\"drain_ms\":%.1f}\n",
         (flags.precision + (flags.lora ? "+lora" : "")).c_str(), flags.threads, world->size(), flags.zero,
         int(flags.tensor_parallel), int(flags.sequence_parallel), tokens / seconds, 1000.0 * seconds / flags.steps,
         double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str(),
-        (long long)dp.state_bytes().parameters, activations, (long long)tp_bytes, flags.save_every,
-        int(flags.async_save), saves ? 1000.0 * save_seconds / saves : 0.0, 1000.0 * drain_seconds);
+        (long long)dp.state_bytes().parameters, (long long)dp.state_bytes().gradients,
+        (long long)dp.state_bytes().optimizer_state, activations, (long long)(tp ? bytes_sent : 0),
+        (long long)(tp ? 0 : bytes_sent), flags.save_every, int(flags.async_save),
+        saves ? 1000.0 * save_seconds / saves : 0.0, 1000.0 * drain_seconds);
   world.reset();
   leave_world();
   return 0;
