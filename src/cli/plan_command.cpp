@@ -1,7 +1,6 @@
 // fabrica plan RUN.yaml [key=value ...] [--cluster FILE | --devices N --devices-per-node M --device NAME]
 //              [--top N] [--json]
 // fabrica plan --calibrate [--nproc N] [--output FILE]
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,9 +19,8 @@
 #include "core/error.h"
 #include "launch/cluster_file.h"
 #include "launch/launcher.h"
-#include "models/model_config.h"
+#include "plan/auto_layout.h"
 #include "plan/planner.h"
-#include "tokenizer/tokenizer.h"
 
 namespace fab {
 namespace {
@@ -81,24 +79,6 @@ int calibrate_communication() {
   return 0;
 }
 
-double peak_resident_bytes() {
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) * 1024;
-}
-
-// What loading the run's tokenizer adds to a process's peak resident memory (measured here, by
-// loading it; a worker loads the same one before it builds the model).
-double tokenizer_bytes(const std::string& model_dir) {
-  const double before = peak_resident_bytes();
-  try {
-    const Tokenizer tokenizer = Tokenizer::load(model_dir);
-  } catch (const UserError&) {
-    return 0;  // no tokenizer there: training says so itself
-  }
-  return peak_resident_bytes() - before;
-}
-
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
@@ -150,7 +130,7 @@ ClusterSpec cluster_of(const Args& args, const TrainConfig& config) {
   const bool hypothetical = args.has("devices") || args.has("devices-per-node") || args.has("device");
   FAB_USER_CHECK(!(hypothetical && args.has("cluster")), "give either --cluster or --devices/--device, not both");
   if (args.has("cluster")) return load_cluster_spec(args.get("cluster"));
-  if (!hypothetical) return this_machine(int(config.nproc_per_node));
+  if (!hypothetical) return cluster_for_run(config, int(config.nproc_per_node));
   FAB_USER_CHECK(args.has("devices") && args.has("device"),
                  "a hypothetical cluster needs --devices N and --device h100-80g|h200-141g|a100-80g|910b-64g "
                  "(--devices-per-node defaults to 8)");
@@ -170,12 +150,10 @@ int run_plan(int argc, char** argv) {
   const std::vector<std::string> overrides(args.positional().begin() + 1, args.positional().end());
   const TrainConfig config = load_train_config(args.positional()[0], overrides);
   FAB_USER_CHECK(!config.model_name_or_path.empty(), "{}: model_name_or_path is required", args.positional()[0]);
-  const ModelConfig model = load_model_config((fs::path(config.model_name_or_path) / "config.json").string());
   const ClusterSpec cluster = cluster_of(args, config);
-  PlanProblem problem = problem_from_config(config, model, int(config.nproc_per_node));
-  if (cluster.device.host) problem.host_bytes = tokenizer_bytes(config.model_name_or_path);
+  const PlanProblem problem = problem_for_run(config, int(config.nproc_per_node), cluster);
   const int top = int(args.get_integer("top", 5, 1, 1 << 20));
-  const Plan plan = make_plan(problem, cluster);
+  const Plan plan = make_plan(problem, cluster, plan_constraints(config));
   if (args.flag("json"))
     std::printf("%s\n", plan_json(plan, top).dump(1).c_str());
   else

@@ -23,6 +23,7 @@
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
 #include "parallel/parallelize.h"
+#include "plan/auto_layout.h"
 #include "train/checkpoint.h"
 #include "train/finetuning.h"
 #include "train/trainer.h"
@@ -152,7 +153,17 @@ int64_t longest_sequence(const PreparedData& data) {
   return longest;
 }
 
-int train_worker(const TrainConfig& c, WorldInfo world) {
+// parallel: auto's measured step time: the median over the logged windows, the first (which
+// warms caches and builds kernels) left out when there are others.
+double measured_step_seconds(const std::vector<StepRecord>& history) {
+  std::vector<double> seconds;
+  for (size_t i = history.size() > 1 ? 1 : 0; i < history.size(); ++i) seconds.push_back(history[i].step_seconds);
+  if (seconds.empty()) return 0;
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+int train_worker(TrainConfig c, WorldInfo world) {
   if (c.threads == 0 && world.local_size > 1)
     omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / world.local_size));
   auto comm = join_world(world, double(c.ddp_timeout));
@@ -163,6 +174,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
     if (!OutputDirLock::held_by_launcher(c.output_dir)) lock.emplace(c.output_dir);
   }
   comm->barrier("configuration checked");
+  const std::optional<AutoPlan> planned = plan_parallel_auto(c, *comm);  // parallel: auto sets the layout keys
   const ParallelLayout layout = layout_of_run(c, world.size);
   auto mesh = std::make_unique<DeviceMesh>(*comm, layout.sizes());
   if (world.size > 1) start_rank_log(c.output_dir, world.rank);
@@ -197,13 +209,17 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
                 (long long)model->params().numel(), (long long)(model->frozen().numel() + model->frozen_bf16().numel()));
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   bool finished = false;
+  std::vector<StepRecord> history;
   {
     Trainer trainer(c, std::move(model),
                     TrainData{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)},
                     mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     finished = trainer.run();
+    history = trainer.history();
   }
+  if (finished && planned && !history.empty())
+    report_parallel_auto(*planned, history.back().step, measured_step_seconds(history), *comm, c.output_dir);
   if (finished && main) std::printf("done: model saved to %s\n", c.output_dir.c_str());
   share.tp.reset();
   mesh.reset();  // its groups before the world they were split from

@@ -292,6 +292,7 @@ struct MpiGroup {
   // after size - 1 steps rank r holds the full sum of chunk r.
   template <typename T>
   void reduce_scatter(T* buffer, int64_t n) {
+    if (size == 1) return;  // nothing to receive: no receive buffer the size of the whole buffer
     const int left = mod(rank - 1), right = mod(rank + 1);
     const size_t largest_chunk = size_t(chunk_range(n, size, 0).second + 1) * sizeof(T);
     if (incoming.size() < largest_chunk) incoming.resize(largest_chunk);

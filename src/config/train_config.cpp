@@ -160,6 +160,7 @@ void apply_key(TrainConfig& c, const std::string& given_key, const YAML::Node& v
     return;
   }
   if (it->second.status == Status::Accepted) c.accepted_keys.push_back(key);
+  if (std::find(c.given_keys.begin(), c.given_keys.end(), key) == c.given_keys.end()) c.given_keys.push_back(key);
   std::string error;
 #define FAB_CONFIG_APPLY(k, field, type, def, status, doc) \
   if (key == #k) error = read_value(value, c.field);
@@ -242,6 +243,9 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   require(c.logging_steps > 0, "logging_steps must be positive");
   require(c.num_train_epochs > 0 || c.max_steps > 0, "set num_train_epochs > 0 or max_steps > 0");
   require(c.zero_stage >= 0 && c.zero_stage <= 3, format("zero_stage must be 0, 1, 2 or 3, got {}", c.zero_stage));
+  require(c.parallel.empty() || c.parallel == "auto",
+          format("parallel \"{}\": expected auto (the planner chooses the layout) or nothing", c.parallel));
+  require(c.plan_cluster.empty() || c.parallel == "auto", "plan_cluster is read by parallel: auto only; set both");
   require(c.nproc_per_node >= 1, format("nproc_per_node must be at least 1, got {}", c.nproc_per_node));
   require(c.ddp_timeout > 0, format("ddp_timeout must be positive seconds, got {}", c.ddp_timeout));
   require(c.ddp_bucket_size > 0, format("ddp_bucket_size must be positive (MB), got {}", c.ddp_bucket_size));

@@ -16,6 +16,9 @@ struct TrainConfig {
 #undef FAB_CONFIG_FIELD
   // Keys that were given but have no effect here (status Accepted), for the one-line note.
   std::vector<std::string> accepted_keys;
+  // Every key the YAML or an override set (canonical names), e.g. for `parallel: auto`, whose
+  // search the layout keys set by hand constrain.
+  std::vector<std::string> given_keys;
 };
 
 // Parses YAML text (`source` names it in messages), then applies `overrides` ("key=value", the

@@ -154,6 +154,10 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "finetuning_type lora with pipeline_parallel_size {} is not implemented in Fabrica yet: a pipeline "
                  "trains full or freeze fine-tuning",
                  l.pp);
+  FAB_USER_CHECK(l.tp == 1 || c.finetuning_type == "full",
+                 "finetuning_type {} with tensor_parallel_size {} is not implemented in Fabrica yet: tensor parallel "
+                 "trains every parameter (finetuning_type full)",
+                 c.finetuning_type, l.tp);
   return l;
 }
 

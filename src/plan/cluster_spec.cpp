@@ -124,7 +124,11 @@ ClusterSpec this_machine(int processes) {
   c.device.name = "this machine";
   c.device.memory_bytes = meminfo_bytes("MemTotal") / processes;
   c.device.peak_flops_fp32 = c.device.peak_flops_bf16 = peak;
+  // Measured with every core, whatever this process runs with (a worker runs with its share).
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(cores);
   c.device.gemm_efficiency = std::min(1.0, measure_gemm_flops(false, 0.2) / double(processes) / peak);
+  omp_set_num_threads(threads);
   c.device.memory_bandwidth = 8e9 / processes;  // DRAM a rank streams the optimizer through
   c.device.reserved_bytes = 20e6;  // a worker's resident runtime (binary, oneDNN, MPI); --calibrate measures it
   c.device.state_layout = "fabrica";

@@ -74,6 +74,22 @@ const LinkSpec& link_for(const ClusterSpec& c, int span) {
   return span <= c.devices_per_node ? c.intra_node : c.inter_node;
 }
 
+// The final save, in fp32 host memory (Trainer::finish): under pp, stage 0 receives every other
+// stage's weights (PipelineParallel::gather_weights); otherwise under tp each rank builds the
+// whole model's tensors (gather_full_tensors) and, while it gathers the largest, also holds that
+// tensor's all-gathered slices.
+double save_gathered_bytes(const ModelConfig& m, const PlanLayout& l, int s) {
+  double bytes = 0;
+  if (l.pp > 1) {
+    if (s == 0)
+      for (int stage = 1; stage < l.pp; ++stage) bytes += 4 * stage_parameters(m, l, stage) * l.tp;
+  } else if (l.tp > 1) {
+    const double largest = std::max(embedding_parameters(m), double(m.hidden_size) * double(m.intermediate_size));
+    bytes += 4 * (stage_parameters(m, l, 0) * l.tp + largest);
+  }
+  return bytes;
+}
+
 MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l, int s) {
   const ModelConfig& m = p.model;
   const StateBytesPerParameter per = state_bytes(c.device, p.bf16);
@@ -106,7 +122,12 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
   }
   if (l.tp > 1) b.buffers += tokens * double(m.hidden_size) * e;  // one all-gathered sequence
   if (l.pp > 1) b.buffers += 2 * tokens * double(m.hidden_size) * e / sp_split;  // send + receive
+  // A tied embedding's gradient is all-reduced between the first and last stage: that 2-rank
+  // ring keeps a receive buffer of half of it.
+  const bool end_stage = s == 0 || last;
+  if (l.pp > 1 && m.tie_word_embeddings && end_stage) b.buffers += embedding_parameters(m) / l.tp * per.gradients / 2;
   b.reserved = c.device.reserved_bytes + (c.device.host ? p.host_bytes : 0);
+  if (c.device.host) b.save_gathered = save_gathered_bytes(m, l, s);
   return b;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The planner's cost model (docs/PLANNER.md): for one parallel layout of one training problem on
 // one cluster, the peak memory of the busiest device and the time of one optimizer step.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -32,7 +33,14 @@ struct PlanLayout {
 struct MemoryBreakdown {
   double parameters = 0, gradients = 0, optimizer_state = 0;
   double activations = 0, logits = 0, buffers = 0, reserved = 0;  // reserved: runtime + host_bytes
-  double total() const { return parameters + gradients + optimizer_state + activations + logits + buffers + reserved; }
+  // What the final save gathers in host memory once a step's activations and logits are gone:
+  // under tp every rank's whole-model copy, under pp the other stages' weights on stage 0.
+  double save_gathered = 0;
+  // The peak: the model states, buffers and reserve, plus the larger of a step's activations and
+  // logits chunk and the save's gathered weights.
+  double total() const {
+    return parameters + gradients + optimizer_state + buffers + reserved + std::max(activations + logits, save_gathered);
+  }
 };
 
 struct TimeBreakdown {

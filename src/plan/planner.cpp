@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <tuple>
+#include <type_traits>
 
 #include "core/error.h"
 #include "parallel/layout.h"
@@ -14,8 +15,9 @@ namespace {
 
 constexpr int kMaxVirtualStages = 8;
 constexpr int64_t kMaxMicroBatch = 64;
-// parallel_layout's refusals of sizes the rules allow but Fabrica does not run yet ("... is not
-// implemented in Fabrica yet", "tp with pp is not implemented yet"): its last checks.
+// parallel_layout's refusals of combinations the rules allow but Fabrica does not run yet ("... is
+// not implemented in Fabrica yet": LoRA with tp or pp, freeze with tp, preference stages with
+// either): its last checks.
 constexpr const char* kNotImplemented = "is not implemented";
 
 std::vector<int64_t> divisors(int64_t n, int64_t limit) {
@@ -41,9 +43,14 @@ struct Legality {
   bool implemented = true;
 };
 
+bool given(const TrainConfig& c, const char* key) {
+  return std::find(c.given_keys.begin(), c.given_keys.end(), key) != c.given_keys.end();
+}
+
 class LegalityCache {
  public:
-  LegalityCache(const PlanProblem& problem, int devices) : problem_(problem), devices_(devices) {}
+  LegalityCache(const PlanProblem& problem, const TrainConfig& run, int devices)
+      : problem_(problem), run_(run), devices_(devices) {}
 
   const Legality& check(const PlanLayout& l) {
     const int ga_residue = l.vpp > 1 ? int(l.gradient_accumulation_steps % l.pp) : 0;
@@ -55,16 +62,16 @@ class LegalityCache {
 
  private:
   Legality evaluate(const PlanLayout& l) const {
-    TrainConfig c;
+    TrainConfig c = run_;
     c.tensor_parallel_size = l.tp;
     c.pipeline_parallel_size = l.pp;
     c.virtual_pipeline_parallel_size = l.vpp;
     c.sequence_parallel = l.sequence_parallel;
-    c.pipeline_schedule = l.vpp > 1 ? "interleaved_1f1b" : "1f1b";
+    if (!given(run_, "pipeline_schedule")) c.pipeline_schedule = l.vpp > 1 ? "interleaved_1f1b" : "1f1b";
     c.zero_stage = l.zero_stage;
     c.gradient_accumulation_steps = l.gradient_accumulation_steps;
     c.cutoff_len = problem_.sequence_length;
-    if (l.pp > 1) c.pipeline_layers = l.chunk_layers;
+    if (l.pp > 1 && run_.pipeline_layers.empty()) c.pipeline_layers = l.chunk_layers;
     try {
       parallel_layout(c, problem_.model, devices_);
       return {};
@@ -76,6 +83,7 @@ class LegalityCache {
   }
 
   const PlanProblem& problem_;
+  const TrainConfig& run_;
   int devices_;
   std::map<std::tuple<int, int, int, int, int>, Legality> cache_;
 };
@@ -96,11 +104,13 @@ class SplitCache {
 };
 
 // Every layout of one family (tp, pp, vpp, zero stage): the micro-batch sizes and recompute.
-void plan_family(const PlanProblem& p, const ClusterSpec& c, PlanLayout base, LegalityCache& legality, Plan& plan) {
+void plan_family(const PlanProblem& p, const ClusterSpec& c, const PlanConstraints& fixed, PlanLayout base,
+                 LegalityCache& legality, Plan& plan) {
   std::string illegal;
   double least_memory = 0;
   bool any_legal = false, any_fits = false;
   for (int64_t mbs : divisors(p.global_batch / base.dp, kMaxMicroBatch)) {
+    if (fixed.micro_batch_size && *fixed.micro_batch_size != mbs) continue;
     PlanLayout l = base;
     l.micro_batch_size = mbs;
     l.gradient_accumulation_steps = p.global_batch / (base.dp * mbs);
@@ -111,6 +121,7 @@ void plan_family(const PlanProblem& p, const ClusterSpec& c, PlanLayout base, Le
     }
     any_legal = true;
     for (bool recompute : {false, true}) {
+      if (fixed.recompute && *fixed.recompute != recompute) continue;
       l.recompute = recompute;
       ++plan.evaluated;
       const MemoryBreakdown memory = predict_memory(p, c, l);
@@ -123,6 +134,9 @@ void plan_family(const PlanProblem& p, const ClusterSpec& c, PlanLayout base, Le
     }
   }
   if (any_fits) return;
+  if (!any_legal && illegal.empty())  // no micro-batch size left: the fixed one does not divide
+    illegal = format("micro-batch {} does not divide the global batch {} / dp={}", fixed.micro_batch_size.value_or(0),
+                     p.global_batch, base.dp);
   const std::string reason = any_legal ? "needs " + gigabytes(least_memory) + " > " +
                                              gigabytes(c.device.memory_bytes) + " (" + c.device.name + ")"
                                        : illegal;
@@ -130,16 +144,22 @@ void plan_family(const PlanProblem& p, const ClusterSpec& c, PlanLayout base, Le
 }
 
 // The tensor-parallel size alone: a node's devices and the heads (pp = 1 asks parallel_layout).
-std::string tensor_parallel_problem(const PlanProblem& p, const ClusterSpec& c, int tp, LegalityCache& legality) {
+std::string tensor_parallel_problem(const PlanProblem& p, const ClusterSpec& c, const PlanConstraints& fixed, int tp,
+                                    LegalityCache& legality) {
   if (tp > c.devices_per_node)
     return format("tp={} exceeds {} devices per node", tp, c.devices_per_node);
   PlanLayout l;
   l.tp = tp;
   l.dp = c.devices() / tp;
-  l.sequence_parallel = tp > 1;
+  l.sequence_parallel = fixed.sequence_parallel.value_or(tp > 1);
   l.chunk_layers = {p.model.num_hidden_layers};
-  return legality.check(l).reason;
+  const std::string reason = legality.check(l).reason;
+  // A pipeline_layers or pipeline_schedule the run sets is pp's business, not tp's.
+  return reason.find("pipeline") != std::string::npos ? "" : reason;
 }
+
+// Whether a size is the one the constraints fix (always, when they fix none).
+bool allowed(const std::optional<int>& fixed, int64_t value) { return !fixed || *fixed == value; }
 
 std::string family_name(const PrunedFamily& f) {
   std::string name = format("tp={}", f.tp);
@@ -165,19 +185,50 @@ PlanProblem problem_from_config(const TrainConfig& c, const ModelConfig& m, int 
   return p;
 }
 
-Plan make_plan(const PlanProblem& p, const ClusterSpec& c) {
+PlanConstraints plan_constraints(const TrainConfig& config) {
+  PlanConstraints fixed;
+  fixed.run = config;
+  if (config.parallel != "auto") return fixed;
+  auto fix = [&](const std::vector<const char*>& keys, const char* shown, auto value, auto& slot) {
+    for (const char* key : keys)
+      if (given(config, key)) {
+        slot = value;
+        if constexpr (std::is_same_v<decltype(value), bool>)
+          fixed.keys.push_back(format("{}={}", shown, value ? "true" : "false"));
+        else
+          fixed.keys.push_back(format("{}={}", shown, value));
+        return;
+      }
+  };
+  fix({"tensor_parallel_size"}, "tensor_parallel_size", int(config.tensor_parallel_size), fixed.tp);
+  fix({"pipeline_parallel_size"}, "pipeline_parallel_size", int(config.pipeline_parallel_size), fixed.pp);
+  fix({"virtual_pipeline_parallel_size"}, "virtual_pipeline_parallel_size",
+      int(config.virtual_pipeline_parallel_size), fixed.vpp);
+  fix({"zero_stage", "deepspeed"}, "zero_stage", int(config.zero_stage), fixed.zero_stage);
+  fix({"recompute_layers", "gradient_checkpointing", "disable_gradient_checkpointing"}, "recompute_layers",
+      config.recompute_layers, fixed.recompute);
+  fix({"sequence_parallel"}, "sequence_parallel", config.sequence_parallel, fixed.sequence_parallel);
+  for (const char* key : {"pipeline_layers", "pipeline_schedule"})
+    if (given(config, key)) fixed.keys.push_back(format("{} (as set)", key));
+  return fixed;
+}
+
+Plan make_plan(const PlanProblem& p, const ClusterSpec& c, const PlanConstraints& fixed) {
   const auto start = std::chrono::steady_clock::now();
   Plan plan;
+  plan.constrained_by = fixed.keys;
   const int devices = c.devices();
-  LegalityCache legality(p, devices);
+  LegalityCache legality(p, fixed.run, devices);
   SplitCache splits(p);
   for (int64_t tp : divisors(devices, devices)) {
-    const std::string tp_problem = tensor_parallel_problem(p, c, int(tp), legality);
+    if (!allowed(fixed.tp, tp)) continue;
+    const std::string tp_problem = tensor_parallel_problem(p, c, fixed, int(tp), legality);
     if (!tp_problem.empty()) {
       plan.pruned.push_back({int(tp), 0, 1, -1, tp_problem});
       continue;
     }
     for (int64_t pp : divisors(devices / tp, devices)) {
+      if (!allowed(fixed.pp, pp)) continue;
       const int dp = int(devices / (tp * pp));
       if (p.global_batch % dp != 0) {
         plan.pruned.push_back({int(tp), int(pp), 1, -1,
@@ -189,18 +240,26 @@ Plan make_plan(const PlanProblem& p, const ClusterSpec& c) {
                                format("pp={} exceeds the {} layers", pp, p.model.num_hidden_layers)});
         continue;
       }
-      for (int vpp = 1; vpp <= (pp > 1 ? kMaxVirtualStages : 1) && pp * vpp <= p.model.num_hidden_layers; ++vpp)
-        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {  // one replica: every stage is ZeRO-0
+      const int max_vpp = fixed.vpp ? *fixed.vpp : pp > 1 ? kMaxVirtualStages : 1;
+      for (int vpp = 1; vpp <= max_vpp && pp * vpp <= p.model.num_hidden_layers; ++vpp) {
+        if (!allowed(fixed.vpp, vpp)) continue;
+        // One replica: every stage is ZeRO-0 (unless the run fixes one, which parallel_layout judges).
+        const int max_zero = fixed.zero_stage ? *fixed.zero_stage : dp > 1 ? 3 : 0;
+        for (int zero = 0; zero <= max_zero; ++zero) {
+          if (!allowed(fixed.zero_stage, zero)) continue;
           PlanLayout base;
           base.tp = int(tp);
           base.pp = int(pp);
           base.vpp = vpp;
           base.dp = dp;
           base.zero_stage = zero;
-          base.sequence_parallel = tp > 1;
-          base.chunk_layers = splits.split(int(pp) * vpp);
-          plan_family(p, c, base, legality, plan);
+          base.sequence_parallel = fixed.sequence_parallel.value_or(tp > 1);
+          const bool own_split = !fixed.run.pipeline_layers.empty() &&
+                                 int64_t(fixed.run.pipeline_layers.size()) == pp * vpp;
+          base.chunk_layers = own_split ? fixed.run.pipeline_layers : splits.split(int(pp) * vpp);
+          plan_family(p, c, fixed, base, legality, plan);
         }
+      }
     }
   }
   std::sort(plan.layouts.begin(), plan.layouts.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
@@ -211,12 +270,33 @@ Plan make_plan(const PlanProblem& p, const ClusterSpec& c) {
   return plan;
 }
 
+const PlannedLayout* first_runnable(const Plan& plan) {
+  for (const PlannedLayout& r : plan.layouts)
+    if (r.implemented) return &r;
+  return nullptr;
+}
+
+std::string no_layout_reason(const Plan& plan, int devices) {
+  if (!plan.layouts.empty())
+    return format("the {} layouts that fit {} devices are all ones Fabrica does not run yet (the fastest: tp={} pp={})",
+                  plan.layouts.size(), devices, plan.layouts.front().layout.tp, plan.layouts.front().layout.pp);
+  std::string out = format("no layout of {} devices fits or is legal:", devices);
+  constexpr size_t kShown = 6;
+  for (size_t i = 0; i < std::min(kShown, plan.pruned.size()); ++i)
+    out += "\n  " + family_name(plan.pruned[i]) + ": " + plan.pruned[i].reason;
+  if (plan.pruned.size() > kShown) out += format("\n  ... and {} more (`fabrica plan` lists them)", plan.pruned.size() - kShown);
+  return out;
+}
+
 std::string memory_breakdown_text(const MemoryBreakdown& m) {
+  const std::string save = m.save_gathered > m.activations + m.logits
+                               ? format(" (the peak: the final save gathers {})", gigabytes(m.save_gathered))
+                               : std::string();
   return format("parameters {}, gradients {}, optimizer state {}, activations {}, logits chunk {}, buffers {}, "
-                "reserved {}: total {}",
+                "reserved {}: total {}{}",
                 gigabytes(m.parameters), gigabytes(m.gradients), gigabytes(m.optimizer_state),
                 gigabytes(m.activations), gigabytes(m.logits), gigabytes(m.buffers), gigabytes(m.reserved),
-                gigabytes(m.total()));
+                gigabytes(m.total()), save);
 }
 
 std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec& c, int top) {
@@ -230,6 +310,11 @@ std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec
                            p.bf16 ? "bf16" : "fp32");
   out += format("cluster: {} node(s) x {} {} ({} each), {} devices\n", c.nodes, c.devices_per_node, c.device.name,
                 gigabytes(c.device.memory_bytes), c.devices());
+  if (!plan.constrained_by.empty()) {
+    std::string keys;
+    for (const std::string& k : plan.constrained_by) keys += (keys.empty() ? "" : ", ") + k;
+    out += "parallel: auto, searching only layouts with " + keys + " (set in the config)\n";
+  }
   out += format("{} layouts evaluated in {} s, {} fit\n\n", plan.evaluated, fixed(plan.seconds, 3), plan.layouts.size());
   char line[256];
   std::snprintf(line, sizeof line, "%3s %3s %3s %3s %4s %4s %9s %4s %5s %10s %9s %11s %6s %6s\n", "#", "tp", "pp",
@@ -247,7 +332,10 @@ std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec
     out += line;
     any_planned_only |= !r.implemented;
   }
-  if (any_planned_only) out += "  * planned from the formulas: Fabrica does not run this tp/pp size yet\n";
+  if (any_planned_only) out += "  * planned from the formulas: Fabrica does not run this layout yet\n";
+  const PlannedLayout* runnable = first_runnable(plan);
+  if (runnable && runnable != &plan.layouts.front())
+    out += format("  parallel: auto takes #{}, the fastest that Fabrica runs\n", runnable - plan.layouts.data() + 1);
   if (!plan.layouts.empty()) {
     const PlannedLayout& best = plan.layouts.front();
     out += "\nmemory of #1 per device: " + memory_breakdown_text(best.memory) + "\n";
@@ -311,7 +399,8 @@ nlohmann::json layout_json(const PlannedLayout& r) {
                       {"activations", int64_t(m.activations)},
                       {"logits", int64_t(m.logits)},
                       {"buffers", int64_t(m.buffers)},
-                      {"reserved", int64_t(m.reserved)}}},
+                      {"reserved", int64_t(m.reserved)},
+                      {"save_gathered", int64_t(m.save_gathered)}}},
           {"time", {{"compute", t.compute},
                     {"tensor_comm", t.tensor_comm},
                     {"pipeline_comm", t.pipeline_comm},
@@ -331,7 +420,11 @@ nlohmann::json plan_json(const Plan& plan, int top) {
                       {"virtual_pipeline_parallel_size", f.vpp},
                       {"zero_stage", f.zero_stage},
                       {"reason", f.reason}});
-  return {{"layouts", layouts}, {"pruned", pruned}, {"evaluated", plan.evaluated}, {"seconds", plan.seconds}};
+  return {{"layouts", layouts},
+          {"pruned", pruned},
+          {"constrained_by", plan.constrained_by},
+          {"evaluated", plan.evaluated},
+          {"seconds", plan.seconds}};
 }
 
 }  // namespace fab

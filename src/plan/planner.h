@@ -1,6 +1,7 @@
 #pragma once
 // The planner: every legal layout of a problem on a cluster, its predicted memory and step time,
 // the fitting ones fastest first, and each pruned family of layouts with the reason.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,7 +32,24 @@ struct Plan {
   std::vector<PrunedFamily> pruned;
   int64_t evaluated = 0;  // layouts whose cost was predicted
   double seconds = 0;     // time the search took
+  std::vector<std::string> constrained_by;  // PlanConstraints::keys
 };
+
+// What the run fixes beyond the problem. `run` is the base every candidate layout is set on before
+// parallel_layout checks it (the trainer's own checks: the stage, finetuning_type, pipeline_layers
+// and pipeline_schedule as the run gives them). Under `parallel: auto` the layout keys the user
+// set are kept as given: only layouts with these sizes are searched.
+struct PlanConstraints {
+  TrainConfig run;
+  std::optional<int> tp, pp, vpp, zero_stage;
+  std::optional<bool> recompute, sequence_parallel;
+  std::optional<int64_t> micro_batch_size;
+  std::vector<std::string> keys;  // "tensor_parallel_size=2", ...: what fixed them, for messages
+};
+
+// The run's settings; the layout keys it set fix the search only when config.parallel is "auto"
+// (`fabrica plan` on any other YAML searches every layout of the run).
+PlanConstraints plan_constraints(const TrainConfig& config);
 
 // The problem a training YAML describes: config.json at model_name_or_path, cutoff_len (capped at
 // max_position_embeddings), the global batch per_device_train_batch_size x
@@ -41,7 +59,12 @@ PlanProblem problem_from_config(const TrainConfig& config, const ModelConfig& mo
 // Enumerates tp (dividing the devices, within a node, dividing the heads as parallel_layout
 // requires), pp (up to the layers, split by balanced_layer_split), vpp, ZeRO stage, recompute and
 // the micro-batch sizes that divide global batch / dp; legality is parallel_layout's.
-Plan make_plan(const PlanProblem& problem, const ClusterSpec& cluster);
+Plan make_plan(const PlanProblem& problem, const ClusterSpec& cluster, const PlanConstraints& constraints = {});
+
+// The fastest fitting layout that Fabrica runs (nullptr when there is none).
+const PlannedLayout* first_runnable(const Plan& plan);
+// Why no layout can run: the pruned families' reasons, a few of them, one per line.
+std::string no_layout_reason(const Plan& plan, int devices);
 
 std::string plan_table(const Plan& plan, const PlanProblem& problem, const ClusterSpec& cluster, int top);
 nlohmann::json plan_json(const Plan& plan, int top);

@@ -564,7 +564,8 @@ bool Trainer::run() {
       for (int64_t s = first; s <= step; ++s)
         if (std::isfinite(state_.losses[size_t(s)])) sum += state_.losses[size_t(s)], ++counted;
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
-      StepRecord r{step + 1, counted > 0 ? sum / counted : NAN, lr, grad_norm, double(window_tokens) / seconds};
+      StepRecord r{step + 1, counted > 0 ? sum / counted : NAN, lr, grad_norm, double(window_tokens) / seconds,
+                   seconds / double(std::max<int64_t>(1, steps_since_log_))};
       history_.push_back(r);
       log_step(r, eval_now || (last && config_.eval_strategy != "no") ? evaluate() : NAN);
       window_start = std::chrono::steady_clock::now();

@@ -33,6 +33,7 @@ struct TrainData {
 struct StepRecord {
   int64_t step;  // 1-based optimizer step
   double loss, lr, grad_norm, tokens_per_s;
+  double step_seconds = 0;  // wall time per step over the steps since the previous log
 };
 
 class Trainer {

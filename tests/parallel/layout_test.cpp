@@ -112,6 +112,8 @@ TEST(ParallelLayout, ConflictsNameTheSizes) {
   expect("sequence_parallel: true\n", 1, "sequence_parallel needs tensor_parallel_size > 1");
   // Combinations not implemented yet say so.
   expect("finetuning_type: lora\npipeline_parallel_size: 2\n", 2, "finetuning_type lora with pipeline_parallel_size 2 is not implemented");
+  expect("finetuning_type: lora\ntensor_parallel_size: 2\n", 2, "finetuning_type lora with tensor_parallel_size 2 is not implemented");
+  expect("finetuning_type: freeze\ntensor_parallel_size: 2\n", 2, "finetuning_type freeze with tensor_parallel_size 2 is not implemented");
   expect("stage: dpo\ntensor_parallel_size: 2\n", 2, "stage dpo with tensor_parallel_size 2 and pipeline_parallel_size 1 is not implemented");
   expect("pipeline_schedule: zero_bubble\n", 1, "expected 1f1b or interleaved_1f1b");
 }

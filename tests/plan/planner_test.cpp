@@ -4,10 +4,14 @@
 // a second with a layout that fits.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 
 #include "core/error.h"
+#include "parallel/layout.h"
+#include "plan/auto_layout.h"
 #include "plan/planner.h"
 
 namespace fab {
@@ -121,6 +125,32 @@ TEST(PlanMemory, BucketBuffersFollowTheLargestUnit) {
                    bucket / 2 + bucket + 0.5 * 4 * (151669.0 * 128 + layer_parameters(m)));
 }
 
+TEST(PlanMemory, TheFinalSaveGathersWeightsOnTheHost) {
+  // bench/plan_check.sh's model on this machine at 2 ranks.
+  ModelConfig m = llama(4, 128, 4, 2, 352, 151669);
+  m.head_dim = 32;
+  m.tie_word_embeddings = true;
+  PlanProblem p{m, 64, 8, false};
+  const ClusterSpec c = this_machine(2);
+  const double embedding = 151669.0 * 128, whole = 4 * layer_parameters(m) + embedding + 128;
+  PlanLayout tp;  // every tp rank builds the whole model, and the embedding's gathered slices
+  tp.tp = 2;
+  tp.micro_batch_size = 2;
+  tp.gradient_accumulation_steps = 4;
+  tp.chunk_layers = {4};
+  EXPECT_NEAR(predict_memory(p, c, tp).save_gathered, 4 * (whole + embedding), 4 * 2 * 4.0);
+  PlanLayout pp;  // stage 0 receives stage 1's weights: 2 layers, the norm and the tied copy
+  pp.pp = 2;
+  pp.gradient_accumulation_steps = 8;
+  pp.chunk_layers = {2, 2};
+  const MemoryBreakdown stage0 = predict_memory(p, c, pp);
+  EXPECT_DOUBLE_EQ(stage0.save_gathered, 4 * (2 * layer_parameters(m) + 128 + embedding));
+  EXPECT_DOUBLE_EQ(stage0.total(), stage0.parameters + stage0.gradients + stage0.optimizer_state + stage0.buffers +
+                                       stage0.reserved + stage0.save_gathered);
+  // On a GPU preset the save is host memory, not the device's.
+  EXPECT_EQ(predict_memory(p, preset_cluster("h100-80g", 2, 2), pp).save_gathered, 0);
+}
+
 TEST(PlanEnumeration, IllegalLayoutsArePrunedWithTheirReason) {
   // 4 layers, 4 heads : 2 kv heads, 16 devices of 8 per node.
   PlanProblem p{llama(4, 256, 4, 2, 704, 8192), 256, 40, true};
@@ -176,9 +206,86 @@ TEST(PlanScale, Llama3_70BOn512H100sInUnderASecond) {
   EXPECT_TRUE(j["layouts"][0]["recompute"].is_boolean());
 }
 
+// A run config as parse_train_config gives it: `yaml` sets (and marks as given) its keys.
+TrainConfig run_config(const std::string& yaml) { return parse_train_config("max_steps: 1\n" + yaml, "run.yaml"); }
+
+// Every layout the planner marks as runnable is one the trainer's parallel_layout accepts with
+// the run's own settings: after apply_planned_layout the config passes, with the global batch kept.
+void expect_runnable_layouts_pass_the_trainer(const Plan& plan, const TrainConfig& run, const ModelConfig& m,
+                                              int devices, int64_t global_batch) {
+  for (const PlannedLayout& r : plan.layouts) {
+    if (!r.implemented) continue;
+    TrainConfig c = run;
+    apply_planned_layout(layout_json(r), c);
+    const ParallelLayout l = parallel_layout(c, m, devices);
+    EXPECT_EQ(c.per_device_train_batch_size * c.gradient_accumulation_steps * l.dp, global_batch);
+    EXPECT_EQ(l.chunk_layers, r.layout.chunk_layers);
+  }
+}
+
+TEST(PlanAuto, TheRunsSettingsDecideWhatRuns) {
+  const ModelConfig m = llama(4, 256, 4, 2, 704, 8192);
+  const ClusterSpec c = preset_cluster("h100-80g", 4, 4);
+  PlanProblem p{m, 256, 16, true};
+  for (const char* yaml : {"parallel: auto\n", "parallel: auto\nfinetuning_type: lora\n",
+                           "parallel: auto\nfinetuning_type: freeze\nfreeze_trainable_layers: 1\n",
+                           "parallel: auto\nstage: dpo\n"}) {
+    SCOPED_TRACE(yaml);
+    const TrainConfig run = run_config(yaml);
+    const Plan plan = make_plan(p, c, plan_constraints(run));
+    const PlannedLayout* chosen = first_runnable(plan);
+    ASSERT_NE(chosen, nullptr);
+    if (run.finetuning_type != "full" || run.stage == "dpo") {
+      // LoRA and freeze: no tp; LoRA and the preference stages: no pp either.
+      const bool no_pp = run.finetuning_type == "lora" || run.stage == "dpo";
+      EXPECT_EQ(chosen->layout.tp, 1);
+      for (const PlannedLayout& r : plan.layouts)
+        if (r.layout.tp > 1 || (no_pp && r.layout.pp > 1)) EXPECT_FALSE(r.implemented);
+    }
+    // Every runnable layout (tp x pp included) is one parallel_layout accepts.
+    expect_runnable_layouts_pass_the_trainer(plan, run, m, 4, 16);
+  }
+}
+
+TEST(PlanAuto, KeysSetByHandConstrainTheSearch) {
+  const ModelConfig m = llama(4, 256, 4, 2, 704, 8192);
+  const ClusterSpec c = preset_cluster("h100-80g", 4, 4);
+  PlanProblem p{m, 256, 16, true};
+  const TrainConfig run = run_config("parallel: auto\ntensor_parallel_size: 2\nzero_stage: 1\ngradient_checkpointing: true\n");
+  const PlanConstraints fixed = plan_constraints(run);
+  EXPECT_EQ(fixed.tp, 2);
+  EXPECT_EQ(fixed.zero_stage, 1);
+  EXPECT_EQ(fixed.recompute, true);
+  EXPECT_FALSE(fixed.pp.has_value());
+  const Plan plan = make_plan(p, c, fixed);
+  ASSERT_FALSE(plan.layouts.empty());
+  for (const PlannedLayout& r : plan.layouts) {
+    EXPECT_EQ(r.layout.tp, 2);
+    EXPECT_EQ(r.layout.zero_stage, 1);
+    EXPECT_TRUE(r.layout.recompute);
+  }
+  EXPECT_EQ(plan_json(plan, 1)["constrained_by"],
+            nlohmann::json({"tensor_parallel_size=2", "zero_stage=1", "recompute_layers=true"}));
+  // Without parallel: auto the same keys are the run's manual layout: `fabrica plan` searches all.
+  const TrainConfig manual = run_config("tensor_parallel_size: 2\nzero_stage: 1\n");
+  EXPECT_FALSE(plan_constraints(manual).tp.has_value());
+  EXPECT_GT(make_plan(p, c, plan_constraints(manual)).layouts.size(), plan.layouts.size());
+}
+
+TEST(PlanAuto, AFixedLayoutThatCannotRunSaysWhy) {
+  const ModelConfig m = llama(4, 256, 4, 2, 704, 8192);
+  PlanProblem p{m, 256, 16, true};
+  const ClusterSpec c = preset_cluster("h100-80g", 2, 2);
+  const TrainConfig run = run_config("parallel: auto\npipeline_parallel_size: 2\nzero_stage: 3\n");
+  const Plan plan = make_plan(p, c, plan_constraints(run));
+  EXPECT_EQ(first_runnable(plan), nullptr);
+  EXPECT_NE(no_layout_reason(plan, 2).find("zero_stage 3 with pipeline_parallel_size 2"), std::string::npos)
+      << no_layout_reason(plan, 2);
+}
+
 TEST(PlanCluster, FileRoundTripsAndBadFilesAreUserErrors) {
   const ClusterSpec c = preset_cluster("a100-80g", 16, 8);
-  const std::string path = testing::TempDir() + "/plan_cluster.yaml";
+  const std::string path = testing::TempDir() + "/plan_cluster_" + std::to_string(::getpid()) + ".yaml";
   std::FILE* f = std::fopen(path.c_str(), "w");
   std::fputs(cluster_spec_to_yaml(c).c_str(), f);
   std::fclose(f);
