@@ -6,7 +6,11 @@
 // each; --sequence-parallel adds sp) and it also reports the bytes each rank sent per step over
 // the tensor-parallel group and its parameter and peak activation bytes; --allreduce-mb N instead times the communicator's all-reduce of N MB against a
 // bare MPI_Allreduce (bench/distributed_bench.sh runs both). --fma-peak prints the measured fp32
-// FMA peak of the machine (bench/fma_peak.h), the denominator of MFU.
+// FMA peak of the machine (bench/fma_peak.h), the denominator of MFU. --save-every N --save-dir DIR
+// checkpoints every N timed steps into DIR (save_checkpoint, or with --async-save the background
+// writer of async_save), counted in the step time; save_ms is the mean time a save held the
+// training thread, and the async run's last write, drained after the timed steps, is reported
+// apart (drain_ms).
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -28,6 +32,7 @@
 #include "parallel/layout.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "train/checkpoint.h"
 
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
@@ -46,6 +51,9 @@ struct Flags {
   int zero = 0;
   double allreduce_mb = 0;
   bool fma_peak = false;
+  int save_every = 0;  // > 0: a checkpoint every N timed steps into save_dir
+  std::string save_dir;
+  bool async_save = false;
 };
 
 Flags parse(int argc, char** argv) {
@@ -73,15 +81,23 @@ Flags parse(int argc, char** argv) {
     else if (a == "--zero") f.zero = std::stoi(next());
     else if (a == "--allreduce-mb") f.allreduce_mb = std::stod(next());
     else if (a == "--fma-peak") f.fma_peak = true;
+    else if (a == "--save-every") f.save_every = std::stoi(next());
+    else if (a == "--save-dir") f.save_dir = next();
+    else if (a == "--async-save") f.async_save = true;
     else {
       std::fprintf(stderr, "usage: fabrica_bench [--precision fp32|bf16] [--warmup N] [--steps N] [--threads N] [--recompute]\n"
                            "                     [--data-parallel [--zero N] | --tensor-parallel [--sequence-parallel]]\n"
-                           "                     [--pipeline CHUNKS [--layers N]] [--allreduce-mb N] [--fma-peak]\n");
+                           "                     [--pipeline CHUNKS [--layers N]] [--allreduce-mb N] [--fma-peak]\n"
+                           "                     [--save-every N --save-dir DIR [--async-save]]\n");
       std::exit(2);
     }
   }
   if (f.precision != "fp32" && f.precision != "bf16") {
     std::fprintf(stderr, "fabrica_bench: --precision must be fp32 or bf16\n");
+    std::exit(2);
+  }
+  if (f.save_every > 0 && (f.save_dir.empty() || f.tensor_parallel)) {
+    std::fprintf(stderr, "fabrica_bench: --save-every needs --save-dir (and no --tensor-parallel)\n");
     std::exit(2);
   }
   return f;
@@ -247,8 +263,19 @@ int main(int argc, char** argv) {
     batches.push_back(ids);
   }
 
-  double loss = 0, seconds = 0;
+  double loss = 0, seconds = 0, drain_seconds = 0, save_seconds = 0;  // save: on the training thread
+  int saves = 0;
   int64_t bytes_sent = 0;
+  AsyncCheckpointWriter writer(std::chrono::seconds(600));
+  TrainerState saved;
+  auto save = [&](int step) {
+    saved.global_step = step + 1;
+    saved.losses.assign(size_t(step + 1), loss);
+    const std::string dir = flags.save_dir + "/checkpoint-" + std::to_string(step + 1);
+    if (flags.async_save) return writer.save(dir, dp, saved, "", nullptr, "", nullptr, 2);
+    save_checkpoint(dir, dp, saved, "");
+    if (world->rank() == 0) prune_checkpoints(flags.save_dir, 2);
+  };
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {
     if (step == flags.warmup) {
       bytes_sent = world->stats().bytes_sent;  // over tp, or over dp
@@ -264,9 +291,18 @@ int main(int argc, char** argv) {
     dp.finish_gradients();
     dp.clip_grad_norm(1.0);
     dp.optimizer_step(3e-4f);
+    if (flags.save_every > 0 && step >= flags.warmup && (step + 1 - flags.warmup) % flags.save_every == 0) {
+      const auto save_start = std::chrono::steady_clock::now();
+      save(step);
+      save_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - save_start).count();
+      ++saves;
+    }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (step >= flags.warmup) seconds += s;
   }
+  const auto drain_start = std::chrono::steady_clock::now();
+  writer.wait();
+  drain_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - drain_start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   bytes_sent = (world->stats().bytes_sent - bytes_sent) / flags.steps;
@@ -279,13 +315,15 @@ int main(int argc, char** argv) {
         "\"tensor_parallel\":%d,\"sequence_parallel\":%d,"
         "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\","
         "\"parameter_bytes\":%lld,\"gradient_bytes\":%lld,\"optimizer_state_bytes\":%lld,"
-        "\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld,\"dp_bytes_sent_per_step\":%lld}\n",
+        "\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld,\"dp_bytes_sent_per_step\":%lld,"
+        "\"save_every\":%d,\"async_save\":%d,\"save_ms\":%.1f,\"drain_ms\":%.1f}\n",
         (flags.precision + (flags.lora ? "+lora" : "")).c_str(), flags.threads, world->size(), flags.zero,
         int(flags.tensor_parallel), int(flags.sequence_parallel), tokens / seconds, 1000.0 * seconds / flags.steps,
         double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str(),
         (long long)dp.state_bytes().parameters, (long long)dp.state_bytes().gradients,
         (long long)dp.state_bytes().optimizer_state, activations, (long long)(tp ? bytes_sent : 0),
-        (long long)(tp ? 0 : bytes_sent));
+        (long long)(tp ? 0 : bytes_sent), flags.save_every, int(flags.async_save),
+        saves ? 1000.0 * save_seconds / saves : 0.0, 1000.0 * drain_seconds);
   world.reset();
   leave_world();
   return 0;

@@ -13,6 +13,7 @@ packages=(
   libsentencepiece-dev   # SentencePiece tokenizer.model (Llama-2 style)
   openmpi-bin libopenmpi-dev  # data parallel: collectives, mpirun launch
   iproute2               # network namespaces of the multi-node test
+  slurm-wlm munge        # the Slurm test starts its own slurmctld, slurmd and munged (none run as services)
   libgtest-dev           # unit tests
   python3 python3-torch  # numerical reference (Debian's system python3)
   python3-venv           # the benchmark's PyTorch peer lives in a venv

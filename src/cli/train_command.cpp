@@ -127,10 +127,10 @@ int launch(const TrainConfig& c, int argc, char** argv) {
   std::printf("launching %d workers: %s ...\n", cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots(),
               mpirun_command(c, cluster, worker)[0].c_str());
   std::fflush(stdout);
-  return run_with_restarts(c, [&](const std::vector<std::string>& extra) {
+  return run_with_restarts(c, cluster, [&](const std::vector<std::string>& extra, const ClusterFile& hosts) {
     std::vector<std::string> args = worker;
     args.insert(args.end(), extra.begin(), extra.end());
-    return mpirun_command(c, cluster, args);
+    return mpirun_command(c, hosts, args);
   });
 }
 

@@ -444,6 +444,7 @@ CommHandle MpiCommunicator::post_point_to_point(bool send, void* data, int64_t b
   FAB_CHECK(tag >= 0 && tag < kMostTags, "point-to-point tag {}", tag);
   FAB_CHECK(peer >= 0 && peer < size() && peer != rank(), "point-to-point peer {} in a group of {}", peer, size());
   auto task = std::make_shared<CommTask>();
+  task->what = format("{} rank {} (tag {})", send ? "send to" : "receive from", peer, tag);  // as traced waits name it
   MpiGroup* g = group_.get();
   CommThread::instance().submit_urgent([g, task, send, data, bytes, peer, tag] {
     auto request = std::make_shared<MPI_Request>(MPI_REQUEST_NULL);

@@ -385,6 +385,8 @@
   X(trace_steps, trace_steps, std::vector<int64_t>, {}, Own, "[first, last] optimizer steps (1-based, inclusive) the trace records; empty: [2, 4] (the first step warms caches)") \
   X(max_restarts, max_restarts, int64_t, 0, Own, "Launcher: restart every worker from the newest checkpoint when a worker dies, hangs past ddp_timeout or a collective times out, up to N times (torchrun's --max-restarts; also given as `fabrica train run.yaml --max-restarts N`)") \
   X(restart_backoff_s, restart_backoff_s, double, 3.0, Own, "Seconds the launcher waits before a restart") \
+  X(min_nodes, min_nodes, int64_t, 0, Own, "With a cluster file: before each launch and restart, leave out the hosts that do not answer (through rsh_agent, 3 tries) as long as this many remain; the job resumes on fewer ranks (0: every host is needed, none probed)") \
+  X(async_save, async_save, bool, false, Own, "Checkpoints copied to host memory at the step and written by a background thread while training goes on (renamed to checkpoint-N once on disk; one save in flight)") \
   X(ddp_bucket_size, ddp_bucket_size, double, 25.0, Own, "Gradient bucket size in MB (torch DDP's bucket_cap_mb): each bucket is reduced while backward goes on") \
   /* model parallelism (Fabrica's own keys; Megatron's spellings are aliases, below) */                 \
   X(tensor_parallel_size, tensor_parallel_size, int64_t, 1, Own, "Tensor-parallel ranks (Megatron's split of each layer; tensor_model_parallel_size is an alias). world = tp x pp x dp, tp fastest") \

@@ -190,6 +190,8 @@ void check_ranges(const TrainConfig& c, Require& require) {
           format("nan_policy \"{}\": expected stop or skip", c.nan_policy));
   require(c.max_skipped_steps >= 0, format("max_skipped_steps must be >= 0, got {}", c.max_skipped_steps));
   require(c.save_every_minutes >= 0, format("save_every_minutes must be >= 0 (0: off), got {}", c.save_every_minutes));
+  require(c.min_nodes >= 0, format("min_nodes must be >= 0 (0: every host of the cluster file), got {}", c.min_nodes));
+  require(c.min_nodes == 0 || !c.cluster.empty(), "min_nodes needs a cluster file (cluster: FILE): it counts its hosts");
   require(c.trace_steps.empty() || (c.trace_steps.size() == 2 && c.trace_steps[0] >= 1 && c.trace_steps[1] >= c.trace_steps[0]),
           "trace_steps: expected [first, last] optimizer steps with 1 <= first <= last");
   require(c.max_restarts >= 0, format("max_restarts must be >= 0, got {}", c.max_restarts));

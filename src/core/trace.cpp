@@ -16,6 +16,7 @@ struct Event {
   double start_us, duration_us;
   int thread;
   int64_t bytes;
+  Args args;
 };
 
 struct Recorder {
@@ -75,7 +76,15 @@ void complete(const char* category, const std::string& name, Clock::time_point s
   const int thread = thread_number();
   Recorder& r = recorder();
   std::lock_guard lock(r.mutex);
-  r.events.push_back({category, name, micros(start), micros(end) - micros(start), thread, bytes});
+  r.events.push_back({category, name, micros(start), micros(end) - micros(start), thread, bytes, {}});
+}
+
+void complete(const char* category, const std::string& name, Clock::time_point start, Clock::time_point end,
+              const Args& args) {
+  const int thread = thread_number();
+  Recorder& r = recorder();
+  std::lock_guard lock(r.mutex);
+  r.events.push_back({category, name, micros(start), micros(end) - micros(start), thread, -1, args});
 }
 
 void write(const std::string& path) {
@@ -89,6 +98,7 @@ void write(const std::string& path) {
     nlohmann::json j = {{"ph", "X"}, {"cat", e.category}, {"name", e.name}, {"pid", r.rank}, {"tid", e.thread},
                         {"ts", e.start_us + r.epoch_us}, {"dur", e.duration_us}};
     if (e.bytes >= 0) j["args"] = {{"bytes", e.bytes}};
+    for (const auto& [key, value] : e.args) j["args"][key] = value;
     events.push_back(std::move(j));
   }
   write_file_atomically(path, nlohmann::json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump() + "\n");

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fab::trace {
 
@@ -22,6 +24,11 @@ inline constexpr const char* kWait = "wait";             // the compute thread b
 inline constexpr const char* kCommunication = "comm";    // a collective on the communication thread
 inline constexpr const char* kData = "data";             // collating a batch
 inline constexpr const char* kCheckpoint = "checkpoint";  // checkpoint I/O
+// A pipeline stage's step: args stage, stages, micro_batches, chunks, busy_s (its forwards and
+// backwards); the rest of the event is the stage's bubble.
+inline constexpr const char* kPipeline = "pipeline";
+
+using Args = std::vector<std::pair<std::string, double>>;
 
 extern std::atomic<bool> g_recording;
 inline bool recording() { return g_recording.load(std::memory_order_relaxed); }
@@ -34,6 +41,9 @@ void name_thread(const std::string& name);
 // One complete event on the calling thread. `bytes` >= 0 goes into the event's args.
 void complete(const char* category, const std::string& name, Clock::time_point start, Clock::time_point end,
               int64_t bytes = -1);
+// The same with numbers in the event's args.
+void complete(const char* category, const std::string& name, Clock::time_point start, Clock::time_point end,
+              const Args& args);
 // Writes the events so far to `path` (a Chrome trace JSON object) and forgets them.
 void write(const std::string& path);
 

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/file_write.h"
 #include "core/stop_signals.h"
+#include "launch/host_probe.h"
 #include "train/checkpoint.h"
 
 namespace fab {
@@ -46,16 +47,37 @@ int64_t step_of_checkpoint(const std::string& dir) {
   return std::stoll(name.substr(name.find('-') + 1));
 }
 
+// min_nodes: the hosts that answer now (all of them without min_nodes); those left out are
+// printed and recorded.
+ClusterFile hosts_for_this_launch(const TrainConfig& c, const ClusterFile& cluster) {
+  if (c.min_nodes <= 0 || cluster.hosts.empty()) return cluster;
+  const auto probe = [&](const std::string& host) {
+    return host_answers(cluster.rsh_agent, host, std::chrono::seconds(10));
+  };
+  const HostSelection s = select_hosts(cluster, c.min_nodes, 3, std::chrono::seconds(2), probe);
+  if (s.left_out.empty()) return s.cluster;
+  std::string names;
+  for (const std::string& n : s.left_out) names += (names.empty() ? "" : ", ") + n;
+  std::fprintf(stderr, "fabrica: %s did not answer (3 tries): left out; %d workers on %zu of %zu hosts (min_nodes %lld)\n",
+               names.c_str(), s.cluster.total_slots(), s.cluster.hosts.size(), cluster.hosts.size(),
+               (long long)c.min_nodes);
+  record(c.output_dir, {{"event", "hosts_left_out"},
+                        {"hosts", s.left_out},
+                        {"ranks", s.cluster.total_slots()},
+                        {"ranks_in_cluster_file", cluster.total_slots()},
+                        {"min_nodes", c.min_nodes}});
+  return s.cluster;
+}
+
 }  // namespace
 
 bool worth_restarting(const LaunchResult& r) { return r.exit_code != 0 && r.exit_code != 2 && !r.stop_requested; }
 
-int run_with_restarts(const TrainConfig& c,
-                      const std::function<std::vector<std::string>(const std::vector<std::string>&)>& command) {
+int run_with_restarts(const TrainConfig& c, const ClusterFile& cluster, const LaunchCommand& command) {
   const std::string log_dir = (fs::path(c.output_dir) / "logs").string();
   std::vector<std::string> extra;
   for (int64_t attempt = 0;; ++attempt) {
-    const LaunchResult result = run_launcher(command(extra), log_dir);
+    const LaunchResult result = run_launcher(command(extra, hosts_for_this_launch(c, cluster)), log_dir);
     if (!worth_restarting(result)) return result.exit_code;
     nlohmann::json failure = {{"event", "failure"}, {"cause", result.cause}, {"exit_code", result.exit_code}};
     if (result.failed_rank >= 0) failure["rank"] = result.failed_rank;

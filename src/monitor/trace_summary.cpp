@@ -56,6 +56,20 @@ void add_step(double begin, double end, const std::vector<Interval> (&by_kind)[k
   ++s.steps;
 }
 
+// One stage's pipeline step (trace::kPipeline): its shape, and how much of it was compute.
+void add_pipeline_step(const nlohmann::json& e, double seconds, const std::string& source, RankTimeSummary& s) try {
+  const nlohmann::json& args = e.at("args");
+  s.stage = int(args.at("stage").get<double>());
+  s.stages = int(args.at("stages").get<double>());
+  s.micro_batches = int(args.at("micro_batches").get<double>());
+  s.chunks = int(args.at("chunks").get<double>());
+  s.pipeline_s += seconds;
+  s.pipeline_busy_s += args.at("busy_s").get<double>();
+} catch (const nlohmann::json::exception& error) {
+  throw UserError(format("{}: a pipeline event without its args (stage, stages, micro_batches, chunks, busy_s): {}",
+                         source, error.what()));
+}
+
 }  // namespace
 
 RankTimeSummary summarize_rank_trace(const nlohmann::json& trace, const std::string& source) {
@@ -79,6 +93,7 @@ RankTimeSummary summarize_rank_trace(const nlohmann::json& trace, const std::str
     }
     if (thread != "compute") continue;
     if (category == trace::kStep) steps.push_back({begin, end});
+    else if (category == trace::kPipeline) add_pipeline_step(e, end - begin, source, s);
     else if (category == trace::kWait) {
       by_kind[kWaiting].push_back({begin, end});
       waits[e.value("name", "")] += end - begin;
@@ -121,6 +136,22 @@ std::string printed(const char* pattern, Args... args) {
 double per_step_ms(double seconds, const RankTimeSummary& r) { return r.steps ? 1e3 * seconds / double(r.steps) : 0.0; }
 double percent(double part, double whole) { return whole > 0 ? 100 * part / whole : 0.0; }
 
+const char* schedule_name(const RankTimeSummary& r) { return r.chunks > 1 ? "interleaved 1F1B" : "1F1B"; }
+
+// Each stage's measured bubble against the schedule's.
+std::string pipeline_bubble_text(const std::vector<RankTimeSummary>& ranks) {
+  std::string out;
+  for (const RankTimeSummary& r : ranks) {
+    if (r.stage < 0) continue;
+    if (out.empty())
+      out = printed("pipeline bubble (%s, p %d, m %d, v %d): the schedule's (p-1)/(v*m+p-1) = %.1f%%\n",
+                    schedule_name(r), r.stages, r.micro_batches, r.chunks, 100 * r.formula_bubble());
+    out += printed("  stage %d (rank %d): %.1f%% of its pipeline time outside forward and backward (%.1f ms per step)\n",
+                   r.stage, r.rank, 100 * r.measured_bubble(), per_step_ms(r.pipeline_s - r.pipeline_busy_s, r));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string trace_summary_text(const std::vector<RankTimeSummary>& ranks) {
@@ -141,6 +172,7 @@ std::string trace_summary_text(const std::vector<RankTimeSummary>& ranks) {
   if (most_waiting->longest_wait_s > 0)
     out += printed("longest wait: '%s', %.1f ms per step on rank %d\n", most_waiting->longest_wait.c_str(),
                    per_step_ms(most_waiting->longest_wait_s, *most_waiting), most_waiting->rank);
+  out += pipeline_bubble_text(ranks);
   return out;
 }
 
@@ -157,6 +189,12 @@ nlohmann::json trace_summary_json(const std::vector<RankTimeSummary>& ranks) {
                    {"hidden_comm_s", r.hidden_comm_s},
                    {"longest_wait", r.longest_wait},
                    {"longest_wait_s", r.longest_wait_s}});
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i].stage >= 0)
+      out[i]["pipeline"] = {{"stage", ranks[i].stage},         {"stages", ranks[i].stages},
+                            {"micro_batches", ranks[i].micro_batches}, {"chunks", ranks[i].chunks},
+                            {"pipeline_s", ranks[i].pipeline_s}, {"busy_s", ranks[i].pipeline_busy_s},
+                            {"bubble", ranks[i].measured_bubble()}, {"formula_bubble", ranks[i].formula_bubble()}};
   return out;
 }
 

@@ -4,7 +4,9 @@
 // op, a layer, data loading or checkpoint I/O) or idle (none of these); the three sum to the
 // step's wall time. The communication thread's busy time splits into what the compute thread
 // waited for (exposed) and what ran behind compute (hidden). Then the straggler: the rank whose
-// compute per step is longest, and the collective waited on longest.
+// compute per step is longest, and the collective waited on longest. Under pipeline parallel, each
+// stage's bubble: the part of its pipeline steps (trace::kPipeline events) outside its forwards
+// and backwards, beside the schedule's formula (p - 1) / (v m + p - 1) (v = 1: 1F1B).
 #include <string>
 #include <vector>
 
@@ -19,6 +21,13 @@ struct RankTimeSummary {
   double comm_busy_s = 0, hidden_comm_s = 0;
   std::string longest_wait;  // the collective this rank waited on longest, in total
   double longest_wait_s = 0;
+  // Pipeline parallel (stage < 0: none): the stage's shape and its pipeline steps' time.
+  int stage = -1, stages = 0, micro_batches = 0, chunks = 0;
+  double pipeline_s = 0, pipeline_busy_s = 0;
+  double measured_bubble() const { return pipeline_s > 0 ? 1 - pipeline_busy_s / pipeline_s : 0.0; }
+  double formula_bubble() const {
+    return stages > 0 ? double(stages - 1) / double(chunks * micro_batches + stages - 1) : 0.0;
+  }
 };
 
 // One rank's trace (the JSON object trace::write produced).

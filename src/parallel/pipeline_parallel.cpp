@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "core/profiler.h"
 #include "parallel/tensor_parallel.h"
 
@@ -161,6 +162,10 @@ double PipelineParallel::forward_backward(const std::vector<PipelineMicroBatch>&
   }
   for (auto& [handle, tensor] : sends) handle.wait();
   stages_.barrier("pipeline step end");  // the span ends when every stage is done
+  if (trace::recording())
+    trace::complete(trace::kPipeline, "pipeline step", start, Clock::now(),
+                    {{"stage", stage()}, {"stages", shape.stages}, {"micro_batches", shape.micro_batches},
+                     {"chunks", shape.virtual_stages}, {"busy_s", busy}});
   stats_.busy_seconds += busy;
   stats_.span_seconds += seconds_since(start);
   ++stats_.steps;

@@ -6,14 +6,18 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/file_write.h"
+#include "core/trace.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
@@ -106,10 +110,15 @@ SliceGeometry geometry_of(const DecoderModel& model, size_t param) {
   return SliceGeometry::of(s.full_shape, s.split_dim, s.begin, s.length);
 }
 
-// This rank's AdamW moments, with the list of what they hold: per segment (parameter, first
+// This rank's AdamW moments (views), with the list of what they hold: per segment (parameter, first
 // element, length) of the slice this rank holds, and that slice's place in the whole HF tensor
 // (split_dim, first row or column, rows or columns), so any layout can find its own part in them.
-void save_optimizer_shard(const fs::path& path, const DataParallel& dp) {
+struct OptimizerShard {
+  std::vector<NamedTensor> moments;
+  std::map<std::string, std::string> metadata;
+};
+
+OptimizerShard optimizer_shard(const DataParallel& dp) {
   const AdamW& opt = dp.optimizer();
   nlohmann::json segments = nlohmann::json::array();
   for (const OptimizerSegment& s : opt.segments()) {
@@ -118,11 +127,11 @@ void save_optimizer_shard(const fs::path& path, const DataParallel& dp) {
                         slice.length});
   }
   const auto [tp_rank, tp_size] = tp_place(dp);
-  save_safetensors(path.string(), {{"exp_avg", opt.exp_avg()}, {"exp_avg_sq", opt.exp_avg_sq()}},
-                   {{"step", std::to_string(opt.steps_taken())},
-                    {"segments", segments.dump()},
-                    {"tensor_parallel_size", std::to_string(tp_size)},
-                    {"tensor_parallel_rank", std::to_string(tp_rank)}});
+  return {{{"exp_avg", opt.exp_avg()}, {"exp_avg_sq", opt.exp_avg_sq()}},
+          {{"step", std::to_string(opt.steps_taken())},
+           {"segments", segments.dump()},
+           {"tensor_parallel_size", std::to_string(tp_size)},
+           {"tensor_parallel_rank", std::to_string(tp_rank)}}};
 }
 
 struct SavedPiece {
@@ -279,61 +288,206 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// One rank's part of a checkpoint, gathered at the step: what it writes needs no collective.
+struct CheckpointPart {
+  fs::path final_dir, tmp;
+  bool main = false;  // writes the weights and trainer state, fsyncs the folder and renames it
+  ModelConfig model_config;
+  std::vector<NamedTensor> weights;  // main: the whole model (empty under LoRA: written at the step)
+  std::string trainer_state, config_yaml;
+  std::string shard_file;  // this rank's optimizer shard ("" when another rank writes the same one)
+  std::vector<NamedTensor> moments;
+  std::map<std::string, std::string> shard_metadata;
+  std::string marker;     // async: the file that says this rank's part is on disk
+  int64_t job_ranks = 1;  // async: the markers the main rank waits for
+};
+
+std::vector<NamedTensor> copied(const std::vector<NamedTensor>& tensors) {
+  std::vector<NamedTensor> out;
+  for (const NamedTensor& t : tensors) out.push_back({t.name, t.tensor.clone(MemoryCategory::temporaries)});
+  return out;
+}
+
+// The whole model's tensors on the rank that writes them: the pipeline's stages gathered on
+// stage 0, a tensor-parallel model's slices gathered, or the model's own parameters (views: the
+// parameters must stay gathered while they are used). Collective, as save_checkpoint.
+std::vector<NamedTensor> whole_weights(DataParallel& dp, Communicator* tp, PipelineParallel* pipeline, bool main) {
+  if (pipeline) return gather_stage_weights(*pipeline, tp, dp.group().rank() == 0);
+  if (tp) return gather_full_tensors(dp.model(), *tp);
+  std::vector<NamedTensor> tensors;
+  if (main && !dp.model().lora().enabled())
+    for (const auto& [p, buffer] : dp.model().base_parameters()) tensors.push_back({p->name, buffer->values_f32(*p)});
+  return tensors;
+}
+
+std::string trainer_state_json(const TrainerState& state, int64_t world_size, int64_t stages) {
+  const nlohmann::json j = {{"global_step", state.global_step},
+                            {"sampler_epoch", state.sampler.epoch},
+                            {"sampler_position", state.sampler.position},
+                            {"losses", losses_to_json(state.losses)},
+                            {"world_size", world_size},
+                            {"pipeline_parallel_size", stages}};
+  return j.dump(1) + "\n";
+}
+
+// Everything this rank writes of the checkpoint, its tensors copied when `copy` (async_save);
+// the main rank makes the temporary folder (and writes a LoRA adapter into it). Collective. The
+// caller keeps the parameters gathered until the part's weights are written or copied.
+CheckpointPart take_part(const std::string& dir, DataParallel& dp, const TrainerState& state,
+                         const std::string& config_yaml, Communicator* tp, const std::string& base_model,
+                         PipelineParallel* pipeline, bool copy) {
+  Communicator& group = dp.group();
+  const bool stage_main = group.rank() == 0;  // of this stage's data-parallel group
+  CheckpointPart part;
+  part.final_dir = dir;
+  part.tmp = part.final_dir.string() + ".tmp";
+  part.main = stage_main && (!tp || tp->rank() == 0) && (!pipeline || pipeline->stage() == 0);
+  std::vector<NamedTensor> weights = whole_weights(dp, tp, pipeline, part.main);
+  if (part.main) {
+    fs::remove_all(part.tmp);
+    fs::create_directories(part.tmp);
+    if (dp.model().lora().enabled()) save_trained_weights(dp.model(), part.tmp.string(), base_model);
+    part.model_config = dp.model().config();
+    part.weights = copy ? copied(weights) : std::move(weights);
+    part.trainer_state = trainer_state_json(state, group.size(), pipeline ? pipeline->num_stages() : 1);
+    part.config_yaml = config_yaml;
+  }
+  const std::string shard = stage_prefix(pipeline) + optimizer_file(group.rank(), group.size(), tp_place(dp));
+  // Without ZeRO every data-parallel rank of a stage holds the whole optimizer state (of its
+  // tensor-parallel slices): data-parallel rank 0 writes it once.
+  if (dp.zero_stage() > 0 || stage_main) {
+    part.shard_file = shard;
+    const OptimizerShard s = optimizer_shard(dp);
+    part.moments = copy ? copied(s.moments) : s.moments;
+    part.shard_metadata = s.metadata;
+  }
+  part.marker = ".written-" + shard;
+  part.job_ranks = int64_t(group.size()) * tp_place(dp).second * (pipeline ? pipeline->num_stages() : 1);
+  return part;
+}
+
+// FAB_TEST_SLOW_SAVE_MS: tests make a checkpoint's write take this long (so a kill lands mid-write).
+void pause_for_tests() {
+  const char* ms = std::getenv("FAB_TEST_SLOW_SAVE_MS");
+  if (ms) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
+}
+
+void write_main_files(const CheckpointPart& part) {
+  if (!part.weights.empty()) save_model_folder(part.model_config, part.weights, part.tmp.string());
+  write_file_atomically((part.tmp / "trainer_state.json").string(), part.trainer_state);
+  write_file_atomically((part.tmp / "train_config.yaml").string(), part.config_yaml);
+}
+
+void write_shard(const CheckpointPart& part) {
+  if (!part.shard_file.empty()) save_safetensors((part.tmp / part.shard_file).string(), part.moments, part.shard_metadata);
+}
+
+// Every file is on disk (each was fsynced as it was written): the folder too, then the rename.
+void rename_into_place(const CheckpointPart& part) {
+  for (const auto& e : fs::directory_iterator(part.tmp)) fsync_path(e.path());
+  fsync_path(part.tmp);
+  fs::remove_all(part.final_dir);
+  fs::rename(part.tmp, part.final_dir);
+  fsync_path(part.final_dir.parent_path().empty() ? fs::path(".") : part.final_dir.parent_path());
+}
+
+std::vector<fs::path> markers_in(const fs::path& tmp) {
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(tmp))
+    if (e.path().filename().string().rfind(".written-", 0) == 0) found.push_back(e.path());
+  return found;
+}
+
+// The main rank's writer: every rank's marker, found on the (shared) file system — no collective.
+// False when abandoned (the job is ending on an error); a UserError past `timeout`.
+bool wait_for_markers(const CheckpointPart& part, std::chrono::seconds timeout, const std::atomic<bool>& abandon) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (int64_t(markers_in(part.tmp).size()) < part.job_ranks) {
+    if (abandon) return false;
+    FAB_USER_CHECK(std::chrono::steady_clock::now() < deadline,
+                   "{}: {} of {} ranks wrote their part of the checkpoint within ddp_timeout {} s (async_save)",
+                   part.tmp.string(), markers_in(part.tmp).size(), part.job_ranks, timeout.count());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (const fs::path& m : markers_in(part.tmp)) fs::remove(m);
+  return true;
+}
+
+void write_in_background(const CheckpointPart& part, std::chrono::seconds peers_timeout,
+                         const std::atomic<bool>& abandon, int64_t keep) {
+  if (trace::recording()) trace::name_thread("checkpoint writer");  // a thread per save: named only when traced
+  trace::Scope traced(trace::kCheckpoint, "write " + part.final_dir.filename().string());
+  if (part.main) write_main_files(part);
+  pause_for_tests();
+  write_shard(part);
+  write_file_atomically((part.tmp / part.marker).string(), "");
+  if (!part.main || !wait_for_markers(part, peers_timeout, abandon)) return;
+  rename_into_place(part);
+  prune_checkpoints(part.final_dir.parent_path().string(), keep);
+}
+
+}  // namespace
+
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
                      const std::string& config_yaml, Communicator* tp, const std::string& base_model,
                      PipelineParallel* pipeline) {
-  Communicator& group = dp.group();
-  const bool stage_main = group.rank() == 0;  // of this stage's data-parallel group
-  const bool main = stage_main && (!tp || tp->rank() == 0) && (!pipeline || pipeline->stage() == 0);
+  dp.gather_all_parameters();
+  CheckpointPart part = take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, false);
+  if (part.main) write_main_files(part);
+  part.weights.clear();
+  dp.release_gathered_parameters();
   // The data-parallel group's barrier, then the tensor-parallel group's or the pipeline's:
   // together every rank of the job.
   auto barrier = [&](const std::string& what) {
-    group.barrier(what);
+    dp.group().barrier(what);
     if (tp) tp->barrier(what);
     if (pipeline) pipeline->group().barrier(what);
   };
-  const fs::path final_dir(dir);
-  const fs::path tmp = final_dir.string() + ".tmp";
-  dp.gather_all_parameters();
-  std::vector<NamedTensor> stages_weights, whole;
-  if (pipeline)
-    stages_weights = gather_stage_weights(*pipeline, tp, stage_main);
-  else if (tp)
-    whole = gather_full_tensors(dp.model(), *tp);
-  if (main) {
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
-    if (pipeline)
-      save_model_folder(dp.model().config(), stages_weights, tmp.string());
-    else if (tp)
-      save_model_folder(dp.model().config(), whole, tmp.string());
-    else
-      save_trained_weights(dp.model(), tmp.string(), base_model);
-    nlohmann::json j = {{"global_step", state.global_step},
-                        {"sampler_epoch", state.sampler.epoch},
-                        {"sampler_position", state.sampler.position},
-                        {"losses", losses_to_json(state.losses)},
-                        {"world_size", group.size()},
-                        {"pipeline_parallel_size", pipeline ? pipeline->num_stages() : 1}};
-    write_file_atomically((tmp / "trainer_state.json").string(), j.dump(1) + "\n");
-    write_file_atomically((tmp / "train_config.yaml").string(), config_yaml);
-  }
-  stages_weights.clear();
-  dp.release_gathered_parameters();
   barrier("checkpoint: folder made");
-  // Without ZeRO every data-parallel rank of a stage holds the whole optimizer state (of its
-  // tensor-parallel slices): data-parallel rank 0 writes it once.
-  if (dp.zero_stage() > 0 || stage_main)
-    save_optimizer_shard(tmp / (stage_prefix(pipeline) + optimizer_file(group.rank(), group.size(), tp_place(dp))), dp);
+  pause_for_tests();
+  write_shard(part);
   barrier("checkpoint: shards written");
-  if (main) {
-    for (const auto& e : fs::directory_iterator(tmp)) fsync_path(e.path());
-    fsync_path(tmp);
-    fs::remove_all(final_dir);
-    fs::rename(tmp, final_dir);
-    fsync_path(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
-  }
+  if (part.main) rename_into_place(part);
   barrier("checkpoint: renamed");
+}
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  abandon_ = true;
+  if (writer_.joinable()) writer_.join();
+}
+
+void AsyncCheckpointWriter::save(const std::string& dir, DataParallel& dp, const TrainerState& state,
+                                 const std::string& config_yaml, Communicator* tp, const std::string& base_model,
+                                 PipelineParallel* pipeline, int64_t keep) {
+  wait();
+  dp.gather_all_parameters();
+  auto part = std::make_shared<CheckpointPart>(take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, true));
+  dp.release_gathered_parameters();
+  // On the training thread, in the step's order: the folder exists before any rank writes into it.
+  dp.group().barrier("checkpoint: folder made");
+  if (tp) tp->barrier("checkpoint: folder made");
+  if (pipeline) pipeline->group().barrier("checkpoint: folder made");
+  done_ = false;
+  writer_ = std::thread([this, part, keep] {
+    try {
+      write_in_background(*part, peers_timeout_, abandon_, keep);
+    } catch (const std::exception& e) {
+      failure_ = std::make_exception_ptr(
+          UserError(format("{} (written in the background, async_save): {}", part->final_dir.string(), e.what())));
+    }
+    done_ = true;
+  });
+}
+
+void AsyncCheckpointWriter::check() {
+  if (done_) wait();
+}
+
+void AsyncCheckpointWriter::wait() {
+  if (writer_.joinable()) writer_.join();
+  if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {

@@ -7,8 +7,12 @@
 // fsynced, then renamed, so a crash mid-save never leaves a folder named checkpoint-N that is
 // incomplete.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config/train_config.h"
@@ -38,6 +42,42 @@ struct TrainerState {
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
                      const std::string& config_yaml, Communicator* tp = nullptr, const std::string& base_model = "",
                      PipelineParallel* pipeline = nullptr);
+// async_save: save() copies this rank's part of a checkpoint (the gathered weights, its optimizer
+// shard, the trainer state) to host memory at the step — the collective part, on the training
+// thread, in the step's order — and a background thread writes it while training goes on. No
+// collective ever runs on the writer thread (it would interleave with the step's collectives on
+// the same communicators): each rank's writer fsyncs its files and then leaves a marker file
+// (.written-<its optimizer file name>) in the shared checkpoint-N.tmp folder, and the main rank's
+// writer waits for every rank's marker on the file system before it fsyncs the folder and renames
+// it to checkpoint-N (the rename is the "complete" mark: latest_checkpoint never reads a .tmp).
+// One save in flight: save() first waits for the previous one. A failure of the writer is
+// rethrown on the training thread by check() (each step), the next save() or wait() (the end).
+// Under LoRA the adapter folder (small) is written at the step itself.
+class AsyncCheckpointWriter {
+ public:
+  // `peers_timeout`: how long the main rank waits for the other ranks' markers (ddp_timeout).
+  explicit AsyncCheckpointWriter(std::chrono::seconds peers_timeout) : peers_timeout_(peers_timeout) {}
+  // Stops waiting for peers (the folder stays checkpoint-N.tmp, ignored), after the write itself.
+  ~AsyncCheckpointWriter();
+  AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
+  AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
+
+  // Collective, as save_checkpoint; the main rank's writer then prunes to `keep` (save_total_limit).
+  void save(const std::string& dir, DataParallel& dp, const TrainerState& state, const std::string& config_yaml,
+            Communicator* tp, const std::string& base_model, PipelineParallel* pipeline, int64_t keep);
+  // Rethrows the failure of a finished background write, if any.
+  void check();
+  // Waits for the save in flight to be on disk (and renamed, on the main rank); rethrows its failure.
+  void wait();
+
+ private:
+  std::chrono::seconds peers_timeout_;
+  std::thread writer_;
+  std::exception_ptr failure_;
+  std::atomic<bool> abandon_{false};  // the destructor: stop waiting for peers
+  std::atomic<bool> done_{true};      // the writer thread has finished (joinable without blocking)
+};
+
 // Restores weights, optimizer shards and state saved by save_checkpoint at any layout: data-parallel
 // world size, ZeRO stage, tensor_parallel_size and pipeline_parallel_size may all differ (each
 // optimizer piece records where it sits in the whole HF tensor; each rank reads what it holds).

@@ -24,6 +24,7 @@
 #include "parallel/parallelize.h"
 #include "parallel/tensor_parallel.h"
 #include "monitor/loss_plot.h"
+#include "monitor/progress_bar.h"
 #include "monitor/tensorboard.h"
 #include "train/finetuning.h"
 #include "train/metrics_log.h"
@@ -442,12 +443,8 @@ nlohmann::json Trainer::pipeline_metrics() {
 // On a terminal: one line redrawn every step with a bar, loss, lr, tokens/s, MFU and ETA.
 void Trainer::show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed) {
   if (!::isatty(STDOUT_FILENO)) return;
-  const int width = 24, filled = int(width * double(step) / double(total_steps_));
-  const double eta = elapsed / double(step - first_step_) * double(total_steps_ - step);
-  std::printf("\r%lld/%lld [%s%s] loss %.4f lr %.2e tok/s %.0f MFU %.0f%% ETA %dm%02ds ", (long long)step,
-              (long long)total_steps_, std::string(size_t(filled), '#').c_str(),
-              std::string(size_t(width - filled), ' ').c_str(), loss, lr, tokens_per_s, 100 * mfu(tokens_per_s),
-              int(eta) / 60, int(eta) % 60);
+  const Progress p{step, total_steps_, first_step_, loss, lr, tokens_per_s, mfu(tokens_per_s), elapsed};
+  std::printf("\r%s ", progress_line(p).c_str());
   std::fflush(stdout);
 }
 
@@ -488,6 +485,9 @@ void Trainer::save(int64_t step) {
   last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
+  if (async_writer_)
+    return async_writer_->save(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get(),
+                               config_.save_total_limit);
   save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get());
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
   barrier_all("checkpoints pruned");
@@ -534,11 +534,13 @@ bool Trainer::run() {
   const auto run_start = window_start;
   first_step_ = state_.global_step;
   last_save_ = run_start;
+  if (config_.async_save) async_writer_ = std::make_unique<AsyncCheckpointWriter>(std::chrono::seconds(config_.ddp_timeout));
   int64_t window_tokens = 0, run_tokens = 0;
   for (int64_t step = state_.global_step; step < total_steps_; ++step) {
     double grad_norm = 0;
     const double lr = schedule.lr(step);
     const int64_t tokens_before = window_tokens;
+    if (async_writer_) async_writer_->check();  // a background write that failed stops the run here
     trace_before_step(step);
     double loss = 0;
     {
@@ -573,11 +575,13 @@ bool Trainer::run() {
     trace_after_step(step);
     if (stop_requested_) {
       save(step + 1);
+      if (async_writer_) async_writer_->wait();
       if (main_)
         std::printf("stopped by signal %d after step %lld; checkpoint saved\n", int(g_stop_signal), (long long)(step + 1));
       return false;
     }
   }
+  if (async_writer_) async_writer_->wait();
   finish();
   return true;
 }

@@ -94,6 +94,7 @@ class Trainer {
   bool stop_requested_ = false;  // some rank got SIGINT/SIGTERM (agreed in the step's all-reduce)
   bool save_due_ = false;        // save_every_minutes passed on rank 0's clock (agreed likewise)
   std::chrono::steady_clock::time_point last_save_;
+  std::unique_ptr<AsyncCheckpointWriter> async_writer_;  // async_save
   std::unique_ptr<Sampler> sampler_;
   TrainerState state_;
   int64_t total_steps_ = 0, warmup_steps_ = 0, first_step_ = 0;

@@ -4,6 +4,10 @@
 # the next starts or holds it whole), it has layers' forward and backward, kernels and the
 # collectives with their bytes; `fabrica trace summary --json`'s compute, exposed communication
 # and idle time, recomputed here from the events, add up to each step's wall time (within 5%).
+# Then 2 pipeline stages (1F1B, 4 micro-batches): the summary prints each stage's measured bubble
+# beside the schedule's (p-1)/(m+p-1) = 20%, and its JSON's bubble is the pipeline events' time
+# outside forward and backward. (The tiny model's head, 151669 tokens wide, is nearly all the
+# compute and sits on the last stage: stage 0 idles most of the step, which is what it measures.)
 # Usage: trace_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -69,3 +73,25 @@ for rank in (0, 1):
           f"waiting {totals['wait']:.3f} s, idle {totals['idle']:.3f} s of {totals['step']:.3f} s")
 PY
 echo "ok: traces parse, nest, and add up per step"
+
+"$fabrica" train run.yaml output_dir=pp pipeline_parallel_size=2 gradient_accumulation_steps=4 >pp.log 2>&1 \
+  || { tail -20 pp.log; fail "traced pipeline run"; }
+"$fabrica" trace summary pp >pp-summary.txt || fail "trace summary of the pipeline run"
+cat pp-summary.txt
+grep -q "^pipeline bubble (1F1B, p 2, m 4, v 1): the schedule's (p-1)/(v\*m+p-1) = 20.0%$" pp-summary.txt \
+  || fail "no pipeline bubble line"
+grep -q "^  stage 0 (rank 0): " pp-summary.txt && grep -q "^  stage 1 (rank 1): " pp-summary.txt || fail "a stage missing"
+"$fabrica" trace summary pp --json >pp-summary.json
+python3 - pp/trace pp-summary.json <<'PY' || fail "pipeline bubble check"
+import json, sys
+for r in json.load(open(sys.argv[2])):
+    p = r["pipeline"]
+    assert p["stage"] == r["rank"] and p["stages"] == 2 and p["micro_batches"] == 4, p
+    events = [e for e in json.load(open(f"{sys.argv[1]}/rank-{r['rank']}.json"))["traceEvents"] if e.get("cat") == "pipeline"]
+    assert len(events) == 3, len(events)  # one per traced step
+    span = sum(e["dur"] for e in events) * 1e-6
+    busy = sum(e["args"]["busy_s"] for e in events)
+    assert 0 < busy < span and abs(p["bubble"] - (1 - busy / span)) < 1e-4, (p, busy, span)  # ts, dur: whole us
+    print(f"stage {p['stage']}: bubble {100 * p['bubble']:.1f}% measured, {100 * p['formula_bubble']:.1f}% by the formula")
+PY
+echo "ok: pipeline bubble per stage in the trace summary"

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -116,6 +117,56 @@ TEST(Trainer, CheckpointsAreAtomicAndPruned) {
   EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));
   EXPECT_TRUE(fs::exists(out + "/config.json"));
   EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+}
+
+// Every file of checkpoint folder `a` has the bytes of `b`'s (train_config.yaml names its run's keys).
+void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(a)) {
+    if (e.path().filename() == "train_config.yaml") continue;
+    std::ifstream fa(e.path(), std::ios::binary), fb(b / e.path().filename(), std::ios::binary);
+    ASSERT_TRUE(fb.good()) << b / e.path().filename();
+    std::stringstream sa, sb;
+    sa << fa.rdbuf(), sb << fb.rdbuf();
+    EXPECT_TRUE(sa.str() == sb.str()) << e.path() << " differs";
+    ++files;
+  }
+  EXPECT_GE(files, 4u);  // config, weights, trainer state, optimizer shard
+}
+
+TEST(Trainer, AsyncSaveWritesWhatASynchronousSaveWrites) {
+  const std::string sync = fresh_dir("sync-save"), async = fresh_dir("async-save");
+  auto a = make_trainer(config_for(sync));
+  ASSERT_TRUE(a->run());
+  auto b = make_trainer(config_for(async, "async_save: true\nsave_total_limit: 1\n"));
+  ASSERT_TRUE(b->run());
+  ASSERT_EQ(a->history().size(), b->history().size());
+  for (size_t i = 0; i < a->history().size(); ++i) EXPECT_EQ(a->history()[i].loss, b->history()[i].loss);
+  EXPECT_FALSE(fs::exists(async + "/checkpoint-3"));  // pruned by the writer once checkpoint-6 was complete
+  expect_same_checkpoint(sync + "/checkpoint-6", async + "/checkpoint-6");
+  for (const auto& e : fs::directory_iterator(async)) EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+}
+
+TEST(Trainer, AsyncSaveFailureStopsTheRunOnTheTrainingThread) {
+  const std::string out = fresh_dir("async-fail");
+  // The writer pauses after the weights; meanwhile its folder goes, so the optimizer shard cannot be written.
+  ::setenv("FAB_TEST_SLOW_SAVE_MS", "300", 1);
+  std::thread remover([&] {
+    const fs::path written = fs::path(out) / "checkpoint-3.tmp" / "trainer_state.json";
+    for (int i = 0; i < 20000 && !fs::exists(written); ++i) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    std::error_code error;  // the writer may be creating a file in it meanwhile: again until it is gone
+    while (fs::exists(fs::path(out) / "checkpoint-3.tmp")) fs::remove_all(fs::path(out) / "checkpoint-3.tmp", error);
+  });
+  std::string error;
+  try {
+    make_trainer(config_for(out, "async_save: true\n"))->run();
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  remover.join();
+  ::unsetenv("FAB_TEST_SLOW_SAVE_MS");
+  EXPECT_NE(error.find("checkpoint-3 (written in the background, async_save)"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-3"));
 }
 
 // A run that saved checkpoint-3, then `edit` applied to the checkpoint; the resume's error.
