@@ -153,6 +153,13 @@ int64_t longest_sequence(const PreparedData& data) {
   return longest;
 }
 
+// grpo: a rollout is a prompt and up to max_new_tokens more.
+int64_t longest_rollout(const TrainConfig& c, const TokenSequences& train) {
+  int64_t longest = 2;
+  for (int64_t i = 0; i < train.size(); ++i) longest = std::max(longest, train.length(i));
+  return longest + c.max_new_tokens;
+}
+
 int train_worker(const TrainConfig& c, WorldInfo world) {
   if (c.threads == 0 && world.local_size > 1)
     omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / world.local_size));
@@ -173,7 +180,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   DecoderOptions options;
   options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   options.recompute_layers = c.recompute_layers;
-  options.max_seq_len = std::min(c.cutoff_len, longest_sequence(data));
+  options.max_seq_len = c.stage == "grpo" ? longest_rollout(c, data.train) : std::min(c.cutoff_len, longest_sequence(data));
   if (layout.pp > 1) options.stage = pipeline_stage(layout.chunk_layers, layout.pp, mesh->coordinate("pp"));
   std::unique_ptr<TensorParallel> tp;  // outlives the model, which calls it
   if (layout.tp > 1) {
@@ -204,9 +211,9 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   bool finished = false;
   {
-    Trainer trainer(c, std::move(model),
-                    TrainData{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)},
-                    mesh.get());
+    TrainData train_data{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)};
+    if (c.stage == "grpo") train_data.grpo = grpo_environment(c, tokenizer);
+    Trainer trainer(c, std::move(model), std::move(train_data), mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     finished = trainer.run();
   }
