@@ -191,10 +191,10 @@ int main(int argc, char** argv) {
     if (command == "demo") {
       fab::Args args(argc, argv, 2, {"steps", "workdir", "rl-steps"}, {"rl"});
       const bool rl = args.flag("rl");
-      const int steps = int(args.get_number("steps", rl ? 150 : 1000));
+      const int steps = int(args.get_number("steps", rl ? 450 : 1000));
       FAB_USER_CHECK(steps > 0, "--steps must be positive");
       if (rl)
-        return fab::run_demo_rl(steps, int(args.get_integer("rl-steps", 60, 1, 1 << 20)),
+        return fab::run_demo_rl(steps, int(args.get_integer("rl-steps", 40, 1, 1 << 20)),
                                 args.get("workdir", "build/demo-rl"));
       return fab::run_demo(steps, args.get("workdir", "build/demo"));
     }
