@@ -98,7 +98,7 @@ std::string grpo_yaml(const std::string& work, const std::string& start, int ste
          "/data/rl.json\ntemplate: chatml\ncutoff_len: 32\noutput_dir: " + work +
          "/rl\noverwrite_output_dir: true\nper_device_train_batch_size: 8\nnum_generations: 8\n"
          "temperature: 1.0\ntop_p: 1.0\ntop_k: 0\nmax_new_tokens: 6\nppo_epochs: 1\nppo_mini_batch_size: 4\n"
-         "learning_rate: 5.0e-5\nlr_scheduler_type: constant\nmax_steps: " +
+         "learning_rate: 1.0e-4\nlr_scheduler_type: constant\nmax_steps: " +
          std::to_string(steps) + "\nlogging_steps: " + std::to_string(std::max(1, steps / 10)) +
          "\nsave_steps: 0\nseed: 7\ncache_dir: " + work + "/cache\n";
 }

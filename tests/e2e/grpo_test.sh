@@ -3,7 +3,8 @@
 # reward (JSON lines in, a score per line out) summed with exact_match; reward_mean and the other
 # metrics in metrics.jsonl at every step; a second run with the same seed reproduces the first
 # bit for bit; a run resumed from its step-2 checkpoint reproduces steps 3-4 and the final
-# weights; LoRA and full fine-tuning with the KL term to the reference; tensor parallel refused.
+# weights; LoRA and full fine-tuning with the KL term to the reference; 2 data-parallel ranks
+# with ZeRO-2; tensor parallel refused.
 # Usage: grpo_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -93,6 +94,16 @@ print('ok: $ft with kl_loss_coef, kl', [round(j['kl'], 6) for j in rows])
 " || fail "kl metrics ($ft)"
 done
 [ -f kl_lora/adapter_model.safetensors ] || fail "no LoRA adapter saved"
+
+# Data parallel with ZeRO-2: each rank rolls out its own prompts; metrics are summed over the ranks.
+"$fabrica" train run.yaml output_dir=dp nproc_per_node=2 zero_stage=2 max_steps=2 save_steps=0 >dp.log 2>&1 \
+  || { cat dp.log; fail "grpo on 2 ranks"; }
+/usr/bin/python3 -c "
+import json
+rows = [json.loads(l) for l in open('dp/metrics.jsonl')]
+assert len(rows) == 2 and all('reward_mean' in j and j['world_size'] == 2 for j in rows), rows
+print('ok: 2 data-parallel ranks, reward_mean', [round(j['reward_mean'], 3) for j in rows])
+" || fail "dp metrics"
 
 rc=0
 "$fabrica" train run.yaml output_dir=tp nproc_per_node=2 tensor_parallel_size=2 >tp.log 2>&1 || rc=$?
