@@ -13,24 +13,6 @@
 namespace fab {
 namespace {
 
-
-// C (m, n) (+)= op(A) op(B), fp32.
-void gemm(const KernelTable& k, const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m,
-          int64_t n, int64_t kdim, bool accumulate) {
-  MatmulArgs args;
-  args.a = a;
-  args.b = b;
-  args.c = c;
-  args.m = m;
-  args.n = n;
-  args.k = kdim;
-  args.trans_a = trans_a;
-  args.trans_b = trans_b;
-  args.accumulate = accumulate;
-  args.dtype = DType::f32;
-  k.matmul(args);
-}
-
 Tensor activation(Shape shape, const Tensor& like) {
   return Tensor::empty(std::move(shape), DType::f32, MemoryCategory::activations, like.device());
 }
@@ -93,9 +75,9 @@ void add_lora(Tape& tape, const Var& x, const Var& y, const std::vector<LoraBran
       multiply(x->value.data<float>(), mask.data<float>(), xd.data<float>(), rows * in);
     }
     Tensor us = activation({rows, r}, x->value), v = activation({rows, w}, x->value);
-    gemm(k, xd.data<float>(), false, br.a->value.data<float>(), true, us.data<float>(), rows, r, in, false);
+    gemm(k, xd, false, br.a->value, true, us.data<float>(), rows, r, in, false);
     k.scale(us.data<float>(), rows * r, pass.scaling);
-    gemm(k, us.data<float>(), false, br.b->value.data<float>(), true, v.data<float>(), rows, w, r, false);
+    gemm(k, us, false, br.b->value, true, v.data<float>(), rows, w, r, false);
     k.copy_2d(v.data<float>(), w, y->value.data<float>() + br.column, out, rows, w, true);
     const float scaling = pass.scaling;
     tape.push([x, y, br, xd, us, mask, rows, in, out, r, w, scaling] {
@@ -103,17 +85,17 @@ void add_lora(Tape& tape, const Var& x, const Var& y, const std::vector<LoraBran
       const KernelTable& k = kernels_for(us);
       Tensor dy = activation({rows, w}, us);  // this branch's columns of y's gradient
       k.copy_2d(grad_of(y).data<float>() + br.column, out, dy.data<float>(), w, rows, w, false);
-      gemm(k, dy.data<float>(), true, us.data<float>(), false, grad_of(br.b).data<float>(), w, r, rows, true);
+      gemm(k, dy, true, us, false, grad_of(br.b).data<float>(), w, r, rows, true);
       Tensor du = activation({rows, r}, us);
-      gemm(k, dy.data<float>(), false, br.b->value.data<float>(), false, du.data<float>(), rows, r, w, false);
+      gemm(k, dy, false, br.b->value, false, du.data<float>(), rows, r, w, false);
       k.scale(du.data<float>(), rows * r, scaling);
-      gemm(k, du.data<float>(), true, xd.data<float>(), false, grad_of(br.a).data<float>(), r, in, rows, true);
+      gemm(k, du, true, xd, false, grad_of(br.a).data<float>(), r, in, rows, true);
       if (!mask.defined()) {
-        gemm(k, du.data<float>(), false, br.a->value.data<float>(), false, grad_of(x).data<float>(), rows, in, r, true);
+        gemm(k, du, false, br.a->value, false, grad_of(x).data<float>(), rows, in, r, true);
         return;
       }
       Tensor dxd = activation({rows, in}, us);
-      gemm(k, du.data<float>(), false, br.a->value.data<float>(), false, dxd.data<float>(), rows, in, r, false);
+      gemm(k, du, false, br.a->value, false, dxd.data<float>(), rows, in, r, false);
       multiply(dxd.data<float>(), mask.data<float>(), dxd.data<float>(), rows * in);
       k.accumulate(dxd.data<float>(), grad_of(x).data<float>(), rows * in);
     });

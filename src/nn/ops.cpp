@@ -29,6 +29,7 @@ Tensor to_bf16(const Tensor& x, MemoryCategory category) {
 void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float* c, int64_t m,
           int64_t n, int64_t kdim, bool accumulate) {
   MatmulArgs args;
+  FAB_CHECK(a.dtype() == b.dtype(), "gemm: A is {} and B is {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
   args.a = a.raw();
   args.b = b.raw();
   args.c = c;

@@ -5,6 +5,8 @@
 // sampler position, the loss history and the resolved config. Written into a temporary folder,
 // fsynced, then renamed, so a crash mid-save never leaves a folder named checkpoint-N that is
 // incomplete.
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -19,8 +21,12 @@ class PipelineParallel;
 struct TrainerState {
   int64_t global_step = 0;  // optimizer steps done
   Sampler::State sampler;
-  std::vector<double> losses;  // one per optimizer step (plots, metrics)
+  std::vector<double> losses;  // one per optimizer step (plots, metrics); NaN where nan_policy skipped it
   int64_t world_size = 1;      // data-parallel ranks of the run that saved it (the sampler position is per rank)
+
+  int64_t skipped_steps() const {
+    return std::count_if(losses.begin(), losses.end(), [](double loss) { return !std::isfinite(loss); });
+  }
 };
 
 // Collective over the data-parallel group, `tp`, the tensor-parallel group, and `pipeline`'s

@@ -261,8 +261,7 @@ double Trainer::skip_or_stop(int64_t step, const std::string& what) {
                  "step {}: {}: stopping, saving nothing new (nan_policy: stop); {}. Lower learning_rate, check the "
                  "data, or set nan_policy: skip",
                  step + 1, what, kept);
-  const int64_t skipped = 1 + std::count_if(state_.losses.begin(), state_.losses.end(),
-                                            [](double loss) { return !std::isfinite(loss); });
+  const int64_t skipped = 1 + state_.skipped_steps();
   FAB_USER_CHECK(skipped <= config_.max_skipped_steps,
                  "step {}: {}: {} optimizer steps skipped, more than max_skipped_steps {}: stopping, saving nothing "
                  "new; {}",
@@ -491,8 +490,7 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
   nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
                       {"lr", r.lr},              {"grad_norm", r.grad_norm},
                       {"tokens_per_s", r.tokens_per_s}, {"mfu", mfu(r.tokens_per_s)}, {"epoch", sampler_->epochs_done()},
-                      {"skipped_steps", std::count_if(state_.losses.begin(), state_.losses.end(),
-                                                      [](double loss) { return !std::isfinite(loss); })}};
+                      {"skipped_steps", state_.skipped_steps()}};
   j.update(parallel);
   j.update(stage);
   std::string eval_text;

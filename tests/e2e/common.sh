@@ -14,6 +14,27 @@ e2e_begin() {
 
 fail() { echo "FAIL: $*"; exit 1; }
 
+# e2e_workdir: a fresh temporary folder becomes the working directory ($work), with the prepared-data
+# cache inside it; on exit, any process still running from it is killed and the folder removed.
+e2e_workdir() {
+  work=$(mktemp -d)
+  trap 'pkill -KILL -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
+  cd "$work"
+  export FABRICA_CACHE="$work/cache"
+}
+
+# same_losses REF_DIR DIR: the per-step losses of two runs' metrics.jsonl agree within 1e-5 relative.
+same_losses() {
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "losses of $2 differ from $1"
+import json, sys
+ref, got = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+assert len(ref) == len(got), (len(ref), len(got))
+worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+print(f"  {sys.argv[2]}: {len(got)} steps, worst relative difference {worst:.1e}")
+assert worst < 1e-5
+PY
+}
+
 # tiny_model DIR: a config-only model folder (a tiny Qwen3 trained from scratch) with the real
 # Qwen3 tokenizer.
 tiny_model() {

@@ -8,10 +8,8 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
-work=$(mktemp -d)
-trap 'pkill -KILL -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
-cd "$work"
-export FABRICA_CACHE="$work/cache" OMP_NUM_THREADS=1
+e2e_workdir
+export OMP_NUM_THREADS=1
 
 tiny_model model
 { sft_config; cat <<YAML; } > run.yaml
@@ -22,17 +20,6 @@ max_steps: 20
 save_steps: 0
 ddp_bucket_size: 1
 YAML
-
-same_losses() {  # same_losses REF_DIR DIR: per-step losses within 1e-5 relative
-  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY' || fail "losses of $2 differ from $1"
-import json, sys
-ref, got = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
-assert len(ref) == len(got), (len(ref), len(got))
-worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
-print(f"  {len(got)} steps, worst relative difference {worst:.1e}")
-assert worst < 1e-5
-PY
-}
 
 "$fabrica" train run.yaml output_dir=one >one.log 2>&1 || { cat one.log; fail "single process"; }
 "$fabrica" train run.yaml output_dir=z2 nproc_per_node=2 per_device_train_batch_size=2 zero_stage=2 >z2.log 2>&1 \

@@ -6,9 +6,7 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$1" "$2"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+e2e_workdir
 tiny_model seed
 # A base with weights (one full sft step from the seeded initialisation), so adapters have a base to merge into.
 { sft_config | sed 's|^model_name_or_path: model|model_name_or_path: seed|'; echo "output_dir: model"; echo "max_steps: 1"; \

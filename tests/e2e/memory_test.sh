@@ -7,10 +7,7 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-export FABRICA_CACHE="$work/cache"
+e2e_workdir
 
 tiny_model model
 mkdir data

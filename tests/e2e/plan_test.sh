@@ -6,9 +6,7 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
+e2e_workdir
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
 tiny_model model

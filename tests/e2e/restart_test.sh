@@ -9,10 +9,7 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
-work=$(mktemp -d)
-trap 'pkill -KILL -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
-cd "$work"
-export FABRICA_CACHE="$work/cache"
+e2e_workdir
 
 tiny_model model
 { sft_config; cat <<YAML; } > run.yaml

@@ -13,10 +13,8 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
 runs=${3:-10}
-work=$(mktemp -d)
-trap 'pkill -KILL -f "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
-cd "$work"
-export FABRICA_CACHE="$work/cache" ONEDNN_MAX_CPU_ISA=AVX2
+e2e_workdir
+export ONEDNN_MAX_CPU_ISA=AVX2
 
 tiny_model model
 { sft_config; cat <<YAML; } > run.yaml
