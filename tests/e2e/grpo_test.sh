@@ -9,10 +9,7 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cd "$work"
-export FABRICA_CACHE="$work/cache"
+e2e_workdir
 tiny_model model
 /usr/bin/python3 - <<'PY'
 import json
