@@ -34,15 +34,11 @@ const std::vector<std::string>& grpo_metric_names() {
   return names;
 }
 
-// Rows of the ith mini-batch of `mini` groups of `n` responses each.
+// Responses [first, first + count) of the rollout batch (fewer at its end).
 std::vector<const RolloutSequence*> mini_batch(const std::vector<RolloutSequence>& all, size_t first, size_t count) {
   std::vector<const RolloutSequence*> rows;
   for (size_t i = first; i < std::min(all.size(), first + count); ++i) rows.push_back(&all[i]);
   return rows;
-}
-
-std::vector<const RolloutSequence*> every_row(const std::vector<RolloutSequence>& all) {
-  return mini_batch(all, 0, all.size());
 }
 
 // Row of the logits that predicts response token k of sequence i: (i, P - 1 + k) of (B, T).
@@ -226,7 +222,7 @@ std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector
 
 // The reference's log-probabilities: the adapters off under LoRA, else the start weights swapped
 // in (and back out) around the forward passes.
-void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts) {
+void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
   const bool lora = model_.lora().enabled();
   auto swap_weights = [&] {
     float* now = model_.params().values().data<float>();
@@ -236,9 +232,8 @@ void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts) {
   if (lora) model_.set_adapters_enabled(false);
   else swap_weights();
   try {
-    const size_t mini = size_t(config_.num_generations * config_.per_device_train_batch_size);
-    for (size_t first = 0; first < rollouts.size(); first += mini) {
-      const auto rows = mini_batch(rollouts, first, mini);
+    for (size_t first = 0; first < rollouts.size(); first += per_mini) {
+      const auto rows = mini_batch(rollouts, first, per_mini);
       const auto logps = response_logps(model_, rows, pad_id_);
       for (size_t i = 0; i < rows.size(); ++i) rollouts[first + i].ref_logp = logps[i];
     }
@@ -293,7 +288,7 @@ GrpoStepResult GrpoStage::step(int64_t step, const std::vector<int64_t>& prompts
   means_.add(kTimeOld, seconds_since(start));
   if (loss_options_.kl_loss_coef != 0) {
     start = Clock::now();
-    reference_logps(rollouts);
+    reference_logps(rollouts, per_mini);
     means_.add(kTimeRef, seconds_since(start));
   }
   start = Clock::now();

@@ -95,7 +95,8 @@ class GrpoStage {
 
  private:
   std::vector<RolloutSequence> roll_out(int64_t step, const std::vector<int64_t>& prompts);
-  void reference_logps(std::vector<RolloutSequence>& rollouts);
+  // Forward passes of `per_mini` responses each.
+  void reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini);
   double update(const std::vector<const RolloutSequence*>& rows, double lr, double* grad_norm);
 
   TrainConfig config_;
