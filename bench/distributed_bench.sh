@@ -4,7 +4,8 @@
 # model, in the same run; then the all-reduce bandwidth of Fabrica's communicator against a bare
 # MPI_Allreduce of the same buffer; then pipeline parallel at 2 stages (1F1B and interleaved with 2
 # chunks per stage, 8 micro-batches, the bench model with 8 layers): each stage's idle fraction
-# against (p-1)/(v*m+p-1) and the bytes it sent against 2*B*T*H per micro-batch per boundary.
+# against (p-1)/(v*m+p-1) and the bytes it sent against 2*B*T*H per micro-batch per boundary; then
+# dp 2, tp 2, tp 2 + sp and pp 2 side by side on the 4-layer bench model.
 # Environment: FABRICA_BENCH (default build/fabrica_bench), BENCH_WARMUP (2), BENCH_STEPS (8),
 # ALLREDUCE_MB (64).
 set -euo pipefail
@@ -32,4 +33,12 @@ print(f"all-reduce of {bw['allreduce_mb']:.0f} MB on {bw['ranks']} ranks: Fabric
 PY
 for chunks in 1 2; do
   "${mpirun_2[@]}" "$fabrica" --pipeline $chunks --layers 8 --threads 1 --warmup "$warmup" --steps "$steps" | tail -1
+done
+# Side by side at 2 processes on the standard 4-layer bench model (the batch of 8 x 256 tokens per
+# step in every layout): dp 2 (4 samples each), tp 2 and tp 2 + sp (all 8 on both ranks, each layer
+# split), pp 2 (1F1B over 8 micro-batches of 1 sample); tokens/s, per-rank model-state bytes and
+# the bytes each rank sent per step.
+for layout in "--data-parallel" "--tensor-parallel" "--tensor-parallel --sequence-parallel" "--pipeline 1"; do
+  # shellcheck disable=SC2086
+  "${mpirun_2[@]}" "$fabrica" $layout --threads 1 --warmup "$warmup" --steps "$steps" | tail -1
 done

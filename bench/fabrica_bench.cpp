@@ -128,8 +128,8 @@ int pipeline_bench(const Flags& flags, const fab::ModelConfig& cfg, int64_t seq,
   model.init_random(1234);
   PipelineParallel pipeline(model, world, chunks);
   LocalCommunicator alone;
-  DataParallelOptions dp_options{0, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}};
-  dp_options.model_parallel_group = &world;
+  DataParallelOptions dp_options{0, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, {}, {}};
+  dp_options.model_parallel_groups = {&world};
   DataParallel dp(model, alone, dp_options);
   Rng rng(42);  // every stage the same batches
   double seconds = 0;
@@ -231,9 +231,9 @@ int main(int argc, char** argv) {
   }
   DecoderModel model(cfg, options);
   model.init_random(1234);
-  DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, nullptr, {}};
+  DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, {}, {}};
   if (tp) {
-    dp_options.model_parallel_group = world.get();
+    dp_options.model_parallel_groups = {world.get()};
     dp_options.not_counted = ranges_counted_elsewhere(model);
   }
   DataParallel dp(model, dp_group, dp_options);
@@ -248,10 +248,10 @@ int main(int argc, char** argv) {
   }
 
   double loss = 0, seconds = 0;
-  int64_t tp_bytes = 0;
+  int64_t bytes_sent = 0;
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {
     if (step == flags.warmup) {
-      tp_bytes = world->stats().bytes_sent;
+      bytes_sent = world->stats().bytes_sent;  // over tp, or over dp
       backend(DeviceKind::cpu).allocator().reset_peaks();
     }
     auto start = std::chrono::steady_clock::now();
@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
   }
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  tp_bytes = (world->stats().bytes_sent - tp_bytes) / flags.steps;
+  bytes_sent = (world->stats().bytes_sent - bytes_sent) / flags.steps;
   const double activations = double(backend(DeviceKind::cpu).allocator().stats(MemoryCategory::activations).peak);
   if (!tp) world->all_reduce(&loss, 1, "loss").wait();  // each rank's share of the mean
   const double tokens = double(batch * seq * (tp ? 1 : world->size())) * flags.steps;
@@ -278,11 +278,14 @@ int main(int argc, char** argv) {
         "{\"impl\":\"fabrica\",\"precision\":\"%s\",\"threads\":%d,\"ranks\":%d,\"zero_stage\":%d,"
         "\"tensor_parallel\":%d,\"sequence_parallel\":%d,"
         "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\","
-        "\"parameter_bytes\":%lld,\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld}\n",
+        "\"parameter_bytes\":%lld,\"gradient_bytes\":%lld,\"optimizer_state_bytes\":%lld,"
+        "\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld,\"dp_bytes_sent_per_step\":%lld}\n",
         (flags.precision + (flags.lora ? "+lora" : "")).c_str(), flags.threads, world->size(), flags.zero,
         int(flags.tensor_parallel), int(flags.sequence_parallel), tokens / seconds, 1000.0 * seconds / flags.steps,
         double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str(),
-        (long long)dp.state_bytes().parameters, activations, (long long)tp_bytes);
+        (long long)dp.state_bytes().parameters, (long long)dp.state_bytes().gradients,
+        (long long)dp.state_bytes().optimizer_state, activations, (long long)(tp ? bytes_sent : 0),
+        (long long)(tp ? 0 : bytes_sent));
   world.reset();
   leave_world();
   return 0;

@@ -22,8 +22,7 @@
 #include "models/hf_model.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
-#include "parallel/pipeline_parallel.h"
-#include "parallel/tensor_parallel.h"
+#include "parallel/parallelize.h"
 #include "train/checkpoint.h"
 #include "train/finetuning.h"
 #include "train/trainer.h"
@@ -177,16 +176,11 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
   PreparedData data = prepare_on_node(c, tokenizer, world, *comm);
   if (!c.do_train) return 0;
-  DecoderOptions options;
-  options.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
-  options.recompute_layers = c.recompute_layers;
-  options.max_seq_len = c.stage == "grpo" ? longest_rollout(c, data.train) : std::min(c.cutoff_len, longest_sequence(data));
-  if (layout.pp > 1) options.stage = pipeline_stage(layout.chunk_layers, layout.pp, mesh->coordinate("pp"));
-  std::unique_ptr<TensorParallel> tp;  // outlives the model, which calls it
-  if (layout.tp > 1) {
-    tp = std::make_unique<TensorParallel>(mesh->group("tp"), layout.sequence_parallel);
-    options.tp = tp.get();
-  }
+  DecoderOptions base;
+  base.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
+  base.max_seq_len = c.stage == "grpo" ? longest_rollout(c, data.train) : std::min(c.cutoff_len, longest_sequence(data));
+  ModelShare share = model_share(base, layout, *mesh, c);  // its tensor-parallel ops outlive the model
+  DecoderOptions& options = share.options;
   options.value_head = c.stage == "rm";
   apply_finetuning(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string()).num_hidden_layers,
                    options);
@@ -218,7 +212,7 @@ int train_worker(const TrainConfig& c, WorldInfo world) {
     finished = trainer.run();
   }
   if (finished && main) std::printf("done: model saved to %s\n", c.output_dir.c_str());
-  tp.reset();
+  share.tp.reset();
   mesh.reset();  // its groups before the world they were split from
   comm.reset();
   leave_world();

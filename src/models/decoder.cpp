@@ -205,9 +205,8 @@ void DecoderModel::register_parameters() {
                  tp, H, I, KV);
   FAB_USER_CHECK(tp == 1 || (!options_.trainable && !options_.lora.enabled()),
                  "tensor_parallel_size {} with finetuning_type lora or freeze is not implemented in Fabrica yet", tp);
-  FAB_USER_CHECK(is_whole() || (!options_.trainable && !options_.lora.enabled()),
-                 "pipeline_parallel_size > 1 with finetuning_type lora or freeze is not implemented in Fabrica yet");
-  FAB_CHECK(tp == 1 || is_whole(), "tensor parallel within a pipeline stage is not implemented yet");
+  FAB_USER_CHECK(is_whole() || !options_.lora.enabled(),
+                 "pipeline_parallel_size > 1 with finetuning_type lora is not implemented in Fabrica yet");
   heads_ = H / tp;
   kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
   kv_heads_ = KV * kv_replicas_ / tp;
@@ -219,7 +218,9 @@ void DecoderModel::register_parameters() {
   for (const ParamSpec& p : specs) {
     if (p.starts_unit) ++registering_unit_;
     add_parameter(p.name, p.shape, p.split_dim, p.packed_after_previous, p.replicas);
-    if (p.name == "model.embed_tokens.weight" && tp > 1) vocab_begin_ = shards_.back().begin;
+    // The embedding and the head hold the same vocabulary slice (a last stage may hold only the head).
+    const bool vocabulary = p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight";
+    if (vocabulary && tp > 1) vocab_begin_ = shards_.back().begin;
     const bool ends_layer = p.name.size() > layer_end.size() &&
                             p.name.compare(p.name.size() - layer_end.size(), layer_end.size(), layer_end) == 0;
     if (!ends_layer || !options_.lora.enabled()) continue;
@@ -558,8 +559,9 @@ Var DecoderModel::stage_forward(Tape& tape, int chunk, const Tensor& ids, const 
   const int64_t batch = ids.dim(0), seq = ids.dim(1);
   const bool embeds = chunk == 0 && stage_.has_embedding;
   FAB_CHECK(embeds == !input, "the first chunk of the first stage embeds ids; every other chunk takes hidden states");
+  const int64_t rows = options_.tp ? options_.tp->local_rows(batch * seq) : batch * seq;  // this rank's, under sp
   if (!embeds)
-    FAB_CHECK(input->value.numel() == batch * seq * config_.hidden_size, "hidden states of {} values for ({}, {}) ids",
+    FAB_CHECK(input->value.numel() == rows * config_.hidden_size, "hidden states of {} values for ({}, {}) ids",
               input->value.numel(), batch, seq);
   const Var x = embeds ? embed(tape, ids) : input;
   return run_layers(tape, chunk_first_[size_t(chunk)], chunk_first_[size_t(chunk) + 1], x, positions_of(ids, layout),
@@ -570,8 +572,8 @@ double DecoderModel::stage_loss(Tape& tape, const Var& hidden, const Tensor& lab
   FAB_CHECK(stage_.has_head, "stage_loss on a stage without the head");
   const Tensor targets = shift_labels(labels, config_.vocab_size);
   enter_unit(tape, head_unit());
-  const Var normed = rmsnorm(tape, hidden, final_norm_, float(config_.rms_norm_eps));
-  const double loss = lm_head_cross_entropy(tape, normed, lm_head_, targets, loss_scale);
+  const Var normed = rmsnorm(tape, hidden, shared(tape, final_norm_), float(config_.rms_norm_eps));
+  const double loss = head_loss(tape, normed, targets, loss_scale);
   leave_unit(tape, head_unit());
   return loss;
 }

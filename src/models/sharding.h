@@ -30,6 +30,9 @@ class TensorParallelOps {
   virtual int size() const = 0;
   virtual int rank() const = 0;
   virtual bool sequence_parallel() const = 0;
+  // Rows of the residual stream this rank holds for `rows` tokens: all of them, or under sp its
+  // share of them padded to a multiple of the group (what crosses a pipeline stage boundary).
+  int64_t local_rows(int64_t rows) const { return sequence_parallel() ? (rows + size() - 1) / size() : rows; }
   // A column-parallel linear (layer: this rank's output features): x is every row, or under sp
   // this rank's rows (gathered inside); the result is this rank's features of every row.
   virtual Var column_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) = 0;

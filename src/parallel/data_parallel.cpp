@@ -10,6 +10,21 @@
 #include "kernels/kernel_table.h"
 
 namespace fab {
+
+std::vector<std::pair<int64_t, int64_t>> merge_ranges(std::vector<std::pair<int64_t, int64_t>> ranges,
+                                                      std::pair<int64_t, int64_t> extra) {
+  ranges.push_back(extra);
+  std::erase_if(ranges, [](const auto& r) { return r.first >= r.second; });
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, r.second);
+    else
+      merged.push_back(r);
+  }
+  return merged;
+}
 DataParallel::DataParallel(DecoderModel& model, Communicator& group, const DataParallelOptions& options)
     : model_(model), params_(model.params()), group_(group), options_(options) {
   FAB_USER_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "zero_stage {}: expected 0, 1, 2 or 3",
@@ -135,8 +150,7 @@ void DataParallel::finish_gradients() {
 
 double DataParallel::sum_squares(const float* g, int64_t begin, int64_t end) const {
   const KernelTable& k = kernels();
-  Communicator* mp = options_.model_parallel_group;
-  if (!mp || options_.not_counted.empty()) return k.sum_squares(g, end - begin);
+  if (options_.not_counted.empty()) return k.sum_squares(g, end - begin);
   double squares = 0;
   int64_t at = begin;
   for (const auto& [first, last] : options_.not_counted) {  // ascending, disjoint
@@ -150,11 +164,15 @@ double DataParallel::sum_squares(const float* g, int64_t begin, int64_t end) con
 double DataParallel::clip_grad_norm(double max_norm) {
   ProfileScope profile("clip_grad_norm");
   const KernelTable& k = kernels();
-  Communicator* mp = options_.model_parallel_group;
-  if (options_.zero_stage == 0 && !mp) return fab::clip_grad_norm(params_, max_norm);
+  const bool model_parallel = !options_.model_parallel_groups.empty();
+  auto sum_over_model_parallel = [this](double* squares) {
+    for (Communicator* mp : options_.model_parallel_groups)
+      mp->all_reduce(squares, 1, "gradient norm over the model-parallel group").wait();
+  };
+  if (options_.zero_stage == 0 && !model_parallel) return fab::clip_grad_norm(params_, max_norm);
   if (options_.zero_stage == 0) {  // every rank of the data-parallel group holds the same sums
     double squares = sum_squares(params_.grads().data<float>(), 0, params_.numel());
-    mp->all_reduce(&squares, 1, "gradient norm over the model-parallel group").wait();
+    sum_over_model_parallel(&squares);
     const double norm = std::sqrt(squares);
     const double coef = clip_coefficient(norm, max_norm);
     if (coef < 1.0) k.scale(params_.grads().data<float>(), params_.numel(), float(coef));
@@ -169,7 +187,7 @@ double DataParallel::clip_grad_norm(double max_norm) {
   double squares = 0;
   for (const Bucket& b : buckets_) squares += sum_squares(shard_grads(b), b.own_begin, b.own_end);
   group_.all_reduce(&squares, 1, "gradient norm").wait();
-  if (mp) mp->all_reduce(&squares, 1, "gradient norm over the model-parallel group").wait();
+  sum_over_model_parallel(&squares);
   const double norm = std::sqrt(squares);
   const double coef = clip_coefficient(norm, max_norm);
   if (coef < 1.0)

@@ -29,12 +29,18 @@ struct DataParallelOptions {
   int zero_stage = 0;
   int64_t bucket_bytes = 25 << 20;  // torch DDP's bucket_cap_mb default
   AdamWConfig adamw;
-  // Tensor parallel: the model holds slices, and the gradient norm sums over this group too.
-  // `not_counted`: flat-buffer ranges (ascending) this rank leaves out of the norm because another
-  // rank of the group holds the same parameters and counts them.
-  Communicator* model_parallel_group = nullptr;
+  // Tensor and pipeline parallel: the model holds slices or a stage, and the gradient norm sums
+  // over these groups too (tp, then the stages: together every rank holding a part of one replica).
+  // `not_counted`: flat-buffer ranges (ascending, disjoint) this rank leaves out of the norm because
+  // another rank of those groups holds the same parameters and counts them.
+  std::vector<Communicator*> model_parallel_groups;
   std::vector<std::pair<int64_t, int64_t>> not_counted;
 };
+
+// `ranges` with `extra` added (empty ranges dropped), sorted and merged: DataParallelOptions::not_counted
+// of a rank that is both a tensor-parallel rank and a pipeline stage.
+std::vector<std::pair<int64_t, int64_t>> merge_ranges(std::vector<std::pair<int64_t, int64_t>> ranges,
+                                                      std::pair<int64_t, int64_t> extra);
 
 // What one rank holds of the model states, measured (resident pages of the flat buffers).
 struct ModelStateBytes {

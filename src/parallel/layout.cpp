@@ -155,13 +155,10 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "yet: the preference stages run data parallel (and ZeRO) only",
                  c.stage, l.tp, l.pp);
   l.chunk_layers = c.pipeline_layers.empty() ? balanced_layer_split(m, l.chunks(), std::min(c.cutoff_len, m.max_position_embeddings)) : c.pipeline_layers;
-  FAB_USER_CHECK(l.tp == 1 || l.pp == 1,
-                 "tensor_parallel_size {} with pipeline_parallel_size {} is not implemented yet: use one of them",
-                 l.tp, l.pp);
-  FAB_USER_CHECK(l.pp == 1 || c.finetuning_type == "full",
-                 "finetuning_type {} with pipeline_parallel_size {} is not implemented in Fabrica yet: the pipeline "
-                 "trains every parameter (finetuning_type full)",
-                 c.finetuning_type, l.pp);
+  FAB_USER_CHECK(l.pp == 1 || c.finetuning_type != "lora",
+                 "finetuning_type lora with pipeline_parallel_size {} is not implemented in Fabrica yet: a pipeline "
+                 "trains full or freeze fine-tuning",
+                 l.pp);
   return l;
 }
 

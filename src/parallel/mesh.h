@@ -2,8 +2,8 @@
 // The rank grid. world = tp x cp x dp x pp ranks; `order` lists the dimensions fastest-varying
 // first (Megatron's "tp-cp-dp-pp": tensor-parallel peers are neighbouring ranks, so they share a
 // node). Every process group comes from mesh_groups(); groups are passed around explicitly as
-// Communicators, never held in global state, so two meshes can live side by side. Today only dp
-// may exceed 1; the other dimensions are laid out already for the parallelisms that come next.
+// Communicators, never held in global state, so two meshes can live side by side. tp, dp and pp
+// may each exceed 1 (parallelize.h applies them); cp is laid out for context parallelism to come.
 #include <map>
 #include <memory>
 #include <string>

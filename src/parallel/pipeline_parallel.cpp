@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/profiler.h"
+#include "parallel/tensor_parallel.h"
 
 namespace fab {
 namespace {
@@ -55,8 +57,12 @@ int PipelineParallel::tag(bool gradient, int receiving_virtual_stage) const {
   return (gradient ? 1 : 0) * shape_.virtual_count() + receiving_virtual_stage;
 }
 
+// (B * T, H), or under sequence parallel this tensor-parallel rank's rows of it: each tp rank
+// exchanges its own share with the same tp rank of the neighbouring stage.
 Tensor PipelineParallel::hidden_buffer(const PipelineMicroBatch& b) const {
-  return Tensor::empty({b.ids.numel(), model_.config().hidden_size}, DType::f32, MemoryCategory::activations);
+  const TensorParallelOps* tp = model_.options().tp;
+  const int64_t rows = tp ? tp->local_rows(b.ids.numel()) : b.ids.numel();
+  return Tensor::empty({rows, model_.config().hidden_size}, DType::f32, MemoryCategory::activations);
 }
 
 namespace {
@@ -161,15 +167,20 @@ double PipelineParallel::forward_backward(const std::vector<PipelineMicroBatch>&
   return loss;
 }
 
+// A frozen embedding (freeze fine-tuning) has no gradient: nothing to sum or to leave out.
+bool PipelineParallel::tied_embedding_trains() const {
+  return embedding_group_ && model_.params().contains("model.embed_tokens.weight");
+}
+
 void PipelineParallel::sum_tied_gradients() {
-  if (!embedding_group_) return;
+  if (!tied_embedding_trains()) return;
   const ParamInfo& e = model_.params().info("model.embed_tokens.weight");
   embedding_group_->all_reduce(model_.params().grads().data<float>() + e.offset, e.numel(), "tied embedding gradients")
       .wait();
 }
 
 std::pair<int64_t, int64_t> PipelineParallel::norm_counted_elsewhere() const {
-  if (!embedding_group_ || stage() == 0) return {0, 0};
+  if (!tied_embedding_trains() || stage() == 0) return {0, 0};
   const ParamInfo& e = model_.params().info("model.embed_tokens.weight");
   return {e.offset, e.offset + e.numel()};
 }
@@ -200,26 +211,40 @@ double PipelineParallel::loss_sum(const PipelineMicroBatch& b) {
   return loss;
 }
 
-// Each stage sends a header (its parameters' names, shapes and offsets) and its flat values; a
-// tied head's copy of the embedding is left out (stage 0 has the same values).
-std::vector<NamedTensor> PipelineParallel::gather_weights() {
+std::vector<NamedTensor> PipelineParallel::own_weights() const {
+  std::vector<NamedTensor> out;  // trained and frozen (freeze fine-tuning) alike, in fp32
+  for (const auto& [p, buffer] : model_.base_parameters()) out.push_back({p->name, buffer->values_f32(*p)});
+  return out;
+}
+
+// Each stage sends a header (its tensors' names, shapes and offsets in one flat message) and the
+// values; a tied head's copy of the embedding is left out (stage 0 has the same values).
+std::vector<NamedTensor> PipelineParallel::gather_weights(const std::vector<NamedTensor>& stage_weights) {
   std::vector<NamedTensor> out;
   auto add_new = [&out](const std::string& name, Tensor view) {
     if (std::none_of(out.begin(), out.end(), [&](const NamedTensor& t) { return t.name == name; }))
       out.push_back({name, std::move(view)});
   };
-  const ParamBuffer& params = model_.params();
   if (stage() != 0) {
     nlohmann::json header = nlohmann::json::array();
-    for (const ParamInfo& p : params.params()) header.push_back({p.name, p.shape, p.offset});
+    int64_t numel = 0;
+    for (const NamedTensor& t : stage_weights) {
+      header.push_back({t.name, t.tensor.shape(), numel});
+      numel += t.tensor.numel();
+    }
+    Tensor values = Tensor::empty({numel}, DType::f32, MemoryCategory::temporaries);
+    for (size_t i = 0; i < stage_weights.size(); ++i) {
+      const Tensor& t = stage_weights[i].tensor;
+      std::memcpy(values.data<float>() + header[i].at(2).get<int64_t>(), t.data<float>(), t.bytes());
+    }
     const std::string text = header.dump();
-    const int64_t sizes[2] = {int64_t(text.size()), params.numel()};
+    const int64_t sizes[2] = {int64_t(text.size()), numel};
     stages_.send(sizes, sizeof(sizes), 0);
     stages_.send(text.data(), int64_t(text.size()), 0);
-    stages_.send(params.values().raw(), params.numel() * int64_t(sizeof(float)), 0);
+    stages_.send(values.raw(), numel * int64_t(sizeof(float)), 0);
     return out;
   }
-  for (const ParamInfo& p : params.params()) add_new(p.name, params.values().view(p.offset, p.shape));
+  for (const NamedTensor& t : stage_weights) add_new(t.name, t.tensor);
   for (int s = 1; s < num_stages(); ++s) {
     int64_t sizes[2] = {0, 0};
     stages_.recv(sizes, sizeof(sizes), s);
@@ -231,6 +256,12 @@ std::vector<NamedTensor> PipelineParallel::gather_weights() {
       add_new(entry.at(0).get<std::string>(), values.view(entry.at(2).get<int64_t>(), entry.at(1).get<Shape>()));
   }
   return out;
+}
+
+std::vector<NamedTensor> gather_stage_weights(PipelineParallel& pipeline, Communicator* tp, bool collects) {
+  const std::vector<NamedTensor> mine = tp ? gather_full_tensors(pipeline.model(), *tp) : pipeline.own_weights();
+  if (!collects || (tp && tp->rank() != 0)) return {};
+  return pipeline.gather_weights(mine);
 }
 
 PipelineStats PipelineParallel::take_stats() {

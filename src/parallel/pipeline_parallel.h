@@ -62,6 +62,7 @@ class PipelineParallel {
   int num_stages() const { return stages_.size(); }
   bool is_last() const { return stage() == num_stages() - 1; }
   Communicator& group() { return stages_; }
+  const DecoderModel& model() const { return model_; }
 
   // Forward and backward of every micro-batch in the schedule's order, gradients accumulating
   // in the model's buffers; `dp` is told the micro-batch of each backward, and of each forward
@@ -75,14 +76,18 @@ class PipelineParallel {
   // Elements of this stage's flat buffers that another stage counts in the gradient norm.
   std::pair<int64_t, int64_t> norm_counted_elsewhere() const;
 
-  // Every stage's parameters gathered to stage 0 as whole-model HF tensors (each name once);
-  // empty on the other stages. Collective over the pipeline group.
-  std::vector<NamedTensor> gather_weights();
+  // This stage's Hugging Face parameters (trained and frozen), fp32.
+  std::vector<NamedTensor> own_weights() const;
+  // Every stage's `stage_weights` (its whole HF tensors: own_weights(), or under tensor parallel
+  // the slices gathered) collected on stage 0 as the whole model (each name once); empty on the
+  // other stages. Collective over the pipeline group.
+  std::vector<NamedTensor> gather_weights(const std::vector<NamedTensor>& stage_weights);
 
   PipelineStats take_stats();
 
  private:
   int tag(bool gradient, int receiving_virtual_stage) const;
+  bool tied_embedding_trains() const;
   Tensor hidden_buffer(const PipelineMicroBatch& b) const;
 
   DecoderModel& model_;
@@ -91,5 +96,11 @@ class PipelineParallel {
   std::unique_ptr<Communicator> embedding_group_;  // first and last stage, tied models only
   PipelineStats stats_;
 };
+
+// The whole model's HF tensors of a pipeline stage whose layers may be tensor-parallel, collected
+// for writing: every rank of `tp` gathers its stage's slices (collective over `tp`), then the
+// stages' tp rank 0 of data-parallel rank 0 (`collects`) gather them to stage 0. Returned on stage 0
+// of those; empty on every other rank.
+std::vector<NamedTensor> gather_stage_weights(PipelineParallel& pipeline, Communicator* tp, bool collects);
 
 }  // namespace fab

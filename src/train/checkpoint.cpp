@@ -81,12 +81,42 @@ int64_t metadata_int(const SafetensorsFile& f, const std::string& key, int64_t f
   return value;
 }
 
-// This rank's AdamW moments, with the list of (parameter, first element, length) they hold.
+// Where a parameter's moments sit in its whole Hugging Face tensor, seen as a (rows, cols) matrix
+// (a 1-D tensor: one column): the slice this rank holds (split_dim 0: rows [begin, begin + length),
+// 1: those columns, -1: all of it), possibly running past the end (vocabulary padding).
+struct SliceGeometry {
+  int64_t full_rows = 1, full_cols = 1;  // the HF tensor
+  int64_t rows = 1, cols = 1;            // the slice held
+  int64_t row0 = 0, col0 = 0;            // its first row and column in the HF tensor
+
+  static SliceGeometry of(const Shape& full, int split_dim, int64_t begin, int64_t length) {
+    SliceGeometry g;
+    g.full_rows = full.empty() ? 1 : full[0];
+    g.full_cols = full.size() > 1 ? shape_numel(full) / full[0] : 1;
+    g.rows = g.full_rows;
+    g.cols = g.full_cols;
+    if (split_dim == 0) g.rows = length, g.row0 = begin;
+    if (split_dim == 1) g.cols = length, g.col0 = begin;
+    return g;
+  }
+};
+
+SliceGeometry geometry_of(const DecoderModel& model, size_t param) {
+  const ShardSpec& s = model.shard(param);
+  return SliceGeometry::of(s.full_shape, s.split_dim, s.begin, s.length);
+}
+
+// This rank's AdamW moments, with the list of what they hold: per segment (parameter, first
+// element, length) of the slice this rank holds, and that slice's place in the whole HF tensor
+// (split_dim, first row or column, rows or columns), so any layout can find its own part in them.
 void save_optimizer_shard(const fs::path& path, const DataParallel& dp) {
   const AdamW& opt = dp.optimizer();
   nlohmann::json segments = nlohmann::json::array();
-  for (const OptimizerSegment& s : opt.segments())
-    segments.push_back({dp.model().params().params()[s.param].name, s.begin, s.length});
+  for (const OptimizerSegment& s : opt.segments()) {
+    const ShardSpec& slice = dp.model().shard(s.param);
+    segments.push_back({dp.model().params().params()[s.param].name, s.begin, s.length, slice.split_dim, slice.begin,
+                        slice.length});
+  }
   const auto [tp_rank, tp_size] = tp_place(dp);
   save_safetensors(path.string(), {{"exp_avg", opt.exp_avg()}, {"exp_avg_sq", opt.exp_avg_sq()}},
                    {{"step", std::to_string(opt.steps_taken())},
@@ -96,8 +126,9 @@ void save_optimizer_shard(const fs::path& path, const DataParallel& dp) {
 }
 
 struct SavedPiece {
-  const SafetensorsFile* file;
-  int64_t begin, length, at;  // elements of the parameter; position in the file's moments
+  const float *exp_avg, *exp_avg_sq;  // the file's moments (mapped)
+  int64_t begin, length, at;           // elements of the saved slice; position in the file's moments
+  SliceGeometry slice;
 };
 
 // The optimizer steps an optimizer shard records in its metadata: a non-negative integer.
@@ -111,32 +142,31 @@ int64_t steps_taken(const SafetensorsFile& f) {
   return step;
 }
 
-// Fills this rank's segments of the moments from the pieces saved by every rank of the run that
-// wrote the checkpoint, whatever its world size was.
-void load_optimizer_shards(const fs::path& dir, DataParallel& dp, const std::string& prefix) {
-  std::vector<SafetensorsFile> files;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string().rfind(prefix + "optimizer-rank-", 0) == 0)
-      files.push_back(SafetensorsFile::open(e.path().string()));
-  FAB_USER_CHECK(!files.empty(), "{}: no {}optimizer-rank-*.safetensors (not a complete checkpoint)", dir.string(),
-                 prefix);
-  // Optimizer state saved at another tensor_parallel_size would have to be cut anew: not implemented.
-  const auto [tp_rank, tp_size] = tp_place(dp);
-  for (const SafetensorsFile& f : files)
-    FAB_USER_CHECK(metadata_int(f, "tensor_parallel_size", 1) == tp_size,
-                   "{}: saved at tensor_parallel_size {}, resumed at tensor_parallel_size {}: resuming at another "
-                   "tensor-parallel layout is not implemented (resume at tensor_parallel_size {}, or start from the "
-                   "checkpoint's model folder without resume_from_checkpoint)",
-                   dir.string(), metadata_int(f, "tensor_parallel_size", 1), tp_size, metadata_int(f, "tensor_parallel_size", 1));
+// Every saved piece of every parameter, by name. A segment saved without its slice (an older
+// checkpoint) is a whole tensor, which only tensor_parallel_size 1 saved.
+std::map<std::string, std::vector<SavedPiece>> saved_pieces(const std::vector<SafetensorsFile>& files,
+                                                            const DecoderModel& model) {
   std::map<std::string, std::vector<SavedPiece>> pieces;
   for (const SafetensorsFile& f : files) {
-    if (metadata_int(f, "tensor_parallel_rank", 0) != tp_rank) continue;
     try {
       int64_t at = 0;
       for (const auto& seg : nlohmann::json::parse(f.metadata().at("segments"))) {
+        const std::string name = seg.at(0).get<std::string>();
         const int64_t begin = seg.at(1).get<int64_t>(), length = seg.at(2).get<int64_t>();
         FAB_USER_CHECK(begin >= 0 && length >= 0, "segment {} has a negative first element or length", seg.dump());
-        pieces[seg.at(0).get<std::string>()].push_back({&f, begin, length, at});
+        const bool sliced = seg.size() >= 6;
+        FAB_USER_CHECK(sliced || metadata_int(f, "tensor_parallel_size", 1) == 1,
+                       "segment {} does not say which slice of {} it holds", seg.dump(), name);
+        if (model.params().contains(name)) {
+          const Shape& full = model.shard(model.params().index(name)).full_shape;
+          const SliceGeometry g = sliced ? SliceGeometry::of(full, seg.at(3).get<int>(), seg.at(4).get<int64_t>(),
+                                                             seg.at(5).get<int64_t>())
+                                         : SliceGeometry::of(full, -1, 0, 0);
+          FAB_USER_CHECK(begin + length <= g.rows * g.cols, "segment {} runs past its slice of {} elements",
+                         seg.dump(), g.rows * g.cols);
+          pieces[name].push_back({f.tensor("exp_avg").data<float>(), f.tensor("exp_avg_sq").data<float>(), begin,
+                                  length, at, g});
+        }
         at += length;
       }
       FAB_USER_CHECK(f.tensor("exp_avg").numel() == at && f.tensor("exp_avg_sq").numel() == at,
@@ -145,24 +175,78 @@ void load_optimizer_shards(const fs::path& dir, DataParallel& dp, const std::str
       throw UserError(format("{}: bad optimizer shard: {}", f.path(), e.what()));
     }
   }
+  return pieces;
+}
+
+// Copies into `dst` (this rank's slice `mine`, its elements [begin, begin + length)) what the
+// saved pieces hold of them, row by row of the whole tensor; returns how many elements were found
+// (padding rows and columns, beyond the HF tensor, read as zero and count as found). Pieces may
+// overlap (a tied embedding saved by two stages, a K/V head shared by tp ranks): the same values.
+int64_t fill_from_pieces(const SliceGeometry& mine, int64_t begin, int64_t length,
+                         const std::vector<SavedPiece>& pieces, float* dst_m, float* dst_v) {
+  int64_t found = 0;
+  for (int64_t e = begin; e < begin + length;) {
+    const int64_t r = e / mine.cols, c0 = e % mine.cols, c1 = std::min(mine.cols, c0 + (begin + length - e));
+    const int64_t row = r + mine.row0, first = c0 + mine.col0, last = c1 + mine.col0;  // in the HF tensor
+    float* m = dst_m + (e - begin);
+    float* v = dst_v + (e - begin);
+    const int64_t real_last = row < mine.full_rows ? std::min(last, mine.full_cols) : first;
+    std::fill(m, m + (c1 - c0), 0.0f);
+    std::fill(v, v + (c1 - c0), 0.0f);
+    std::vector<std::pair<int64_t, int64_t>> covered = {{std::max(first, real_last), last}};  // padding
+    for (const SavedPiece& p : pieces) {
+      const int64_t pr = row - p.slice.row0;
+      if (pr < 0 || pr >= p.slice.rows) continue;
+      // The piece's columns in this row, in the HF tensor's columns.
+      const int64_t a = std::max(p.begin, pr * p.slice.cols) - pr * p.slice.cols + p.slice.col0;
+      const int64_t b = std::min(p.begin + p.length, (pr + 1) * p.slice.cols) - pr * p.slice.cols + p.slice.col0;
+      const int64_t x = std::max(a, first), y = std::min(b, real_last);
+      if (x >= y) continue;
+      const int64_t from = p.at + pr * p.slice.cols + (x - p.slice.col0) - p.begin;
+      std::copy_n(p.exp_avg + from, y - x, m + (x - first));
+      std::copy_n(p.exp_avg_sq + from, y - x, v + (x - first));
+      covered.push_back({x, y});
+    }
+    std::sort(covered.begin(), covered.end());
+    int64_t reach = first;
+    for (const auto& [x, y] : covered) {
+      found += std::max<int64_t>(0, y - std::max(x, reach));
+      reach = std::max(reach, y);
+    }
+    e += c1 - c0;
+  }
+  return found;
+}
+
+// Fills this rank's segments of the moments from the pieces saved by every rank of the run that
+// wrote the checkpoint, whatever its layout was: any data-parallel world size and ZeRO stage, any
+// tensor_parallel_size and pipeline_parallel_size (every stage's files are read; each piece says
+// where it sits in the whole HF tensor).
+void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
+  std::vector<SafetensorsFile> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.find("optimizer-rank-") != std::string::npos && e.path().extension() == ".safetensors")
+      files.push_back(SafetensorsFile::open(e.path().string()));
+  }
+  FAB_USER_CHECK(!files.empty(), "{}: no optimizer-rank-*.safetensors (not a complete checkpoint)", dir.string());
+  const DecoderModel& model = dp.model();
+  std::map<std::string, std::vector<SavedPiece>> pieces = saved_pieces(files, model);
   AdamW& opt = dp.optimizer();
   int64_t at = 0;
   for (const OptimizerSegment& s : opt.segments()) {
-    const std::string& name = dp.model().params().params()[s.param].name;
-    int64_t covered = 0;
-    for (const SavedPiece& p : pieces[name]) {
-      const int64_t first = std::max(s.begin, p.begin), last = std::min(s.begin + s.length, p.begin + p.length);
-      if (first >= last) continue;
-      for (auto [key, dst] : {std::pair{"exp_avg", &opt.exp_avg()}, std::pair{"exp_avg_sq", &opt.exp_avg_sq()}})
-        std::copy_n(p.file->tensor(key).data<float>() + p.at + (first - p.begin), last - first,
-                    dst->data<float>() + at + (first - s.begin));
-      covered += last - first;
-    }
-    FAB_USER_CHECK(covered == s.length, "{}: optimizer state of {} covers {} of its elements [{}, {})",
-                   dir.string(), name, covered, s.begin, s.begin + s.length);
+    const std::string& name = model.params().params()[s.param].name;
+    const int64_t found = fill_from_pieces(geometry_of(model, s.param), s.begin, s.length, pieces[name],
+                                           opt.exp_avg().data<float>() + at, opt.exp_avg_sq().data<float>() + at);
+    FAB_USER_CHECK(found == s.length, "{}: optimizer state of {} covers {} of its elements [{}, {})", dir.string(),
+                   name, found, s.begin, s.begin + s.length);
     at += s.length;
   }
-  opt.set_steps_taken(steps_taken(files.front()));
+  const int64_t steps = steps_taken(files.front());
+  for (const SafetensorsFile& f : files)
+    FAB_USER_CHECK(steps_taken(f) == steps, "{}: {} optimizer steps, but {} has {}", f.path(), steps_taken(f),
+                   files.front().path(), steps);
+  opt.set_steps_taken(steps);
 }
 
 // A step skipped under nan_policy skip has a non-finite loss: null in the JSON (which has no NaN).
@@ -211,9 +295,11 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   const fs::path final_dir(dir);
   const fs::path tmp = final_dir.string() + ".tmp";
   dp.gather_all_parameters();
-  std::vector<NamedTensor> stages_weights;
-  if (pipeline && stage_main) stages_weights = pipeline->gather_weights();
-  const std::vector<NamedTensor> whole = tp ? gather_full_tensors(dp.model(), *tp) : std::vector<NamedTensor>();
+  std::vector<NamedTensor> stages_weights, whole;
+  if (pipeline)
+    stages_weights = gather_stage_weights(*pipeline, tp, stage_main);
+  else if (tp)
+    whole = gather_full_tensors(dp.model(), *tp);
   if (main) {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
@@ -250,23 +336,17 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   barrier("checkpoint: renamed");
 }
 
-TrainerState load_checkpoint(const std::string& dir, DataParallel& dp, PipelineParallel* pipeline) {
+TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
   std::ifstream in(fs::path(dir) / "trainer_state.json");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-    const int64_t saved_stages = j.value("pipeline_parallel_size", int64_t(1));
-    const int64_t stages = pipeline ? pipeline->num_stages() : 1;
-    FAB_USER_CHECK(saved_stages == stages,
-                   "{} was saved with pipeline_parallel_size {} and this run has pipeline_parallel_size {}: resuming at "
-                   "another pipeline layout is not implemented yet (its optimizer state is per stage)",
-                   dir, saved_stages, stages);
     load_trained_weights(dp.model(), dir);
     if (dp.model().options().value_head) load_value_head(dp.model(), dir);
     dp.weights_loaded();
-    load_optimizer_shards(dir, dp, stage_prefix(pipeline));
+    load_optimizer_shards(dir, dp);
     TrainerState s;
     s.global_step = j.at("global_step").get<int64_t>();
     s.sampler.epoch = j.at("sampler_epoch").get<int64_t>();

@@ -1,7 +1,8 @@
 #pragma once
 // output_dir/checkpoint-<step>/: everything needed to continue exactly — the weights as a Hugging
 // Face folder, each rank's shard of the AdamW moments (optimizer-rank-R-of-N.safetensors, every
-// piece named by parameter and element range, so a checkpoint saved by N ranks resumes on M), the
+// piece named by parameter, element range and its slice's place in the whole tensor, so a
+// checkpoint saved at one tp x pp x dp layout and ZeRO stage resumes at another), the
 // sampler position, the loss history and the resolved config. Written into a temporary folder,
 // fsynced, then renamed, so a crash mid-save never leaves a folder named checkpoint-N that is
 // incomplete.
@@ -37,9 +38,10 @@ struct TrainerState {
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
                      const std::string& config_yaml, Communicator* tp = nullptr, const std::string& base_model = "",
                      PipelineParallel* pipeline = nullptr);
-// Restores weights, optimizer shards and state saved by save_checkpoint at any data-parallel
-// world size; the pipeline_parallel_size must be the one it was saved with (a UserError names both).
-TrainerState load_checkpoint(const std::string& dir, DataParallel& dp, PipelineParallel* pipeline = nullptr);
+// Restores weights, optimizer shards and state saved by save_checkpoint at any layout: data-parallel
+// world size, ZeRO stage, tensor_parallel_size and pipeline_parallel_size may all differ (each
+// optimizer piece records where it sits in the whole HF tensor; each rank reads what it holds).
+TrainerState load_checkpoint(const std::string& dir, DataParallel& dp);
 
 // The checkpoint-<N> folder of output_dir with the largest N, or "" when there is none.
 std::string latest_checkpoint(const std::string& output_dir);

@@ -21,6 +21,7 @@
 #include "comm/world.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
+#include "parallel/parallelize.h"
 #include "parallel/tensor_parallel.h"
 #include "monitor/loss_plot.h"
 #include "monitor/tensorboard.h"
@@ -113,31 +114,19 @@ int64_t count_total_steps(const TrainConfig& c, int64_t batches_per_epoch) {
 }
 
 Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, DeviceMesh* mesh)
-    : config_(std::move(config)), model_(std::move(model)), data_(std::move(data)), mesh_(mesh) {
+    : config_(std::move(config)), model_(std::move(model)), data_(std::move(data)) {
   FAB_USER_CHECK(!config_.output_dir.empty(), "output_dir is required");
-  if (!mesh) own_group_ = std::make_unique<LocalCommunicator>();
-  group_ = mesh ? &mesh->group("dp") : own_group_.get();
-  if (!model_->is_whole()) {
-    FAB_CHECK(mesh && mesh->sizes().pp > 1, "a pipeline stage's model needs a mesh with pipeline stages");
-    pipeline_ = std::make_unique<PipelineParallel>(*model_, mesh->group("pp"), int(config_.virtual_pipeline_parallel_size));
+  if (!mesh) {  // training alone: a mesh of one
+    own_world_ = std::make_unique<LocalCommunicator>();
+    own_mesh_ = std::make_unique<DeviceMesh>(*own_world_, ParallelSizes{});
+    mesh = own_mesh_.get();
   }
-  if (mesh && mesh->sizes().tp > 1) tp_ = &mesh->group("tp");
-  FAB_CHECK((tp_ != nullptr) == (model_->options().tp != nullptr), "the model and the mesh disagree on tensor parallel");
+  group_ = &mesh->group("dp");
+  ParallelModel parallel = parallelize(*model_, *mesh, config_);
+  tp_ = parallel.tp;
+  pipeline_ = std::move(parallel.pipeline);
+  dp_ = std::move(parallel.dp);
   main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0);
-  DataParallelOptions dp;
-  dp.zero_stage = int(config_.zero_stage);
-  dp.bucket_bytes = int64_t(config_.ddp_bucket_size * double(1 << 20));
-  dp.adamw = AdamWConfig{float(config_.adam_beta1), float(config_.adam_beta2), float(config_.adam_epsilon),
-                         float(config_.weight_decay)};
-  if (pipeline_) {
-    dp.model_parallel_group = &pipeline_->group();
-    dp.not_counted = {pipeline_->norm_counted_elsewhere()};
-  }
-  if (tp_) {
-    dp.model_parallel_group = tp_;
-    dp.not_counted = ranges_counted_elsewhere(*model_);
-  }
-  dp_ = std::make_unique<DataParallel>(*model_, *group_, dp);
   objective_ = make_stage_objective(
       config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
   if (config_.stage == "grpo")
@@ -414,9 +403,10 @@ double Trainer::mfu(double tokens_per_s) const {
 // fraction of data-parallel communication time hidden behind computation.
 nlohmann::json Trainer::parallel_metrics() {
   const ModelStateBytes mine = dp_->state_bytes();
-  // One slot per rank of the mesh, in world-rank order (tp fastest).
-  const int tp = tp_ ? tp_->size() : 1, ranks = group_->size() * tp;
-  const size_t slot = size_t(group_->rank() * tp + (tp_ ? tp_->rank() : 0));
+  // One slot per rank of the mesh, in world-rank order (tp fastest, then dp, then the stages).
+  const int tp = tp_ ? tp_->size() : 1, stages = pipeline_ ? pipeline_->num_stages() : 1;
+  const int ranks = group_->size() * tp * stages, stage = pipeline_ ? pipeline_->stage() : 0;
+  const size_t slot = size_t((stage * group_->size() + group_->rank()) * tp + (tp_ ? tp_->rank() : 0));
   std::vector<double> bytes(size_t(3 * ranks), 0.0);
   bytes[3 * slot] = double(mine.parameters);
   bytes[3 * slot + 1] = double(mine.gradients);
@@ -429,6 +419,7 @@ nlohmann::json Trainer::parallel_metrics() {
   const double tp_sent = tp_ ? double(tp_->stats().bytes_sent - tp_at_last_log_.bytes_sent) / double(steps) : 0.0;
   group_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
   if (tp_) tp_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
+  if (pipeline_) pipeline_->group().all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
   comm_at_last_log_ = group_->stats();
   if (tp_) tp_at_last_log_ = tp_->stats();
   steps_since_log_ = 0;
@@ -528,7 +519,7 @@ void Trainer::save(int64_t step) {
 // A checkpoint saved by N ranks resumes on M: the sampler position counts this rank's share of
 // the epoch's samples, so it scales by N / M.
 void Trainer::resume(const std::string& checkpoint) {
-  state_ = load_checkpoint(checkpoint, *dp_, pipeline_.get());
+  state_ = load_checkpoint(checkpoint, *dp_);
   const int64_t saved_world = state_.world_size;
   if (saved_world != group_->size()) {
     const int64_t consumed = state_.sampler.position * saved_world;
@@ -618,8 +609,7 @@ bool Trainer::run() {
 void Trainer::finish() {
   dp_->gather_all_parameters();
   if (pipeline_) {
-    std::vector<NamedTensor> weights;
-    if (group_->rank() == 0) weights = pipeline_->gather_weights();
+    const std::vector<NamedTensor> weights = gather_stage_weights(*pipeline_, tp_, group_->rank() == 0);
     if (main_) save_model_folder(model_->config(), weights, config_.output_dir);
   } else if (tp_) {
     const std::vector<NamedTensor> whole = gather_full_tensors(*model_, *tp_);

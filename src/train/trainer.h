@@ -39,9 +39,10 @@ struct StepRecord {
 
 class Trainer {
  public:
-  // `mesh`: this rank's process groups (nullptr: this process alone); data parallelism runs over
-  // its "dp" group. Every rank runs a Trainer with the same config; rank 0 of the data-parallel
-  // group writes metrics, logs and the final model.
+  // `mesh`: this rank's process groups (nullptr: this process alone). `model` was built with
+  // model_share()'s options for that mesh; parallelize() wraps it (its stage's pipeline, data
+  // parallelism over "dp"). Every rank runs a Trainer with the same config; rank 0 of the
+  // data-parallel group (tp rank 0, the first stage) writes metrics, logs and the final model.
   Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainData data, DeviceMesh* mesh = nullptr);
   ~Trainer();
 
@@ -83,8 +84,8 @@ class Trainer {
   TrainConfig config_;
   std::unique_ptr<DecoderModel> model_;
   TrainData data_;
-  std::unique_ptr<Communicator> own_group_;  // when training alone
-  DeviceMesh* mesh_ = nullptr;
+  std::unique_ptr<Communicator> own_world_;  // when training alone: a mesh of one process
+  std::unique_ptr<DeviceMesh> own_mesh_;
   Communicator* group_;                       // data parallel
   Communicator* tp_ = nullptr;                // tensor parallel, when the model is split
   bool main_ = true;  // rank 0 of the group (and of the tensor-parallel group, and the first pipeline stage)

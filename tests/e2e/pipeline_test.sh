@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pipeline parallel through the `fabrica` command: pp2 (1F1B, and interleaved with packing and
-# recomputation) reproduces one process's losses over 20 fp32 steps within 1e-5 relative, logs
-# each stage's bubble and bytes sent, and leaves a normal HF folder that `generate` reads; bf16 at
-# pp2 trains; a layout the world size cannot hold exits 2 naming the sizes.
+# recomputation), tp2 x pp2 + sp at 4 processes and dp2 x tp2 x pp2 at 8 reproduce one process's
+# losses over 20 fp32 steps within 1e-5 relative, log each stage's bubble and bytes sent, and
+# leave a normal HF folder that `generate` reads; bf16 at pp2 trains; a layout the world size
+# cannot hold exits 2 naming the sizes.
 # Usage: pipeline_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -45,6 +46,16 @@ echo "ok: generate reads the pp2 output folder"
   >vpp.log 2>&1 || { cat vpp.log; fail "pp2 interleaved, packed"; }
 same_losses one-packed vpp
 echo "ok: pp2 interleaved with neat_packing and recompute_layers = one process"
+"$fabrica" train run.yaml output_dir=tpxpp nproc_per_node=4 tensor_parallel_size=2 pipeline_parallel_size=2 \
+  sequence_parallel=true neat_packing=true recompute_layers=true >tpxpp.log 2>&1 || { cat tpxpp.log; fail "tp2 x pp2"; }
+same_losses one-packed tpxpp
+"$fabrica" generate --model tpxpp --prompt "Who are you?" --template qwen3_nothink --max-new-tokens 4 >gen.txt \
+  || fail "generate on the tp2 x pp2 output folder"
+echo "ok: tp2 x pp2 + sp with neat_packing and recompute_layers = one process; generate reads its folder"
+"$fabrica" train run.yaml output_dir=dptpxpp nproc_per_node=8 tensor_parallel_size=2 pipeline_parallel_size=2 \
+  zero_stage=1 per_device_train_batch_size=2 >dptpxpp.log 2>&1 || { cat dptpxpp.log; fail "dp2 x tp2 x pp2"; }
+same_losses one dptpxpp  # 2 data-parallel ranks x 2 samples: one's batch of 4
+echo "ok: dp2 x tp2 x pp2 with ZeRO-1 (8 processes) = one process with the same global batch"
 
 "$fabrica" train run.yaml output_dir=bf16 nproc_per_node=2 pipeline_parallel_size=2 bf16=true max_steps=4 \
   >bf16.log 2>&1 || { cat bf16.log; fail "pp2 bf16"; }

@@ -99,7 +99,7 @@ TEST(DataParallel, ZeroShardsTheModelStates) {
   for (int stage = 1; stage <= 3; ++stage) {
     auto model = load_model_folder(model_dir, {Precision::fp32, false, 64}, 3);
     const double n = double(model->params().numel()), ranks = w.size();
-    DataParallel dp(*model, w, {stage, 1 << 20, {}, nullptr, {}});
+    DataParallel dp(*model, w, {stage, 1 << 20, {}, {}, {}});
     Tensor ids = Tensor::empty({2, 16}, DType::i64, MemoryCategory::activations);
     for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = (i * 7 + w.rank()) % 2048;
     dp.begin_step(1);
@@ -121,7 +121,7 @@ TEST(DataParallel, ZeroShardsTheModelStates) {
 TEST(DataParallel, BytesSentPerStepAreTheRingFigure) {
   Communicator& w = test::world();
   auto model = load_model_folder(model_folder(kTinyLlama), {Precision::fp32, false, 64}, 3);
-  DataParallel dp(*model, w, {0, 1 << 12, {}, nullptr, {}});
+  DataParallel dp(*model, w, {0, 1 << 12, {}, {}, {}});
   EXPECT_GT(dp.bucket_count(), 2u);
   Tensor ids = Tensor::empty({2, 16}, DType::i64, MemoryCategory::activations);
   for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = (i * 5 + w.rank()) % 64;

@@ -3,7 +3,8 @@
 // (1F1B and interleaved, untied llama and tied qwen3, whose embedding gradient is summed between
 // the first and last stage); training through the Trainer reproduces one process's losses over 20
 // fp32 steps within 1e-5 relative (1F1B, interleaved, an uneven split; dp2 x pp2 with ZeRO-1/2 at 4
-// ranks); a pp2 checkpoint resumes bit for bit; the pp-trained output folder is a whole HF folder.
+// ranks); a pp2 checkpoint resumes bit for bit, and reshards to one process and back; the
+// pp-trained output folder is a whole HF folder.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,12 +13,13 @@
 #include <tuple>
 
 #include "core/backend.h"
-#include "core/error.h"
 #include "kernels/kernel_table.h"
 #include "models/hf_model.h"
 #include "mpi/mpi_world.h"
 #include "parallel/layout.h"
+#include "parallel/parallelize.h"
 #include "parallel/pipeline_parallel.h"
+#include "train/finetuning.h"
 #include "train/synthetic_data.h"
 #include "train/trainer.h"
 #include "test_util.h"
@@ -88,7 +90,7 @@ void expect_stage_gradients_match(const std::string& config_json, int virtual_st
   PipelineParallel pipeline(stage, w, virtual_stages);
   LocalCommunicator alone;
   DataParallelOptions dp_options;
-  dp_options.model_parallel_group = &w;
+  dp_options.model_parallel_groups = {&w};
   dp_options.not_counted = {pipeline.norm_counted_elsewhere()};
   DataParallel dp(stage, alone, dp_options);
   dp.begin_step(int64_t(batches.size()));
@@ -147,9 +149,9 @@ std::vector<StepRecord> train(const TrainConfig& c, Communicator& group) {
   const ModelConfig model_config = load_model_config(c.model_name_or_path + "/config.json");
   const ParallelLayout layout = parallel_layout(c, model_config, group.size());
   DeviceMesh mesh(group, layout.sizes());
-  DecoderOptions options{Precision::fp32, false, 64};
-  if (layout.pp > 1) options.stage = pipeline_stage(layout.chunk_layers, layout.pp, mesh.coordinate("pp"));
-  auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
+  ModelShare share = model_share({Precision::fp32, false, 64}, layout, mesh, c);
+  apply_finetuning(c, model_config.num_hidden_layers, share.options);
+  auto model = load_model_folder(c.model_name_or_path, share.options, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(64, 1), test::synthetic_samples(6, 2), 0};
   Trainer trainer(c, std::move(model), std::move(data), &mesh);
   trainer.run();
@@ -191,6 +193,22 @@ TEST(PipelineParallel, TwoStagesReproduceTheSingleProcessLosses) {
   }
 }
 
+// Freeze fine-tuning across stages: a trainable embedding tied to the last stage's head (its
+// gradient summed between them), a frozen tied embedding (nothing to sum), and norms on every stage.
+TEST(PipelineParallel, FreezeFineTuningReproducesTheSingleProcessLosses) {
+  Communicator& w = test::world();
+  if (w.size() != 2) GTEST_SKIP() << "the pp2 layouts run at 2 ranks";
+  const std::string freeze = "finetuning_type: freeze\nfreeze_trainable_layers: 1\n";
+  for (const auto& [name, json, extra] : {std::tuple{"qwen3", kQwen3Tied, "freeze_extra_modules: embed_tokens\n"},
+                                          std::tuple{"qwen3", kQwen3Tied, "freeze_extra_modules: norm\n"},
+                                          std::tuple{"llama", kLlama, "freeze_extra_modules: norm\n"}}) {
+    const std::string model = model_folder(std::string("model-") + name, json);
+    const auto reference = single_process_losses(config_for(model, shared_dir("reference"), 2, freeze + extra));
+    const auto history = train(config_for(model, shared_dir("pp"), 2, freeze + extra + "pipeline_parallel_size: 2\n"), w);
+    expect_same_losses(history, reference, std::string(name) + " freeze " + extra);
+  }
+}
+
 TEST(PipelineParallel, DataParallelTimesPipelineWithZero1And2ReproducesTheSingleProcessLosses) {
   Communicator& w = test::world();
   if (w.size() != 4) GTEST_SKIP() << "dp2 x pp2 runs at 4 ranks";
@@ -205,9 +223,11 @@ TEST(PipelineParallel, DataParallelTimesPipelineWithZero1And2ReproducesTheSingle
   }
 }
 
-// A pp2 run saved at step 10 resumes at pp2 with the uninterrupted run's losses, bit for bit; a
-// resume at another pipeline layout is refused naming both; the final folder is a whole HF model
-// with the single-process run's weights.
+// A pp2 run saved at step 10 resumes at pp2 with the uninterrupted run's losses, bit for bit; the
+// same checkpoint resumes on one process, and one saved by one process resumes at pp2, both within
+// 1e-5 relative of the uninterrupted run (the optimizer state resharded over the stages, the tied
+// embedding's moments from either stage); the final folder is a whole HF model with the
+// single-process run's weights.
 TEST(PipelineParallel, CheckpointsResumeExactlyAndTheOutputIsAWholeModel) {
   Communicator& w = test::world();
   if (w.size() != 2) GTEST_SKIP() << "pp2 at 2 ranks";
@@ -220,24 +240,29 @@ TEST(PipelineParallel, CheckpointsResumeExactlyAndTheOutputIsAWholeModel) {
                                         layout + "resume_from_checkpoint: " + saved + "/checkpoint-10\n"), w);
   ASSERT_EQ(resumed.size(), 10u);
   for (const StepRecord& r : resumed) EXPECT_EQ(r.loss, full[size_t(r.step - 1)].loss) << "step " << r.step;
+  const std::string at_one_dir = shared_dir("resumed-at-1"), alone_dir = shared_dir("saved-alone");
+  std::vector<double> at_one(10, 0.0), one(20, 0.0);
   if (w.rank() == 0) {
     LocalCommunicator alone;
-    try {
-      train(config_for(model, test::scratch_root() + "/elsewhere", 2,
-                       "resume_from_checkpoint: " + saved + "/checkpoint-10\n"),
-            alone);
-      ADD_FAILURE() << "resumed a pp2 checkpoint on one process";
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find("pipeline_parallel_size 2 and this run has pipeline_parallel_size 1"),
-                std::string::npos)
-          << e.what();
-    }
+    const auto history = train(config_for(model, at_one_dir, 2, "resume_from_checkpoint: " + saved + "/checkpoint-10\n"),
+                               alone);
+    for (size_t i = 0; i < history.size() && i < at_one.size(); ++i) at_one[i] = history[i].loss;
+    const auto reference = train(config_for(model, alone_dir, 2, "save_steps: 10\n"), alone);
+    for (size_t i = 0; i < reference.size() && i < one.size(); ++i) one[i] = reference[i].loss;
+  }
+  w.all_reduce(at_one.data(), int64_t(at_one.size()), "resumed losses").wait();
+  w.all_reduce(one.data(), int64_t(one.size()), "one-process losses").wait();
+  for (size_t i = 0; i < at_one.size(); ++i)
+    EXPECT_NEAR(at_one[i], full[10 + i].loss, 1e-5 * full[10 + i].loss) << "pp 2 -> 1, step " << 11 + i;
+  const auto at_pp = train(config_for(model, shared_dir("resumed-at-pp"), 2,
+                                      layout + "resume_from_checkpoint: " + alone_dir + "/checkpoint-10\n"), w);
+  ASSERT_EQ(at_pp.size(), 10u);
+  for (const StepRecord& r : at_pp)
+    EXPECT_NEAR(r.loss, one[size_t(r.step - 1)], 1e-5 * one[size_t(r.step - 1)]) << "1 -> pp 2, step " << r.step;
+  if (w.rank() == 0) {
     // The output folder loads as a whole model and holds what one process trains.
-    const std::string one = test::scratch_root() + "/one";
-    fs::remove_all(one);
-    train(config_for(model, one, 2, ""), alone);
     auto a = load_model_folder(saved, {Precision::fp32, false, 64});
-    auto b = load_model_folder(one, {Precision::fp32, false, 64});
+    auto b = load_model_folder(alone_dir, {Precision::fp32, false, 64});
     ASSERT_EQ(a->params().numel(), b->params().numel());
     for (const ParamInfo& p : b->params().params()) {
       const float* x = a->params().values().data<float>() + a->params().info(p.name).offset;

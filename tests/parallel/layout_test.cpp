@@ -35,6 +35,17 @@ TEST(ParallelLayout, DataParallelTakesTheRanksLeft) {
   EXPECT_EQ(l.chunk_layers, (std::vector<int64_t>{2}));
 }
 
+TEST(ParallelLayout, TensorTimesPipelineTimesDataParallel) {
+  const ParallelLayout l = parallel_layout(config("tensor_parallel_size: 2\npipeline_parallel_size: 2\n"
+                                                  "sequence_parallel: true\n"),
+                                           model(4), 8);
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.pp, 2);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_TRUE(l.sequence_parallel);
+  EXPECT_EQ(l.chunk_layers.size(), 2u);
+}
+
 TEST(ParallelLayout, MegatronSpellingsAreAliases) {
   const TrainConfig c = config("tensor_model_parallel_size: 2\npipeline_model_parallel_size: 2\n"
                                "virtual_pipeline_model_parallel_size: 2\npipeline_schedule: interleaved_1f1b\n");
@@ -100,9 +111,7 @@ TEST(ParallelLayout, ConflictsNameTheSizes) {
   expect("pipeline_layers: [4]\n", 1, "pipeline_parallel_size is 1");
   expect("sequence_parallel: true\n", 1, "sequence_parallel needs tensor_parallel_size > 1");
   // Combinations not implemented yet say so.
-  expect("tensor_parallel_size: 2\npipeline_parallel_size: 2\n", 4, "tensor_parallel_size 2 with pipeline_parallel_size 2 is not implemented yet");
   expect("finetuning_type: lora\npipeline_parallel_size: 2\n", 2, "finetuning_type lora with pipeline_parallel_size 2 is not implemented");
-  expect("finetuning_type: freeze\npipeline_parallel_size: 2\n", 2, "finetuning_type freeze with pipeline_parallel_size 2");
   expect("stage: dpo\ntensor_parallel_size: 2\n", 2, "stage dpo with tensor_parallel_size 2 and pipeline_parallel_size 1 is not implemented");
   expect("pipeline_schedule: zero_bubble\n", 1, "expected 1f1b or interleaved_1f1b");
 }

@@ -67,13 +67,10 @@ TEST(PipelineStage, LayoutsWithStagesAreAccepted) {
   EXPECT_EQ(l.chunk_layers[0] + l.chunk_layers[1], 4);
   const TrainConfig tp_pp =
       parse_train_config("output_dir: out\npipeline_parallel_size: 2\ntensor_parallel_size: 2\n", "run.yaml");
-  try {
-    parallel_layout(tp_pp, qwen3_tied(4), 4);
-    ADD_FAILURE() << "tp2 x pp2";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor_parallel_size 2 with pipeline_parallel_size 2"), std::string::npos)
-        << e.what();
-  }
+  const ParallelLayout both = parallel_layout(tp_pp, qwen3_tied(4), 4);
+  EXPECT_EQ(both.tp, 2);
+  EXPECT_EQ(both.pp, 2);
+  EXPECT_EQ(both.dp, 1);
   const TrainConfig zero2 = parse_train_config("output_dir: out\npipeline_parallel_size: 2\nzero_stage: 2\n", "run.yaml");
   try {
     parallel_layout(zero2, qwen3_tied(4), 4);
