@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build deps test test-asan bench demo clean fuzz test-gpu gpu-pack
+.PHONY: all build deps test test-asan bench demo demo-rl clean fuzz test-gpu gpu-pack
 
 all: build
 
@@ -28,6 +28,11 @@ $(BUILD)/reference/pref/reference.safetensors: tests/reference/make_pref_referen
     tests/reference/safetensors_io.py
 	/usr/bin/python3 tests/reference/make_pref_reference.py $(BUILD)/reference
 
+# stage grpo's objective (verl's formulas) on a fixed batch of rollouts, same python3-torch.
+$(BUILD)/reference/grpo/reference.safetensors: tests/reference/make_grpo_reference.py tests/reference/make_reference.py \
+    tests/reference/safetensors_io.py
+	/usr/bin/python3 tests/reference/make_grpo_reference.py $(BUILD)/reference
+
 # Tokenizer parity fixture from Hugging Face `tokenizers` (PyPI, in build/pyref/.venv).
 $(BUILD)/reference/tokenizer_parity.json: tests/tokenizer/tokenizer_parity.py tests/tokenizer/tokenizer_parity_texts.py \
     tests/tokenizer/pyref.py tests/tokenizer/pyref_requirements.txt
@@ -38,7 +43,7 @@ $(BUILD)/reference/spm_parity.json: tests/tokenizer/spm_parity.py tests/tokenize
     tests/tokenizer/pyref.py tests/tokenizer/pyref_requirements.txt
 	python3 tests/tokenizer/spm_parity.py $(BUILD)/reference
 
-test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors \
+test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors $(BUILD)/reference/grpo/reference.safetensors \
     $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@python3 tests/tokenizer/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
@@ -50,7 +55,7 @@ test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/refe
 # The whole ctest suite built with AddressSanitizer (OpenMP, oneDNN and MPI are not instrumented
 # but run under it), in build-asan/. Leak checking is off: OpenMPI and ICU keep allocations to exit.
 ASAN_BUILD = build-asan
-test-asan: deps $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors \
+test-asan: deps $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors $(BUILD)/reference/grpo/reference.safetensors \
     $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFAB_SANITIZE=address -DFAB_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
@@ -82,6 +87,10 @@ bench: deps build
 
 demo: deps build
 	@bash scripts/demo.sh
+
+# Part-way SFT on the same task, then GRPO with the exact-match reward: accuracy before and after.
+demo-rl: deps build
+	@bash scripts/demo.sh --rl
 
 clean:
 	rm -rf $(BUILD)

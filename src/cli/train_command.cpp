@@ -163,6 +163,13 @@ double measured_step_seconds(const std::vector<StepRecord>& history) {
   return seconds[seconds.size() / 2];
 }
 
+// grpo: a rollout is a prompt and up to max_new_tokens more.
+int64_t longest_rollout(const TrainConfig& c, const TokenSequences& train) {
+  int64_t longest = 2;
+  for (int64_t i = 0; i < train.size(); ++i) longest = std::max(longest, train.length(i));
+  return longest + c.max_new_tokens;
+}
+
 int train_worker(TrainConfig c, WorldInfo world) {
   if (c.threads == 0 && world.local_size > 1)
     omp_set_num_threads(std::max(1, int(std::thread::hardware_concurrency()) / world.local_size));
@@ -183,7 +190,7 @@ int train_worker(TrainConfig c, WorldInfo world) {
   if (!c.do_train) return 0;
   DecoderOptions base;
   base.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
-  base.max_seq_len = std::min(c.cutoff_len, longest_sequence(data));
+  base.max_seq_len = c.stage == "grpo" ? longest_rollout(c, data.train) : std::min(c.cutoff_len, longest_sequence(data));
   ModelShare share = model_share(base, layout, *mesh, c);  // its tensor-parallel ops outlive the model
   DecoderOptions& options = share.options;
   options.value_head = c.stage == "rm";
@@ -211,9 +218,9 @@ int train_worker(TrainConfig c, WorldInfo world) {
   bool finished = false;
   std::vector<StepRecord> history;
   {
-    Trainer trainer(c, std::move(model),
-                    TrainData{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)},
-                    mesh.get());
+    TrainData train_data{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)};
+    if (c.stage == "grpo") train_data.grpo = grpo_environment(c, tokenizer);
+    Trainer trainer(c, std::move(model), std::move(train_data), mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     finished = trainer.run();
     history = trainer.history();

@@ -17,7 +17,7 @@
   /* model */                                                                                                         \
   X(model_name_or_path, model_name_or_path, std::string, "", Supported, "Hugging Face model folder: config.json, optional weights, tokenizer") \
   X(trust_remote_code, trust_remote_code, bool, false, Accepted, "Accepted for compatibility; Fabrica runs no model code from the folder") \
-  X(stage, stage, std::string, "sft", Supported, "Training stage: pt, sft, dpo, kto or rm (ppo comes later)")                  \
+  X(stage, stage, std::string, "sft", Supported, "Training stage: pt, sft, dpo, kto, rm or grpo (ppo comes later)")                  \
   X(do_train, do_train, bool, true, Supported, "Train (false: only prepare data / evaluate)")                                    \
   X(finetuning_type, finetuning_type, std::string, "full", Supported, "full, lora (PEFT-format adapters) or freeze (only some layers/modules train)")                                 \
   X(lora_rank, lora_rank, int64_t, 8, Supported, "LoRA rank r")                                                                         \
@@ -190,7 +190,17 @@
   X(kto_rejected_weight, kto_rejected_weight, double, 1.0, Supported, "The weight factor of the undesirable losses in KTO training") \
   X(simpo_gamma, simpo_gamma, double, 0.5, Supported, "The target reward margin term in SimPO loss") \
   X(ppo_buffer_size, ppo_buffer_size, int64_t, 1, Later, "The number of mini-batches to make experience buffer in a PPO optimization step") \
-  X(ppo_epochs, ppo_epochs, int64_t, 4, Later, "The number of epochs to perform in a PPO optimization step") \
+  X(ppo_epochs, ppo_epochs, int64_t, 4, Supported, "grpo: passes over each rollout batch, each mini-batch one optimizer step (LLaMA-Factory's default 4; verl's is 1)") \
+  X(num_generations, num_generations, int64_t, 8, Own, "grpo: responses sampled per prompt, one group (verl's rollout.n, TRL's num_generations)") \
+  X(reward, reward, std::string, "", Own, "grpo: comma-separated rewards, summed: exact_match, gsm8k, boxed, format:REGEX, command:CMD, model:PATH (see the notes)") \
+  X(norm_adv_by_std, norm_adv_by_std, bool, true, Own, "grpo: advantages (r - mean) / (std + 1e-6) per group; false: r - mean (Dr. GRPO; verl's norm_adv_by_std_in_grpo)") \
+  X(clip_ratio_low, clip_ratio_low, double, 0.2, Own, "grpo: PPO ratio clipped below at 1 - clip_ratio_low (verl)") \
+  X(clip_ratio_high, clip_ratio_high, double, 0.2, Own, "grpo: PPO ratio clipped above at 1 + clip_ratio_high (verl)") \
+  X(clip_ratio_c, clip_ratio_c, double, 3.0, Own, "grpo: dual-clip bound of the loss of negative advantages, > 1 (verl)") \
+  X(loss_agg_mode, loss_agg_mode, std::string, "token-mean", Own, "grpo: token-mean, seq-mean-token-sum or seq-mean-token-mean (verl)") \
+  X(kl_loss_coef, kl_loss_coef, double, 0.0, Own, "grpo: weight of the KL term to the reference (0: none, verl's use_kl_loss false)") \
+  X(kl_loss_type, kl_loss_type, std::string, "low_var_kl", Own, "grpo: k1 (kl), k2 (mse) or k3 (low_var_kl, clamped as verl)") \
+  X(ppo_mini_batch_size, ppo_mini_batch_size, int64_t, 0, Own, "grpo: prompts per optimizer step within a rollout batch, their num_generations responses each (0: the whole batch; verl)") \
   X(ppo_score_norm, ppo_score_norm, bool, false, Later, "Use score normalization in PPO training") \
   X(ppo_target, ppo_target, double, 6.0, Later, "Target KL value for adaptive KL control in PPO training") \
   X(ppo_whiten_rewards, ppo_whiten_rewards, bool, false, Later, "Whiten the rewards before compute advantages in PPO training") \
@@ -256,12 +266,12 @@
   X(include_effective_tokens_per_second, include_effective_tokens_per_second, bool, false, Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
   /* generation (LLaMA-Factory's GeneratingArguments) */ \
   X(do_sample, do_sample, bool, true, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
-  X(temperature, temperature, double, 0.95, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
-  X(top_p, top_p, double, 0.7, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
-  X(top_k, top_k, int64_t, 50, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(temperature, temperature, double, 0.95, Supported, "grpo: rollout sampling temperature (0: greedy; verl uses 1.0). Other stages: no effect") \
+  X(top_p, top_p, double, 0.7, Supported, "grpo: rollout nucleus sampling (1: off; verl uses 1.0). Other stages: no effect") \
+  X(top_k, top_k, int64_t, 50, Supported, "grpo: rollout top-k filter (0: off; verl uses -1, off). Other stages: no effect") \
   X(num_beams, num_beams, int64_t, 1, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
   X(max_length, max_length, int64_t, 1024, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
-  X(max_new_tokens, max_new_tokens, int64_t, 1024, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
+  X(max_new_tokens, max_new_tokens, int64_t, 1024, Supported, "grpo: most tokens per rollout response. Other stages: no effect") \
   X(repetition_penalty, repetition_penalty, double, 1.0, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
   X(length_penalty, length_penalty, double, 1.0, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
   X(skip_special_tokens, skip_special_tokens, bool, true, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
@@ -404,3 +414,21 @@
   A(tensor_model_parallel_size, tensor_parallel_size)                                                               \
   A(pipeline_model_parallel_size, pipeline_parallel_size)                                                           \
   A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)
+
+// Longer notes docs/CONFIG.md adds after the tables, one section per topic.
+inline constexpr const char* kConfigNotes = R"(## Rewards (stage grpo)
+
+`reward` lists one or more rewards, comma-separated; a response's reward is their sum. A comma
+starts a new reward only where a reward name follows it, so a regex or a command may hold commas.
+
+| reward | score of a response |
+|---|---|
+| `exact_match` | 1 when the decoded response, stripped of surrounding whitespace and the end-of-turn token, equals the dataset's answer (alpaca `output`, the sharegpt assistant turn, or `answer` of `{prompt, answer}` JSONL) stripped the same way; else 0. Also logged as `accuracy` whatever the reward |
+| `gsm8k` | 1 when the number after the response's first `#### ` equals the answer's (the number after its `#### `, or the whole answer), commas removed, as verl's gsm8k reward; else 0 |
+| `boxed` | 1 when the response's last `oxed{...}` (nested braces) equals the answer's last `oxed{}` (or the answer itself) as a number (`1/2` = `0.5`, `1,000` = `1000`), or as text when either is not a number; else 0 |
+| `format:REGEX` | 1 when REGEX (PCRE2) matches somewhere in the response, else 0 (anchor it with `^...$` for the whole response) |
+| `command:CMD` | CMD runs through `/bin/sh` once per step and rank; its stdin holds one JSON line per response, `{"prompt": ..., "response": ..., "answer": ...}`, and it prints one number per line, in order. A non-zero exit, a line that is not a number, or a count other than the responses' stops the run naming the command and the line |
+| `model:PATH` | a `stage: rm` output folder (value_head.safetensors, or v_head.* in its weights): the value head's score at the last token of prompt + response, as `fabrica score` computes it. It must share the policy's tokenizer |
+
+Example: `reward: gsm8k,format:^.*#### -?[0-9]+$` gives 2 to a right answer in the right format.
+)";

@@ -216,13 +216,48 @@ void check_preference_keys(const TrainConfig& c, Require& require) {
   require(!preference || (!c.packing && !c.neat_packing), format("packing is for pt and sft, not stage {}", c.stage));
 }
 
+// stage grpo's settings, with the ranges verl's config checks.
+template <typename Require>
+void check_grpo_keys(const TrainConfig& c, Require& require) {
+  require(c.num_generations >= 1, format("num_generations must be at least 1, got {}", c.num_generations));
+  require(c.clip_ratio_low >= 0 && c.clip_ratio_low < 1, format("clip_ratio_low must be in [0, 1), got {}", c.clip_ratio_low));
+  require(c.clip_ratio_high >= 0, format("clip_ratio_high must be >= 0, got {}", c.clip_ratio_high));
+  require(c.clip_ratio_c > 1, format("clip_ratio_c must be greater than 1 (verl's dual-clip), got {}", c.clip_ratio_c));
+  require(c.loss_agg_mode == "token-mean" || c.loss_agg_mode == "seq-mean-token-sum" ||
+              c.loss_agg_mode == "seq-mean-token-mean",
+          format("loss_agg_mode \"{}\" must be token-mean, seq-mean-token-sum or seq-mean-token-mean", c.loss_agg_mode));
+  const std::string& k = c.kl_loss_type;
+  require(k == "k1" || k == "kl" || k == "k2" || k == "mse" || k == "k3" || k == "low_var_kl",
+          format("kl_loss_type \"{}\" must be k1 (kl), k2 (mse) or k3 (low_var_kl)", k));
+  require(c.kl_loss_coef >= 0, format("kl_loss_coef must be >= 0, got {}", c.kl_loss_coef));
+  require(c.ppo_epochs >= 1, format("ppo_epochs must be at least 1, got {}", c.ppo_epochs));
+  require(c.ppo_mini_batch_size >= 0, format("ppo_mini_batch_size must be >= 0, got {}", c.ppo_mini_batch_size));
+  require(c.temperature >= 0, format("temperature must be >= 0, got {}", c.temperature));
+  require(c.top_p > 0 && c.top_p <= 1, format("top_p must be in (0, 1], got {}", c.top_p));
+  require(c.top_k >= 0, format("top_k must be >= 0 (0: off), got {}", c.top_k));
+  require(c.max_new_tokens >= 1, format("max_new_tokens must be at least 1, got {}", c.max_new_tokens));
+  if (c.stage != "grpo") return;
+  require(!c.reward.empty(), "stage grpo needs reward (e.g. exact_match, gsm8k, boxed, format:REGEX, command:CMD, "
+                             "model:PATH)");
+  require(c.ppo_mini_batch_size == 0 || c.per_device_train_batch_size % c.ppo_mini_batch_size == 0,
+          format("ppo_mini_batch_size {} must divide per_device_train_batch_size {} (both count prompts)",
+                 c.ppo_mini_batch_size, c.per_device_train_batch_size));
+  require(c.gradient_accumulation_steps == 1,
+          "stage grpo takes gradient_accumulation_steps 1: a step's prompts are per_device_train_batch_size, and "
+          "ppo_mini_batch_size cuts them into optimizer steps");
+  require(!c.packing && !c.neat_packing && !c.train_on_prompt, "stage grpo reads prompts: no packing, no train_on_prompt");
+  require(c.eval_strategy == "no", "eval_strategy with stage grpo is not implemented in Fabrica yet (set it to no)");
+}
+
 void check_values(const TrainConfig& c, const std::string& source, Problems& problems) {
   auto require = [&](bool ok, const std::string& text) {
     if (!ok) problems.add(source + ": " + text);
   };
-  require(c.stage == "pt" || c.stage == "sft" || c.stage == "dpo" || c.stage == "kto" || c.stage == "rm",
-          format("stage \"{}\" is not implemented in Fabrica yet (pt, sft, dpo, kto and rm are)", c.stage));
+  require(c.stage == "pt" || c.stage == "sft" || c.stage == "dpo" || c.stage == "kto" || c.stage == "rm" ||
+              c.stage == "grpo",
+          format("stage \"{}\" is not implemented in Fabrica yet (pt, sft, dpo, kto, rm and grpo are)", c.stage));
   check_preference_keys(c, require);
+  check_grpo_keys(c, require);
   require(c.finetuning_type == "full" || c.finetuning_type == "lora" || c.finetuning_type == "freeze",
           format("finetuning_type \"{}\": expected full, lora or freeze", c.finetuning_type));
   require(c.lora_rank > 0, format("lora_rank must be positive, got {}", c.lora_rank));
@@ -420,6 +455,7 @@ std::string config_reference_markdown() {
 #define FAB_CONFIG_ALIAS_ROW(alias, target) md << "| `" << #alias << "` | `" << #target << "` |\n";
   FAB_CONFIG_ALIASES(FAB_CONFIG_ALIAS_ROW)
 #undef FAB_CONFIG_ALIAS_ROW
+  md << "\n" << kConfigNotes;
   return md.str();
 }
 

@@ -17,7 +17,7 @@ constexpr size_t kMaxWarnings = 5;
 // Fabrica extension: a dataset given by path has no dataset_info.json entry, so its columns are
 // guessed from the first record: sharegpt when it has "conversations" or "messages" (with
 // role/content tags when its messages use them), a pretraining text when it has only "text",
-// otherwise alpaca; "chosen" and "rejected" make it a ranking dataset.
+// {"prompt", "answer"} records an alpaca dataset of those columns, otherwise alpaca; "chosen" and "rejected" make it a ranking dataset.
 void guess_columns(const Json& first, DatasetAttr* attr) {
   auto has = [&](const char* key) { return first.contains(key); };
   if (has("conversations") || has("messages")) {
@@ -31,6 +31,8 @@ void guess_columns(const Json& first, DatasetAttr* attr) {
   } else {
     attr->formatting = "alpaca";
     if (has("text") && !has("instruction")) attr->prompt = "text", attr->query = attr->response = std::nullopt;
+    if (has("prompt") && has("answer") && !has("instruction"))  // {prompt, answer} (stage grpo's JSONL)
+      attr->prompt = "prompt", attr->query = std::nullopt, attr->response = "answer";
     if (has("history")) attr->history = "history";
   }
   if (has("system")) attr->system = "system";

@@ -1,6 +1,7 @@
 #include "nn/sequence_logps.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/profiler.h"
@@ -82,6 +83,89 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
         k.cross_entropy_chunk(logits.data<float>() + at, y + first, count, vocab, -(*grad)[size_t(s)],
                               bf16 ? dz_bf16.data<fab::bf16>() + at : nullptr);
       });
+      const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
+      gemm(k, dz, false, w_compute, false, dh + r0 * c, n, c, vocab, true);
+      if (head.weight->requires_grad)  // a frozen head (LoRA's base) gets no gradient
+        gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
+    }
+  });
+  return out;
+}
+
+namespace {
+
+// H = -Σ p log p of the softmax of z, as lse(z) - Σ p z (shifted by the max for range).
+double row_entropy(const float* z, int64_t vocab) {
+  const float mx = *std::max_element(z, z + vocab);
+  double sum = 0, weighted = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    const double e = std::exp(double(z[j] - mx));
+    sum += e;
+    weighted += e * double(z[j] - mx);
+  }
+  return std::log(sum) - weighted / sum;
+}
+
+}  // namespace
+
+// Forward: log p(y_r) = -(lse(z_r) - z_r[y_r]), cross_entropy_chunk's loss of the one row, negated.
+// Backward, with g_r = dL/d logp_r: dL/dz_r = -g_r (softmax(z_r) - onehot(y_r)), the kernel's
+// gradient with scale -g_r, row by row; then dh = dz W and dW += dz^T h as in sequence_logps.
+TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets, bool with_entropy,
+                       int64_t chunk_rows) {
+  ProfileScope profile("token_logps");
+  const Tensor& w = head.weight->value;
+  const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
+  FAB_CHECK(targets.numel() == rows, "{} targets for {} rows", targets.numel(), rows);
+  const KernelTable& k = kernels_for(w);
+  const bool bf16 = head.weight_bf16.defined();
+  const Tensor& w_compute = bf16 ? head.weight_bf16 : w;
+  chunk_rows = std::min(chunk_rows, rows);
+  auto hidden_compute = [hidden, bf16, rows, c] {
+    return bf16 ? to_bf16(hidden->value.reshape({rows, c}), MemoryCategory::temporaries)
+                : hidden->value.reshape({rows, c});
+  };
+  TokenLogps out;
+  out.logp.assign(size_t(rows), 0.0);
+  if (with_entropy) out.entropy.assign(size_t(rows), 0.0);
+  out.grad = std::make_shared<std::vector<float>>(size_t(rows), 0.0f);
+  const int64_t* y = targets.data<int64_t>();
+  {
+    const Tensor h = hidden_compute();
+    Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - r0);
+      gemm(k, h.view(r0 * c, {n, c}), false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        if (y[r] == -100) continue;
+        float* z = logits.data<float>() + (r - r0) * vocab;
+        if (with_entropy) out.entropy[size_t(r)] = row_entropy(z, vocab);
+        out.logp[size_t(r)] = -k.cross_entropy_chunk(z, y + r, 1, vocab, 0.0f, nullptr);
+      }
+    }
+  }
+  if (!tape.recording()) return out;
+  tape.push([hidden, head, targets, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
+    ProfileScope profile("token_logps backward");
+    const Tensor& w = head.weight->value;
+    const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
+    const KernelTable& k = kernels_for(w);
+    const bool bf16 = head.weight_bf16.defined();
+    const Tensor h = hidden_compute();
+    Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
+    Tensor dz_bf16 =
+        bf16 ? Tensor::empty({chunk_rows, vocab}, DType::bf16, MemoryCategory::temporaries, w.device()) : Tensor();
+    float* dh = grad_of(hidden).data<float>();
+    const int64_t* y = targets.data<int64_t>();
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const int64_t n = std::min(chunk_rows, rows - r0);
+      const Tensor h_chunk = h.view(r0 * c, {n, c});
+      gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        const int64_t at = (r - r0) * vocab;
+        k.cross_entropy_chunk(logits.data<float>() + at, y + r, 1, vocab, -(*grad)[size_t(r)],
+                              bf16 ? dz_bf16.data<fab::bf16>() + at : nullptr);
+      }
       const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
       gemm(k, dz, false, w_compute, false, dh + r0 * c, n, c, vocab, true);
       if (head.weight->requires_grad)  // a frozen head (LoRA's base) gets no gradient

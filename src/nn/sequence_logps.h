@@ -4,6 +4,7 @@
 // both sequences' values first):
 //   sequence_logps: sum over a sequence's targets of log p(target), through the output head,
 //                   chunked like lm_head_cross_entropy (never the full (B*T, V) logits);
+//   token_logps:    log p(target) of every row, the same way, for per-token losses (GRPO);
 //   row_scores:     a scalar head (the reward model's value head) read at one row per sequence.
 #include <cstdint>
 #include <memory>
@@ -24,6 +25,18 @@ struct SequenceLogps {
 // (-100: not a target). Backward recomputes each chunk's logits, so only one chunk exists at a time.
 SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets,
                              int64_t sequences, int64_t chunk_rows = 1024);
+
+struct TokenLogps {
+  std::vector<double> logp;     // log p(y_r) of each row (0 where the row has no target)
+  std::vector<double> entropy;  // -Σ_v p_v log p_v of each target row's distribution (when asked)
+  // dL/d logp of each row: fill before tape.backward() (zeros: no gradient).
+  std::shared_ptr<std::vector<float>> grad;
+};
+
+// The per-token form of sequence_logps, for losses of each token (GRPO): the same chunked head,
+// one log-probability and one upstream gradient per row.
+TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets, bool with_entropy,
+                       int64_t chunk_rows = 1024);
 
 struct RowScores {
   std::vector<double> value;                 // w · hidden[row] + b for each chosen row

@@ -130,6 +130,8 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0);
   objective_ = make_stage_objective(
       config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
+  if (config_.stage == "grpo")
+    grpo_ = std::make_unique<GrpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
   if (objective_) {
     train_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
     eval_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
@@ -180,6 +182,7 @@ std::pair<double, double> Trainer::count_step(int64_t micro_batches) const {
 // count of the whole global step, as HF does (num_items_in_batch), so accumulation and data
 // parallelism both equal one big batch. Micro-batches are collated when they are used.
 double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens) {
+  if (grpo_) return grpo_train_step(step, lr, grad_norm, tokens);
   const int64_t micro_batches = config_.gradient_accumulation_steps;
   const auto [my_targets, my_tokens] = count_step(micro_batches);
   double counts[2] = {my_targets, my_tokens};  // summed over the group
@@ -224,6 +227,21 @@ double Trainer::train_step(int64_t step, double lr, double* grad_norm, int64_t* 
                                      std::isnan(*grad_norm) ? "NaN" : "infinite"));
   dp_->optimizer_step(float(lr));
   return targets > 0 ? sums[0] / targets : 0.0;
+}
+
+// stage grpo: the stop and timed-save flags agreed over the ranks, then the stage's rollouts and
+// optimizer updates (it checks their losses and gradient norms itself).
+double Trainer::grpo_train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens) {
+  double flags[2] = {double(g_stop_signal != 0), double(main_ && timed_save_due())};
+  group_->all_reduce(flags, 2, "stop request and timed save").wait();
+  stop_requested_ = flags[0] > 0;
+  save_due_ = flags[1] > 0;
+  model_->set_dropout_seed((uint64_t(config_.seed) * 1000003u + uint64_t(group_->rank())) * 0x100000001b3ull +
+                           uint64_t(step));
+  const GrpoStepResult r = grpo_->step(step, sampler_->next_batch(), lr);
+  *grad_norm = r.grad_norm;
+  *tokens += r.tokens;
+  return r.loss;
 }
 
 double Trainer::skip_or_stop(int64_t step, const std::string& what) {
@@ -324,6 +342,11 @@ double Trainer::evaluate_stage() {
 
 // The preference stage's metrics since the last log (and of the evaluation just run): collective.
 nlohmann::json Trainer::stage_metrics(double eval_loss) {
+  if (grpo_) {
+    nlohmann::json j = grpo_->metrics_json();
+    j.update(grpo_->memory_json());
+    return j;
+  }
   if (!objective_) return nlohmann::json::object();
   train_metrics_->all_reduce(*group_);
   nlohmann::json j = objective_->metrics_json(*train_metrics_, "");
@@ -521,6 +544,7 @@ bool Trainer::run() {
     objective_->prepare(*model_, *group_);
     dp_->release_gathered_parameters();
   }
+  if (grpo_) grpo_->prepare();  // likewise
   if (resuming) resume(checkpoint);
   // Only now: a resume that fails leaves the earlier run's train_config.yaml as it was.
   if (main_) {

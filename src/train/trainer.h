@@ -20,6 +20,7 @@
 #include "train/checkpoint.h"
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
+#include "train/grpo_stage.h"
 #include "train/stage_objective.h"
 
 namespace fab {
@@ -28,6 +29,7 @@ struct TrainData {
   TokenSequences train, eval;
   int32_t pad_id = 0;  // fills the end of shorter samples in a batch (their labels are -100)
   std::vector<uint8_t> train_desirable = {}, eval_desirable = {};  // kto: each example's tag
+  GrpoEnvironment grpo = {};  // grpo: the tokenizer and stop ids of rollouts
 };
 
 struct StepRecord {
@@ -57,6 +59,7 @@ class Trainer {
  private:
   double train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
   double pipeline_step(int64_t micro_batches, float scale);
+  double grpo_train_step(int64_t step, double lr, double* grad_norm, int64_t* tokens);
   double eval_loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout);
   nlohmann::json pipeline_metrics();
   double micro_batch(float loss_scale);
@@ -106,6 +109,7 @@ class Trainer {
   // log, and those of the last evaluation.
   std::unique_ptr<StageObjective> objective_;
   std::unique_ptr<StageMetrics> train_metrics_, eval_metrics_;
+  std::unique_ptr<GrpoStage> grpo_;  // stage grpo: rollouts and its updates replace the micro-batches
 };
 
 // Steps of a run as HF's Trainer counts them: max_steps when > 0, else

@@ -1,0 +1,164 @@
+#include "train/grpo_loss.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "core/error.h"
+
+namespace fab {
+namespace {
+
+// The weight of each token of response i in the aggregate (the loss is linear in the token losses).
+std::vector<double> token_weights(const std::vector<ResponseTokens>& responses, LossAggMode mode) {
+  int64_t tokens = 0, nonempty = 0;
+  for (const ResponseTokens& r : responses) {
+    tokens += int64_t(r.logp.size());
+    nonempty += r.logp.empty() ? 0 : 1;
+  }
+  std::vector<double> w(responses.size(), 0.0);
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const double n = double(responses[i].logp.size());
+    if (n == 0) continue;
+    switch (mode) {
+      case LossAggMode::token_mean: w[i] = 1.0 / double(tokens); break;         // Σ l / Σ mask
+      case LossAggMode::seq_mean_token_sum: w[i] = 1.0 / double(responses.size()); break;  // mean_i Σ_t l
+      case LossAggMode::seq_mean_token_mean: w[i] = 1.0 / (double(nonempty) * n); break;   // mean_i mean_t l
+    }
+  }
+  return w;
+}
+
+struct TokenPg {
+  double loss = 0, d_logp = 0, neg_kl = 0;
+  bool clipped = false, clipped_lower = false;
+};
+
+// verl's compute_policy_loss for one token, A the advantage:
+//   x = clamp(logp - old, -20, 20), ratio = e^x
+//   l1 = -A ratio, l2 = -A clamp(ratio, 1 - lo, 1 + hi), m = max(l1, l2)
+//   l3 = -A c; loss = A < 0 ? min(m, l3) : m
+// Derivative: d ratio / d logp = ratio inside the clamp, else 0; dl1 = -A ratio'; l2 moves with
+// ratio only inside its range, where it equals l1 (torch's max splits a tie's gradient evenly, so
+// the sum is dl1 either way); l3 is constant. Ties of m and l3 split evenly too.
+TokenPg token_policy_loss(double logp, double old_logp, double a, const GrpoLossOptions& o) {
+  TokenPg t;
+  const double raw = logp - old_logp;
+  const double x = std::clamp(raw, -20.0, 20.0);
+  const double ratio = std::exp(x);
+  const double d_ratio = (raw >= -20.0 && raw <= 20.0) ? ratio : 0.0;
+  t.neg_kl = x;
+  const double lo = 1.0 - o.clip_ratio_low, hi = 1.0 + o.clip_ratio_high;
+  const double l1 = -a * ratio, l2 = -a * std::clamp(ratio, lo, hi);
+  const double dl1 = -a * d_ratio, dl2 = (ratio >= lo && ratio <= hi) ? dl1 : 0.0;
+  const double m = std::max(l1, l2);
+  const double dm = l1 > l2 ? dl1 : l2 > l1 ? dl2 : 0.5 * (dl1 + dl2);
+  t.clipped = l2 > l1;
+  t.loss = m;
+  t.d_logp = dm;
+  if (a < 0) {
+    const double l3 = -a * o.clip_ratio_c;
+    t.clipped_lower = m > l3;
+    t.loss = std::min(m, l3);
+    t.d_logp = m < l3 ? dm : m > l3 ? 0.0 : 0.5 * dm;
+  }
+  return t;
+}
+
+}  // namespace
+
+LossAggMode parse_loss_agg_mode(const std::string& name) {
+  if (name == "token-mean") return LossAggMode::token_mean;
+  if (name == "seq-mean-token-sum") return LossAggMode::seq_mean_token_sum;
+  if (name == "seq-mean-token-mean") return LossAggMode::seq_mean_token_mean;
+  throw UserError(format("loss_agg_mode: expected token-mean, seq-mean-token-sum or seq-mean-token-mean, got \"{}\"",
+                         name));
+}
+
+KlType parse_kl_type(const std::string& name) {
+  if (name == "k1" || name == "kl") return KlType::k1;
+  if (name == "k2" || name == "mse") return KlType::k2;
+  if (name == "k3" || name == "low_var_kl") return KlType::k3;
+  throw UserError(format("kl_loss_type: expected k1 (kl), k2 (mse) or k3 (low_var_kl), got \"{}\"", name));
+}
+
+std::vector<double> group_advantages(const std::vector<double>& rewards, const std::vector<int64_t>& group,
+                                     bool norm_by_std, double epsilon) {
+  FAB_CHECK(rewards.size() == group.size(), "{} rewards for {} group ids", rewards.size(), group.size());
+  std::map<int64_t, std::vector<double>> members;
+  for (size_t i = 0; i < rewards.size(); ++i) members[group[i]].push_back(rewards[i]);
+  std::map<int64_t, std::pair<double, double>> stats;  // mean, std
+  for (const auto& [id, r] : members) {
+    if (r.size() == 1) {
+      stats[id] = {0.0, 1.0};
+      continue;
+    }
+    double mean = 0, var = 0;
+    for (double x : r) mean += x / double(r.size());
+    for (double x : r) var += (x - mean) * (x - mean) / double(r.size() - 1);
+    stats[id] = {mean, std::sqrt(var)};
+  }
+  std::vector<double> out(rewards.size());
+  for (size_t i = 0; i < rewards.size(); ++i) {
+    const auto [mean, std] = stats[group[i]];
+    out[i] = norm_by_std ? (rewards[i] - mean) / (std + epsilon) : rewards[i] - mean;
+  }
+  return out;
+}
+
+// Derivatives: k1' = 1; k2' = logp - ref; k3 with x = ref - logp: d(e^x - x - 1)/dlogp =
+// -(e^x - 1) = 1 - e^x inside both clamps (torch's clamp passes the gradient at its bounds), else 0.
+KlTerm kl_penalty(double logp, double ref_logp, KlType type) {
+  const double d = logp - ref_logp;
+  switch (type) {
+    case KlType::k1: return {d, 1.0};
+    case KlType::k2: return {0.5 * d * d, d};
+    case KlType::k3: {
+      const double raw = ref_logp - logp;
+      const double x = std::clamp(raw, -20.0, 20.0);
+      const double kld = std::exp(x) - x - 1.0;
+      const bool live = raw >= -20.0 && raw <= 20.0 && kld >= -10.0 && kld <= 10.0;
+      return {std::clamp(kld, -10.0, 10.0), live ? 1.0 - std::exp(x) : 0.0};
+    }
+  }
+  return {};
+}
+
+GrpoLossResult grpo_loss(const std::vector<ResponseTokens>& responses, const GrpoLossOptions& o) {
+  GrpoLossResult out;
+  const std::vector<double> w = token_weights(responses, o.loss_agg_mode);
+  const bool with_kl = o.kl_loss_coef != 0;
+  int64_t tokens = 0;
+  out.d_logp.resize(responses.size());
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const ResponseTokens& r = responses[i];
+    FAB_CHECK(r.old_logp.size() == r.logp.size() && (!with_kl || r.ref_logp.size() == r.logp.size()),
+              "response {}: {} log-probabilities, {} old, {} reference", i, r.logp.size(), r.old_logp.size(),
+              r.ref_logp.size());
+    out.d_logp[i].assign(r.logp.size(), 0.0);
+    for (size_t t = 0; t < r.logp.size(); ++t) {
+      const TokenPg pg = token_policy_loss(r.logp[t], r.old_logp[t], r.advantage, o);
+      out.pg_loss += w[i] * pg.loss;
+      double d = pg.d_logp;
+      if (with_kl) {
+        const KlTerm kl = kl_penalty(r.logp[t], r.ref_logp[t], o.kl_loss_type);
+        out.kl_loss += w[i] * kl.value;
+        d += o.kl_loss_coef * kl.d_logp;
+      }
+      out.d_logp[i][t] = w[i] * d;
+      out.pg_clipfrac += pg.clipped ? 1.0 : 0.0;
+      out.pg_clipfrac_lower += pg.clipped_lower ? 1.0 : 0.0;
+      out.ppo_kl += -pg.neg_kl;
+      ++tokens;
+    }
+  }
+  out.loss = out.pg_loss + o.kl_loss_coef * out.kl_loss;
+  if (tokens > 0) {
+    out.pg_clipfrac /= double(tokens);
+    out.pg_clipfrac_lower /= double(tokens);
+    out.ppo_kl /= double(tokens);
+  }
+  return out;
+}
+
+}  // namespace fab

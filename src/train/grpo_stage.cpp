@@ -1,0 +1,335 @@
+#include "train/grpo_stage.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "dataset/template.h"
+#include "dataset/tokenizer_encoder.h"
+#include "infer/rollout.h"
+#include "nn/sequence_logps.h"
+
+namespace fab {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Means over the window's responses (or tokens, or updates), then the per-step figures.
+enum GrpoMetric : size_t {
+  kRewardMean, kAccuracy, kResponseLength, kResponseClip, kAdvantageMean, kEntropy, kPgLoss, kKl, kPgClipfrac,
+  kPgClipfracLower, kPpoKl, kTimeGen, kTimeOld, kTimeRef, kTimeUpdate, kRolloutTokensPerS, kNumGrpoMetrics
+};
+
+const std::vector<std::string>& grpo_metric_names() {
+  static const std::vector<std::string> names = {
+      "reward_mean",    "accuracy",     "response_length_mean", "response_clip_ratio", "advantages_mean",
+      "entropy",        "pg_loss",      "kl",                   "pg_clipfrac",         "pg_clipfrac_lower",
+      "ppo_kl",         "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref",       "timing_s/update_actor",
+      "rollout_tokens_per_s"};
+  return names;
+}
+
+// Responses [first, first + count) of the rollout batch (fewer at its end).
+std::vector<const RolloutSequence*> mini_batch(const std::vector<RolloutSequence>& all, size_t first, size_t count) {
+  std::vector<const RolloutSequence*> rows;
+  for (size_t i = first; i < std::min(all.size(), first + count); ++i) rows.push_back(&all[i]);
+  return rows;
+}
+
+// Row of the logits that predicts response token k of sequence i: (i, P - 1 + k) of (B, T).
+int64_t response_row(int64_t i, int64_t seq, const RolloutSequence& r, size_t k) {
+  return i * seq + int64_t(r.prompt.size()) - 1 + int64_t(k);
+}
+
+}  // namespace
+
+GrpoEnvironment grpo_environment(const TrainConfig& c, const Tokenizer& tokenizer) {
+  const TokenizerEncoder encoder(tokenizer);
+  TemplateOptions options;
+  options.enable_thinking = c.enable_thinking;
+  const ChatTemplate chat(get_template(c.chat_template), encoder, options);
+  GrpoEnvironment env{&tokenizer, {chat.eos_id()}, chat.eos_token()};
+  if (tokenizer.eos_id() && *tokenizer.eos_id() != chat.eos_id()) env.stop_ids.push_back(*tokenizer.eos_id());
+  return env;
+}
+
+std::vector<GrpoPrompt> grpo_prompts(const TokenSequences& rows, const GrpoEnvironment& env) {
+  std::vector<GrpoPrompt> out;
+  for (int64_t i = 0; i < rows.size(); ++i) {
+    const int64_t begin = rows.offsets[size_t(i)], end = rows.offsets[size_t(i) + 1];
+    GrpoPrompt p;
+    std::vector<int32_t> answer;
+    for (int64_t t = begin; t < end; ++t) {
+      if (rows.labels[size_t(t)] == -100 && answer.empty()) p.ids.push_back(rows.tokens[size_t(t)]);
+      else answer.push_back(rows.tokens[size_t(t)]);
+    }
+    FAB_USER_CHECK(!p.ids.empty(), "stage grpo: training sample {} has no prompt tokens", i);
+    p.answer = strip_response(env.tokenizer->decode(answer, true), env.eos_token);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t pad_id) {
+  TokenSequencesBuilder builder;
+  std::vector<int64_t> index;
+  for (const RolloutSequence* r : rows) {
+    std::vector<int32_t> ids = r->prompt, labels(r->prompt.size(), -100);
+    ids.insert(ids.end(), r->response.begin(), r->response.end());
+    labels.insert(labels.end(), r->response.begin(), r->response.end());
+    index.push_back(builder.size());
+    builder.add(ids, labels);
+  }
+  return collate(builder.finish(), index, pad_id);
+}
+
+std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::vector<const RolloutSequence*>& rows,
+                                                int32_t pad_id, double* entropy_sum) {
+  const Batch batch = collate_rollouts(rows, pad_id);
+  const Tensor targets = model.shifted_labels(batch.labels);
+  const int64_t seq = batch.ids.dim(1);
+  std::vector<std::vector<double>> out(rows.size());
+  model.forward_with_head(batch.ids, false, [&](Tape& tape, const Var& hidden) {
+    const TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, entropy_sum != nullptr);
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (size_t k = 0; k < rows[i]->response.size(); ++k) {
+        const size_t row = size_t(response_row(int64_t(i), seq, *rows[i], k));
+        out[i].push_back(lp.logp[row]);
+        if (entropy_sum) *entropy_sum += lp.entropy[row];
+      }
+    return 0.0;
+  });
+  return out;
+}
+
+GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const RolloutSequence*>& rows,
+                              const GrpoLossOptions& options, int32_t pad_id, float scale, bool with_grad) {
+  const Batch batch = collate_rollouts(rows, pad_id);
+  const Tensor targets = model.shifted_labels(batch.labels);
+  const int64_t seq = batch.ids.dim(1);
+  GrpoLossResult result;
+  model.forward_with_head(batch.ids, with_grad, [&](Tape& tape, const Var& hidden) {
+    TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, false);
+    std::vector<ResponseTokens> tokens(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      tokens[i].old_logp = rows[i]->old_logp;
+      tokens[i].ref_logp = rows[i]->ref_logp;
+      tokens[i].advantage = rows[i]->advantage;
+      for (size_t k = 0; k < rows[i]->response.size(); ++k)
+        tokens[i].logp.push_back(lp.logp[size_t(response_row(int64_t(i), seq, *rows[i], k))]);
+    }
+    result = grpo_loss(tokens, options);
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (size_t k = 0; k < rows[i]->response.size(); ++k)
+        (*lp.grad)[size_t(response_row(int64_t(i), seq, *rows[i], k))] = float(scale * result.d_logp[i][k]);
+    return result.loss;
+  });
+  return result;
+}
+
+GrpoLossOptions grpo_loss_options(const TrainConfig& c) {
+  GrpoLossOptions o;
+  o.clip_ratio_low = c.clip_ratio_low;
+  o.clip_ratio_high = c.clip_ratio_high;
+  o.clip_ratio_c = c.clip_ratio_c;
+  o.loss_agg_mode = parse_loss_agg_mode(c.loss_agg_mode);
+  o.kl_loss_coef = c.kl_loss_coef;
+  o.kl_loss_type = parse_kl_type(c.kl_loss_type);
+  return o;
+}
+
+uint64_t rollout_seed(uint64_t seed, int64_t step, int64_t prompt, int64_t sample) {
+  uint64_t h = seed * 0x9e3779b97f4a7c15ull;
+  for (uint64_t part : {uint64_t(step), uint64_t(prompt), uint64_t(sample)}) {
+    h ^= part + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h = (h ^ (h >> 31)) * 0xbf58476d1ce4e5b9ull;
+  }
+  return h;
+}
+
+GrpoStage::GrpoStage(const TrainConfig& config, DecoderModel& model, DataParallel& dp, Communicator& group,
+                     const TokenSequences& train, GrpoEnvironment env, int32_t pad_id)
+    : config_(config),
+      model_(model),
+      dp_(dp),
+      group_(group),
+      prompts_(grpo_prompts(train, env)),
+      env_(std::move(env)),
+      pad_id_(pad_id),
+      loss_options_(grpo_loss_options(config)),
+      rewards_(std::make_unique<Rewards>(config.reward, pad_id)),
+      means_(grpo_metric_names()),
+      extremes_(4, -INFINITY) {}
+
+GrpoStage::~GrpoStage() = default;
+
+void GrpoStage::prepare() {
+  if (loss_options_.kl_loss_coef == 0 || model_.lora().enabled() || reference_weights_.defined()) return;
+  reference_weights_ = model_.params().values().clone(MemoryCategory::parameters);
+}
+
+std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector<int64_t>& prompts) {
+  const int64_t n = config_.num_generations;
+  std::vector<RolloutRequest> requests;
+  for (int64_t p : prompts)
+    for (int64_t j = 0; j < n; ++j) requests.push_back({prompts_[size_t(p)].ids, rollout_seed(uint64_t(config_.seed), step, p, j)});
+  SamplingOptions sampling;
+  sampling.max_new_tokens = config_.max_new_tokens;
+  sampling.temperature = config_.temperature;
+  sampling.top_p = config_.top_p;
+  sampling.top_k = config_.top_k;
+  sampling.stop_ids = env_.stop_ids;
+  RolloutStats stats;
+  const auto start = Clock::now();
+  const std::vector<RolloutOutput> outputs = rollout(model_, requests, sampling, int64_t(requests.size()), &stats);
+  const double seconds = seconds_since(start);
+  means_.add(kTimeGen, seconds);
+  means_.add(kRolloutTokensPerS, double(stats.generated_tokens) / std::max(seconds, 1e-9));
+  std::vector<RolloutSequence> rollouts(requests.size());
+  std::vector<RewardSample> samples(requests.size());
+  std::vector<int64_t> group(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GrpoPrompt& p = prompts_[size_t(prompts[i / size_t(n)])];
+    rollouts[i].prompt = p.ids;
+    rollouts[i].response = outputs[i].tokens;
+    FAB_CHECK(!rollouts[i].response.empty(), "rollout {}: no tokens generated", i);
+    samples[i] = {env_.tokenizer->decode(p.ids, true),
+                  strip_response(env_.tokenizer->decode(outputs[i].tokens, true), env_.eos_token), p.answer, p.ids,
+                  outputs[i].tokens};
+    group[i] = int64_t(i) / n;
+    means_.add(kResponseLength, double(outputs[i].tokens.size()));
+    means_.add(kResponseClip, outputs[i].stopped ? 0.0 : 1.0);
+    means_.add(kAccuracy, samples[i].response == samples[i].answer ? 1.0 : 0.0);
+  }
+  const std::vector<double> rewards = rewards_->score(samples);
+  const std::vector<double> advantages = group_advantages(rewards, group, config_.norm_adv_by_std);
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    rollouts[i].advantage = advantages[i];
+    means_.add(kRewardMean, rewards[i]);
+    means_.add(kAdvantageMean, advantages[i]);
+    extremes_[0] = std::max(extremes_[0], rewards[i]);
+    extremes_[1] = std::max(extremes_[1], advantages[i]);
+    extremes_[2] = std::max(extremes_[2], -rewards[i]);
+    extremes_[3] = std::max(extremes_[3], -advantages[i]);
+  }
+  return rollouts;
+}
+
+// The reference's log-probabilities: the adapters off under LoRA, else the start weights swapped
+// in (and back out) around the forward passes.
+void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
+  const bool lora = model_.lora().enabled();
+  auto swap_weights = [&] {
+    float* now = model_.params().values().data<float>();
+    std::swap_ranges(now, now + reference_weights_.numel(), reference_weights_.data<float>());
+    model_.weights_changed();
+  };
+  if (lora) model_.set_adapters_enabled(false);
+  else swap_weights();
+  try {
+    for (size_t first = 0; first < rollouts.size(); first += per_mini) {
+      const auto rows = mini_batch(rollouts, first, per_mini);
+      const auto logps = response_logps(model_, rows, pad_id_);
+      for (size_t i = 0; i < rows.size(); ++i) rollouts[first + i].ref_logp = logps[i];
+    }
+  } catch (...) {
+    if (lora) model_.set_adapters_enabled(true);
+    else swap_weights();
+    throw;
+  }
+  if (lora) model_.set_adapters_enabled(true);
+  else swap_weights();
+}
+
+// One optimizer step on `rows`; the loss and whether it is finite are agreed over the ranks first.
+double GrpoStage::update(const std::vector<const RolloutSequence*>& rows, double lr, double* grad_norm) {
+  dp_.begin_step(1);
+  dp_.begin_micro_batch(0);
+  const GrpoLossResult r =
+      grpo_minibatch(model_, rows, loss_options_, pad_id_, float(1.0 / double(group_.size())), true);
+  dp_.finish_gradients();
+  double sums[2] = {r.loss, std::isfinite(r.loss) ? 0.0 : 1.0};
+  group_.all_reduce(sums, 2, "grpo loss").wait();
+  FAB_USER_CHECK(sums[1] == 0, "stage grpo: the loss is not finite on {} rank(s); lower learning_rate or check the "
+                               "rewards", sums[1]);
+  *grad_norm = dp_.clip_grad_norm(config_.max_grad_norm);
+  FAB_USER_CHECK(std::isfinite(*grad_norm), "stage grpo: the gradient norm is not finite");
+  dp_.optimizer_step(float(lr));
+  means_.add(kPgLoss, r.pg_loss);
+  means_.add(kPgClipfrac, r.pg_clipfrac);
+  means_.add(kPgClipfracLower, r.pg_clipfrac_lower);
+  means_.add(kPpoKl, r.ppo_kl);
+  if (loss_options_.kl_loss_coef != 0) means_.add(kKl, r.kl_loss);
+  return sums[0] / double(group_.size());
+}
+
+GrpoStepResult GrpoStage::step(int64_t step, const std::vector<int64_t>& prompts, double lr) {
+  GrpoStepResult out;
+  std::vector<RolloutSequence> rollouts = roll_out(step, prompts);
+  const size_t per_mini = size_t(config_.num_generations) *
+                          size_t(config_.ppo_mini_batch_size > 0 ? config_.ppo_mini_batch_size
+                                                                 : config_.per_device_train_batch_size);
+  auto start = Clock::now();
+  double entropy = 0, tokens = 0;
+  for (size_t first = 0; first < rollouts.size(); first += per_mini) {
+    const auto rows = mini_batch(rollouts, first, per_mini);
+    const auto logps = response_logps(model_, rows, pad_id_, &entropy);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rollouts[first + i].old_logp = logps[i];
+      tokens += double(logps[i].size());
+    }
+  }
+  means_.add(kEntropy, entropy, tokens);
+  means_.add(kTimeOld, seconds_since(start));
+  if (loss_options_.kl_loss_coef != 0) {
+    start = Clock::now();
+    reference_logps(rollouts, per_mini);
+    means_.add(kTimeRef, seconds_since(start));
+  }
+  start = Clock::now();
+  double loss_sum = 0;
+  int64_t updates = 0;
+  for (int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch)
+    for (size_t first = 0; first < rollouts.size(); first += per_mini, ++updates)
+      loss_sum += update(mini_batch(rollouts, first, per_mini), lr, &out.grad_norm);
+  means_.add(kTimeUpdate, seconds_since(start));
+  double counted[1] = {0};
+  for (const RolloutSequence& r : rollouts) counted[0] += double(r.prompt.size() + r.response.size());
+  group_.all_reduce(counted, 1, "grpo tokens").wait();
+  out.tokens = int64_t(counted[0]);
+  out.loss = updates > 0 ? loss_sum / double(updates) : 0.0;
+  return out;
+}
+
+nlohmann::json GrpoStage::metrics_json() {
+  means_.all_reduce(group_);
+  std::vector<double> slots(4 * size_t(group_.size()), 0.0);
+  std::copy(extremes_.begin(), extremes_.end(), slots.begin() + 4 * group_.rank());
+  group_.all_reduce(slots.data(), int64_t(slots.size()), "grpo extremes").wait();
+  double most[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  for (int r = 0; r < group_.size(); ++r)
+    for (size_t k = 0; k < 4; ++k) most[k] = std::max(most[k], slots[4 * size_t(r) + k]);
+  nlohmann::json j = nlohmann::json::object();
+  for (size_t m = 0; m < kNumGrpoMetrics; ++m)
+    if (means_.has(m)) j[means_.names()[m]] = means_.mean(m);
+  if (std::isfinite(most[0])) {
+    j["reward_max"] = most[0];
+    j["advantages_max"] = most[1];
+    j["reward_min"] = -most[2];
+    j["advantages_min"] = -most[3];
+  }
+  means_.clear();
+  std::fill(extremes_.begin(), extremes_.end(), -INFINITY);
+  return j;
+}
+
+nlohmann::json GrpoStage::memory_json() const {
+  return {{"reference_weights_bytes", reference_weights_.defined() ? reference_weights_.numel() * 4 : 0}};
+}
+
+}  // namespace fab

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Reference of stage grpo's objective for Fabrica's tests, written from verl's published formulas
+(verl/trainer/ppo/core_algos.py: compute_grpo_outcome_advantage, compute_policy_loss with
+dual-clip, agg_loss, kl_penalty), gradients by torch autograd.
+
+A fixed batch of rollouts of make_reference.py's tiny Llama (prompts masked; responses of
+different lengths), with "old" and reference log-probabilities set near the policy's so that the
+ratio clip, the dual clip and the KL clamps are all reached. For each loss_agg_mode and each KL
+setting (none, k1, k2, k3): the loss and the gradient of every parameter. And the group-normalised
+advantages of groups of 1, 2 and 8 responses, with and without the std.
+
+usage: make_grpo_reference.py OUT_DIR    (writes OUT_DIR/grpo/)
+"""
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_reference import CONFIGS, IGNORE_INDEX, forward, init_params, param_names  # noqa: E402
+from safetensors_io import save_file  # noqa: E402
+
+CFG = dict(CONFIGS["llama"])
+SEED = 1818
+CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
+KL_COEF = 0.1
+AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KL_TYPES = ["none", "k1", "k2", "k3"]
+
+
+def group_advantages(scores, index, norm_by_std, eps=1e-6):
+    """verl's GRPO outcome advantage: a group of one has mean 0 and std 1."""
+    out = scores.clone()
+    for g in sorted(set(index)):
+        members = [i for i, x in enumerate(index) if x == g]
+        s = scores[members]
+        if len(members) == 1:
+            mean, std = torch.tensor(0.0, dtype=s.dtype), torch.tensor(1.0, dtype=s.dtype)
+        else:
+            mean, std = s.mean(), s.std()  # unbiased
+        out[members] = (s - mean) / (std + eps) if norm_by_std else s - mean
+    return out
+
+
+def masked_mean(x, mask):
+    return (x * mask).sum() / mask.sum()
+
+
+def agg_loss(loss_mat, mask, mode):
+    if mode == "token-mean":
+        return masked_mean(loss_mat, mask)
+    seq_sum = (loss_mat * mask).sum(-1)
+    if mode == "seq-mean-token-sum":
+        return seq_sum.mean()
+    return (seq_sum / mask.sum(-1)).mean()
+
+
+def kl_penalty(logp, ref, kind):
+    if kind == "k1":
+        return logp - ref
+    if kind == "k2":
+        return 0.5 * (logp - ref).square()
+    kl = torch.clamp(ref - logp, min=-20, max=20)
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
+def policy_loss(logp, old, adv, mask, mode):
+    neg_kl = torch.clamp(logp - old, min=-20.0, max=20.0)
+    ratio = torch.exp(neg_kl)
+    l1 = -adv * ratio
+    l2 = -adv * torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH)
+    clip1 = torch.maximum(l1, l2)
+    l3 = -adv * CLIP_C
+    clip2 = torch.minimum(l3, clip1)
+    losses = torch.where(adv < 0, clip2, clip1)
+    clipfrac = masked_mean(torch.gt(l2, l1).double(), mask)
+    lower = masked_mean((torch.gt(clip1, l3) & (adv < 0)).double(), mask)
+    return agg_loss(losses, mask, mode), clipfrac, lower
+
+
+def token_logps(params, ids, labels):
+    """log p of each target (position t predicts token t + 1), (B, T - 1), and the target mask."""
+    logits = forward(CFG, params, ids).double()
+    lp = logits[:, :-1].log_softmax(-1)
+    target = labels[:, 1:]
+    mask = (target != IGNORE_INDEX).double()
+    return torch.gather(lp, 2, target.clamp(min=0).unsqueeze(2)).squeeze(2) * mask, mask
+
+
+def make_rollouts(g):
+    prompts = [3, 4, 5, 3, 4, 6]
+    responses = [5, 2, 7, 4, 8, 3]
+    t = max(p + r for p, r in zip(prompts, responses))
+    n = len(prompts)
+    ids = torch.zeros(n, t, dtype=torch.int64)
+    labels = torch.full((n, t), IGNORE_INDEX, dtype=torch.int64)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        row = torch.randint(3, CFG["vocab_size"], (p + r,), generator=g)
+        ids[i, : p + r] = row
+        labels[i, p : p + r] = row[p:]
+    return ids, labels, torch.tensor(prompts), torch.tensor(responses)
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = os.path.join(argv[1], "grpo")
+    os.makedirs(out, exist_ok=True)
+    g = torch.Generator().manual_seed(SEED)
+    init = init_params(CFG, SEED)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(CFG, f, indent=2)
+        f.write("\n")
+    save_file(init, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    ids, labels, prompt_lens, response_lens = make_rollouts(g)
+    with torch.no_grad():
+        logp, mask = token_logps(init, ids, labels)
+    # Old log-probabilities: ratios spread over the clip range, some far past 1 + clip (dual clip
+    # for negative advantages), one past the -20 clamp; reference ones across the k3 clamps.
+    shift = (torch.rand(logp.shape, generator=g, dtype=torch.float64) * 1.2 - 0.6)
+    shift[0, 4] = -1.6
+    shift[2, 6] = -1.5
+    shift[3, 5] = 1.4
+    shift[4, 7] = 25.0
+    old = (logp + shift) * mask
+    ref_shift = torch.rand(logp.shape, generator=g, dtype=torch.float64) * 2.0 - 1.0
+    ref_shift[1, 4] = 13.0  # k3 past its clamp of 10
+    ref_shift[4, 9] = -30.0  # k3's log-ratio past its clamp of 20
+    ref = (logp + ref_shift) * mask
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.5], dtype=torch.float64)
+    index = [0, 0, 0, 1, 1, 2]
+    adv = group_advantages(rewards, index, True)
+    fixture = {"ids": ids, "labels": labels, "prompt_lengths": prompt_lens, "response_lengths": response_lens,
+               "old_logp": old.float(), "ref_logp": ref.float(), "advantages": adv.float()}  # the C++ side reads f32
+    meta = {"clip_ratio_low": repr(CLIP_LOW), "clip_ratio_high": repr(CLIP_HIGH), "clip_ratio_c": repr(CLIP_C),
+            "kl_loss_coef": repr(KL_COEF), "torch_version": torch.__version__}
+    names = param_names(CFG)
+    cases = []
+    for mode in AGG_MODES:
+        for kind in KL_TYPES:
+            p = {n: init[n].clone().requires_grad_(True) for n in names}
+            lp, m = token_logps(p, ids, labels)
+            pg, clipfrac, lower = policy_loss(lp, old.float().double(), adv.float().double().unsqueeze(1), m, mode)
+            loss = pg
+            if kind != "none":
+                loss = loss + KL_COEF * agg_loss(kl_penalty(lp, ref.float().double(), kind), m, mode)
+            loss.backward()
+            name = f"{mode}.{kind}"
+            cases.append(name)
+            meta[name] = json.dumps({"loss": float(loss), "pg_clipfrac": float(clipfrac),
+                                     "pg_clipfrac_lower": float(lower)})
+            for n in names:
+                fixture[name + ".grad." + n] = p[n].grad.float()
+            print(f"[{name}] loss {float(loss):.8f} clipfrac {float(clipfrac):.4f} lower {float(lower):.4f}")
+    meta["cases"] = json.dumps(cases)
+    # Advantages of groups of 1, 2 and 8 (one of them with equal rewards: std 0).
+    adv_index = [0, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3]
+    adv_rewards = torch.tensor([0.7, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 2.5, 0.0, 1.0, -1.0, 0.3, 0.3], dtype=torch.float64)
+    meta["advantages"] = json.dumps({"index": adv_index, "rewards": adv_rewards.tolist(),
+                                     "norm": group_advantages(adv_rewards, adv_index, True).tolist(),
+                                     "mean_only": group_advantages(adv_rewards, adv_index, False).tolist()})
+    save_file(fixture, os.path.join(out, "reference.safetensors"), metadata=meta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
