@@ -17,6 +17,7 @@
 #include "comm/world.h"
 #include "config/train_config.h"
 #include "core/error.h"
+#include "core/pages.h"
 #include "launch/cluster_file.h"
 #include "launch/launcher.h"
 #include "plan/auto_layout.h"
@@ -26,20 +27,6 @@ namespace fab {
 namespace {
 
 namespace fs = std::filesystem;
-
-double resident_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      double kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 12, '\n');
-  }
-  return 0;
-}
 
 // Seconds per call of `fn`, the best of `rounds` rounds of `reps` calls.
 template <typename Fn>
@@ -60,7 +47,7 @@ int calibrate_communication() {
   WorldInfo info = world_from_environment();
   std::unique_ptr<Communicator> world = join_world(info, 600);
   measure_gemm_flops(false, 0.05);  // oneDNN's code and JIT kernels resident, as in a worker
-  const double rss = resident_bytes();
+  const double rss = process_resident_bytes();
   const int n = world->size();
   std::vector<float> small(256, 1.0f), large(size_t(16) << 20, 1.0f);
   world->barrier("calibrate");

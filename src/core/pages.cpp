@@ -1,10 +1,13 @@
 #include "core/pages.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "core/backend.h"
@@ -54,6 +57,26 @@ size_t resident_bytes(const void* data, size_t bytes) {
   size_t resident = 0;
   for (unsigned char c : in_core) resident += (c & 1) ? page : 0;
   return resident;
+}
+
+double process_resident_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      double kib = 0;
+      in >> kib;
+      return kib * 1024;
+    }
+    in.ignore(1 << 12, '\n');
+  }
+  return 0;
+}
+
+double process_peak_resident_bytes() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return double(usage.ru_maxrss) * 1024;
 }
 
 }  // namespace fab

@@ -20,4 +20,8 @@ void zero_and_release(void* data, size_t bytes);
 // Bytes of the pages overlapping [data, data + bytes) that are resident in memory.
 size_t resident_bytes(const void* data, size_t bytes);
 
+// This process's resident memory now (VmRSS) and at its peak (getrusage's ru_maxrss), in bytes.
+double process_resident_bytes();
+double process_peak_resident_bytes();
+
 }  // namespace fab

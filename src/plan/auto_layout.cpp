@@ -1,17 +1,15 @@
 #include "plan/auto_layout.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
+#include "core/pages.h"
 #include "models/model_config.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
@@ -22,36 +20,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-double peak_resident_bytes() {
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return double(usage.ru_maxrss) * 1024;
-}
-
-double resident_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmRSS:") {
-      double kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 12, '\n');
-  }
-  return 0;
-}
-
 // What loading the run's tokenizer adds to a process's peak resident memory (measured here, by
 // loading it; a worker loads the same one before it builds the model).
 double tokenizer_bytes(const std::string& model_dir) {
-  const double before = peak_resident_bytes();
+  const double before = process_peak_resident_bytes();
   try {
     const Tokenizer tokenizer = Tokenizer::load(model_dir);
   } catch (const UserError&) {
     return 0;  // no tokenizer there: training says so itself
   }
-  return peak_resident_bytes() - before;
+  return process_peak_resident_bytes() - before;
 }
 
 std::string bytes_text(double bytes) {
@@ -96,7 +74,7 @@ std::string layout_text(const nlohmann::json& l) {
 AutoPlan plan_on_rank_zero(const TrainConfig& config, int world_size) {
   ClusterSpec cluster = cluster_for_run(config, world_size);
   // This process is a worker: what it holds now is a worker's runtime (MPI, oneDNN, the binary).
-  if (cluster.device.host && config.plan_cluster.empty()) cluster.device.reserved_bytes = resident_bytes();
+  if (cluster.device.host && config.plan_cluster.empty()) cluster.device.reserved_bytes = process_resident_bytes();
   const PlanProblem problem = problem_for_run(config, world_size, cluster);
   PlanConstraints fixed = plan_constraints(config);
   const std::string checkpoint = checkpoint_to_resume(config);
@@ -184,7 +162,7 @@ std::optional<AutoPlan> plan_parallel_auto(TrainConfig& config, Communicator& wo
 void report_parallel_auto(const AutoPlan& plan, int64_t step, double measured_step_seconds, Communicator& world,
                           const std::string& output_dir) {
   std::vector<double> peaks(size_t(world.size()), 0.0);
-  peaks[size_t(world.rank())] = peak_resident_bytes();
+  peaks[size_t(world.rank())] = process_peak_resident_bytes();
   world.all_reduce(peaks.data(), int64_t(peaks.size()), "parallel: auto report").wait();
   if (world.rank() != 0) return;
   const nlohmann::json& layout = plan["layout"];
