@@ -20,16 +20,7 @@ namespace fs = std::filesystem;
 
 // A folder every rank sees (one machine), named by the world size so runs at 2 and 4 ranks can
 // go on side by side.
-std::string shared_dir(const std::string& name) {
-  Communicator& w = test::world();
-  const std::string dir = test::scratch_root() + "/" + name;
-  if (w.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  w.barrier("test folder");
-  return dir;
-}
+std::string shared_dir(const std::string& name) { return test::fresh_scratch_dir(name); }
 
 std::string model_folder(const std::string& config_json) {
   const std::string dir = shared_dir("model");

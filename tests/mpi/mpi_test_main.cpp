@@ -15,6 +15,16 @@ std::string scratch_root() {
   return (std::filesystem::current_path() / ("mpi-scratch-" + std::to_string(world().size()))).string();
 }
 
+std::string fresh_scratch_dir(const std::string& name) {
+  const std::string dir = scratch_root() + "/" + name;
+  if (world().rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  world().barrier("test folder");
+  return dir;
+}
+
 }  // namespace fab::test
 
 int main(int argc, char** argv) {

@@ -28,16 +28,7 @@ namespace fab {
 namespace {
 namespace fs = std::filesystem;
 
-std::string shared_dir(const std::string& name) {
-  Communicator& w = test::world();
-  const std::string dir = test::scratch_root() + "/" + name;
-  if (w.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  w.barrier("test folder");
-  return dir;
-}
+std::string shared_dir(const std::string& name) { return test::fresh_scratch_dir(name); }
 
 std::string model_folder(const std::string& name, const std::string& config_json) {
   const std::string dir = shared_dir(name);

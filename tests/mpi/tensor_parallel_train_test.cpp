@@ -35,19 +35,7 @@ const char* kQwen3 = R"({"model_type":"qwen3","vocab_size":65,"hidden_size":32,"
 const char* kOneKvHead = R"({"model_type":"llama","vocab_size":67,"hidden_size":32,"intermediate_size":48,
   "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":1,"max_position_embeddings":64})";
 
-std::string test_dir(const std::string& name) {
-  return test::scratch_root() + "/tp-train-" + name;
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = test_dir(name);
-  if (test::world().rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  test::world().barrier("test folder");
-  return dir;
-}
+std::string fresh_dir(const std::string& name) { return test::fresh_scratch_dir("tp-train-" + name); }
 
 // config.json only: every layout starts from the same seeded initialisation.
 std::string model_folder(const std::string& name, const std::string& config_json) {

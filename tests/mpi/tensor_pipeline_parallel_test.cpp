@@ -36,16 +36,7 @@ const char* kQwen3Tied = R"({"model_type":"qwen3","vocab_size":65,"hidden_size":
   "num_hidden_layers":4,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,"max_position_embeddings":64,
   "tie_word_embeddings":true,"rope_theta":1000000})";
 
-std::string shared_dir(const std::string& name) {
-  Communicator& w = test::world();
-  const std::string dir = test::scratch_root() + "/tpxpp-" + name;
-  if (w.rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  w.barrier("test folder");
-  return dir;
-}
+std::string shared_dir(const std::string& name) { return test::fresh_scratch_dir("tpxpp-" + name); }
 
 std::string model_folder(const std::string& name, const std::string& config_json) {
   const std::string dir = shared_dir(name);
