@@ -1,12 +1,12 @@
 #include "infer/generate.h"
 
 #include <algorithm>
-#include <cmath>
 #include <numeric>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "infer/rollout.h"
+#include "kernels/cpu/decode_kernels.h"
 
 namespace fab {
 
@@ -41,15 +41,11 @@ int32_t draw(const std::vector<float>& weight, const int32_t* order, size_t n, d
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& o, Rng& rng) {
   if (o.temperature <= 0.0)
     return int32_t(std::max_element(logits, logits + vocab) - logits);
-  float top = logits[0];
-  for (int64_t i = 1; i < vocab; ++i) top = logits[i] > top ? logits[i] : top;
-  // exp((logit - max) / temperature) in fp32 (glibc's expf: several times the double exp's speed;
-  // the sums below are in double).
-  const float inverse_temperature = float(1.0 / o.temperature);
+  // exp((logit - max) / temperature) in fp32, vectorised; the sums are in double.
   std::vector<float> weight(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) weight[size_t(i)] = std::exp((logits[i] - top) * inverse_temperature);
+  const double total = cpu_decode_kernels().sampling_weights(logits, vocab, float(1.0 / o.temperature), weight.data());
   const bool top_k = o.top_k > 0 && o.top_k < vocab;
-  if (!top_k && o.top_p >= 1.0) return draw(weight, std::accumulate(weight.begin(), weight.end(), 0.0), rng);
+  if (!top_k && o.top_p >= 1.0) return draw(weight, total, rng);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   auto more_likely = [&](int32_t a, int32_t b) {

@@ -23,7 +23,8 @@ struct RolloutOutput {
 
 struct RolloutStats {
   int64_t generated_tokens = 0;
-  int64_t peak_batch = 0;  // the most sequences decoded together
+  int64_t peak_batch = 0;  // the most sequences decoded together (with one engine per thread: the sum of
+                           // each engine's most)
   double seconds = 0;
 };
 

@@ -154,6 +154,9 @@ class DecoderModel {
   // the logits of each span's last token (the head runs on those rows only).
   SlotKvCache make_slot_cache(int64_t slots, int64_t capacity) const;
   Tensor logits_slots(const Tensor& ids, const std::vector<SlotSpan>& spans, SlotKvCache& cache);
+  // Whether threads may run logits_slots at once over disjoint slots of one cache (each on its own
+  // thread): true unless LoRA adapters are active (their path takes oneDNN's lock for every GEMM).
+  bool slot_steps_concurrent() const;
 
   // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
   // micro-batch on `tape`. `input` is the previous virtual stage's hidden states (B * T, C),
@@ -219,6 +222,10 @@ class DecoderModel {
   Var layer_forward_slots(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
                           const std::vector<SlotSpan>& spans, SlotKvCache& cache);
   Tensor slot_positions(const Tensor& ids, const std::vector<SlotSpan>& spans, const SlotKvCache& cache) const;
+  Tensor logits_slots_layered(const Tensor& ids, const Tensor& positions, const std::vector<SlotSpan>& spans,
+                              SlotKvCache& cache);
+  Tensor logits_slot_rows(const Tensor& ids, const Tensor& positions, const std::vector<SlotSpan>& spans,
+                          SlotKvCache& cache);
   void check_ids(const Tensor& ids, int64_t first_position) const;
   Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
 

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "core/error.h"
+#include "kernels/cpu/decode_kernels.h"
 #include "kernels/cpu/matmul_onednn.h"
 #include "kernels/kernel_table.h"
 
@@ -69,6 +70,24 @@ const KernelTable* cpu_kernels_for_isa(const char* isa) {
 
 const KernelTable& cpu_kernels() {
   static const KernelTable& table = choose();
+  return table;
+}
+
+namespace {
+constexpr DecodeKernels avx512_decode{.isa = "avx512", .matmul = cpu::avx512::decode_matmul,
+                                      .sampling_weights = cpu::avx512::sampling_weights};
+constexpr DecodeKernels avx2_decode{.isa = "avx2", .matmul = cpu::avx2::decode_matmul,
+                                    .sampling_weights = cpu::avx2::sampling_weights};
+}  // namespace
+
+const DecodeKernels* cpu_decode_kernels_for_isa(const char* isa) {
+  const KernelTable* table = cpu_kernels_for_isa(isa);
+  if (!table) return nullptr;
+  return std::string_view(table->isa) == "avx512" ? &avx512_decode : &avx2_decode;
+}
+
+const DecodeKernels& cpu_decode_kernels() {
+  static const DecodeKernels& table = *cpu_decode_kernels_for_isa(cpu_kernels().isa);
   return table;
 }
 

@@ -1,0 +1,144 @@
+// The rollout engine's kernels (kernels/cpu/decode_kernels.h).
+//
+// The GEMM of a decode step: C (M, N) (+)= A (M, K) x B^T with B stored (N, K) (a weight, as the
+// forward pass has it), M small (the rows of a step's slots), A and B both f32 or both bf16 with
+// fp32 accumulation. Unlike oneDNN's primitive it holds no lock and keeps no shared buffer, so
+// each thread of the rollout engine runs its own slots' GEMMs at once inside one parallel region;
+// called outside a parallel region it splits the columns over the threads itself.
+//
+// Every output is the same sum in the same order whatever M, the row block it falls in, or how
+// the columns are split: per K-vector lanes accumulated with FMA, the lanes added by a fixed
+// halving tree, then the K remainder. So a slot's logits do not depend on its batch.
+//
+// Vectors are GCC vector extensions: 16 floats in the AVX-512 build, 8 in the AVX2 build.
+#include <omp.h>
+
+#include <bit>
+#include <cstring>
+
+#include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace fab::cpu::FAB_ISA {
+namespace {
+
+#ifdef __AVX512F__
+constexpr int kLanes = 16;
+constexpr int kColumnBlock = 4;  // 4 x 4 accumulators + 4 B vectors + 1 A vector of 32 registers
+#else
+constexpr int kLanes = 8;
+constexpr int kColumnBlock = 2;  // 4 x 2 + 2 + 1 of 16 registers
+#endif
+constexpr int kRowBlock = 4;
+
+using Floats = float __attribute__((vector_size(kLanes * 4)));
+using Words = uint32_t __attribute__((vector_size(kLanes * 4)));
+using Halves = uint16_t __attribute__((vector_size(kLanes * 2)));
+
+inline Floats load(const float* p) {
+  Floats v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// A bf16 is the upper half of a float: widening is exact.
+inline Floats load(const uint16_t* p) {
+  Halves h;
+  std::memcpy(&h, p, sizeof h);
+  return Floats(__builtin_convertvector(h, Words) << 16);
+}
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); }
+
+// The lanes' sum by a fixed tree: halves added until one lane is left.
+inline float lane_sum(Floats v) {
+#ifdef __AVX512F__
+  using Eight = float __attribute__((vector_size(32)));
+  const Eight e = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  const Floats e = v;
+#endif
+  using Four = float __attribute__((vector_size(16)));
+  const Four f = __builtin_shufflevector(e, e, 0, 1, 2, 3) + __builtin_shufflevector(e, e, 4, 5, 6, 7);
+  return (f[0] + f[2]) + (f[1] + f[3]);
+}
+
+// C[rows x cols block] (+)= A[rows] . B[cols] over K.
+template <int Rows, int Cols, typename T>
+void block(const T* a, const T* b, int64_t k, float* c, int64_t ldc, bool accumulate) {
+  Floats acc[Rows][Cols] = {};
+  int64_t p = 0;
+  for (; p + kLanes <= k; p += kLanes) {
+    Floats bv[Cols];
+    for (int j = 0; j < Cols; ++j) bv[j] = load(b + j * k + p);
+    for (int i = 0; i < Rows; ++i) {
+      const Floats av = load(a + i * k + p);
+      for (int j = 0; j < Cols; ++j) acc[i][j] += av * bv[j];
+    }
+  }
+  for (int i = 0; i < Rows; ++i)
+    for (int j = 0; j < Cols; ++j) {
+      float sum = lane_sum(acc[i][j]);
+      for (int64_t q = p; q < k; ++q) sum += widen(a[i * k + q]) * widen(b[j * k + q]);
+      float& out = c[i * ldc + j];
+      out = accumulate ? out + sum : sum;
+    }
+}
+
+// Columns [n0, n1) of every row, row blocks of kRowBlock (the rest one block of fewer rows).
+template <int Cols, typename T>
+void column_block(const T* a, const T* b, int64_t m, int64_t k, float* c, int64_t ldc, bool accumulate) {
+  int64_t i = 0;
+  for (; i + kRowBlock <= m; i += kRowBlock) block<kRowBlock, Cols>(a + i * k, b, k, c + i * ldc, ldc, accumulate);
+  switch (m - i) {
+    case 3: block<3, Cols>(a + i * k, b, k, c + i * ldc, ldc, accumulate); break;
+    case 2: block<2, Cols>(a + i * k, b, k, c + i * ldc, ldc, accumulate); break;
+    case 1: block<1, Cols>(a + i * k, b, k, c + i * ldc, ldc, accumulate); break;
+    default: break;
+  }
+}
+
+template <typename T>
+void run(const T* a, const T* b, const MatmulArgs& x) {
+  const int64_t blocks = (x.n + kColumnBlock - 1) / kColumnBlock;
+  // B's block of columns stays in L1 while every row block reads it.
+#pragma omp parallel for schedule(static)
+  for (int64_t nb = 0; nb < blocks; ++nb) {
+    const int64_t n0 = nb * kColumnBlock;
+    const T* bn = b + n0 * x.k;
+    float* cn = x.c + n0;
+    if (n0 + kColumnBlock <= x.n) column_block<kColumnBlock>(a, bn, x.m, x.k, cn, x.n, x.accumulate);
+    else
+      for (int64_t j = n0; j < x.n; ++j) column_block<1>(a, b + j * x.k, x.m, x.k, x.c + j, x.n, x.accumulate);
+  }
+}
+
+}  // namespace
+
+// The caller checks the layout (decode_kernels.h): no error path here, whose inline helpers the
+// two ISA builds would share.
+void decode_matmul(const MatmulArgs& x) {
+  if (x.dtype == DType::bf16)
+    run(static_cast<const uint16_t*>(x.a), static_cast<const uint16_t*>(x.b), x);
+  else
+    run(static_cast<const float*>(x.a), static_cast<const float*>(x.b), x);
+}
+
+// The max, then weight_i = exp((logit_i - max) t) (exp_approx: ~1 ulp) and their sum in double,
+// vectorised: sampling's cost per token is this pass over the vocabulary.
+double sampling_weights(const float* logits, int64_t n, float inverse_temperature, float* weight) {
+  float top = logits[0];
+#pragma omp simd reduction(max : top)
+  for (int64_t i = 0; i < n; ++i) top = max_of(top, logits[i]);
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) {
+    weight[i] = exp_approx((logits[i] - top) * inverse_temperature);
+    sum += double(weight[i]);
+  }
+  return sum;
+}
+
+}  // namespace fab::cpu::FAB_ISA
