@@ -10,60 +10,25 @@
 // the columns are split: per K-vector lanes accumulated with FMA, the lanes added by a fixed
 // halving tree, then the K remainder. So a slot's logits do not depend on its batch.
 //
-// Vectors are GCC vector extensions: 16 floats in the AVX-512 build, 8 in the AVX2 build.
+// Vectors are GCC vector extensions (vec_ext.h).
 #include <omp.h>
 
-#include <bit>
-#include <cstring>
-
 #include "kernels/cpu/isa_kernels.h"
+#include "kernels/cpu/vec_ext.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace fab::cpu::FAB_ISA {
 namespace {
 
 #ifdef __AVX512F__
-constexpr int kLanes = 16;
 constexpr int kColumnBlock = 4;  // 4 x 4 accumulators + 4 B vectors + 1 A vector of 32 registers
 #else
-constexpr int kLanes = 8;
 constexpr int kColumnBlock = 2;  // 4 x 2 + 2 + 1 of 16 registers
 #endif
 constexpr int kRowBlock = 4;
 
-using Floats = float __attribute__((vector_size(kLanes * 4)));
-using Words = uint32_t __attribute__((vector_size(kLanes * 4)));
-using Halves = uint16_t __attribute__((vector_size(kLanes * 2)));
-
-inline Floats load(const float* p) {
-  Floats v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// A bf16 is the upper half of a float: widening is exact.
-inline Floats load(const uint16_t* p) {
-  Halves h;
-  std::memcpy(&h, p, sizeof h);
-  return Floats(__builtin_convertvector(h, Words) << 16);
-}
-
 inline float widen(float x) { return x; }
 inline float widen(uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); }
-
-// The lanes' sum by a fixed tree: halves added until one lane is left.
-inline float lane_sum(Floats v) {
-#ifdef __AVX512F__
-  using Eight = float __attribute__((vector_size(32)));
-  const Eight e = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-#else
-  const Floats e = v;
-#endif
-  using Four = float __attribute__((vector_size(16)));
-  const Four f = __builtin_shufflevector(e, e, 0, 1, 2, 3) + __builtin_shufflevector(e, e, 4, 5, 6, 7);
-  return (f[0] + f[2]) + (f[1] + f[3]);
-}
 
 // C[rows x cols block] (+)= A[rows] . B[cols] over K.
 template <int Rows, int Cols, typename T>
@@ -132,12 +97,11 @@ double sampling_weights(const float* logits, int64_t n, float inverse_temperatur
   float top = logits[0];
 #pragma omp simd reduction(max : top)
   for (int64_t i = 0; i < n; ++i) top = max_of(top, logits[i]);
-  double sum = 0;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) weight[i] = exp_approx((logits[i] - top) * inverse_temperature);
+  double sum = 0;  // its own loop: with the exponentials, GCC vectorises neither
 #pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) {
-    weight[i] = exp_approx((logits[i] - top) * inverse_temperature);
-    sum += double(weight[i]);
-  }
+  for (int64_t i = 0; i < n; ++i) sum += double(weight[i]);
   return sum;
 }
 
