@@ -44,12 +44,20 @@ void finish(const Floats (&acc)[Rows][Cols], const T* a, const T* b, int64_t p, 
     }
 }
 
+// The next block of B's rows (they follow this block's), one cache line per row and K step:
+// streams of a few KB are too short for the hardware prefetcher, and the weights come from L3.
+template <int Cols, typename T>
+inline void prefetch_next(const T* b, int64_t k, int64_t p) {
+  for (int j = 0; j < Cols; ++j) __builtin_prefetch(b + (Cols + j) * k + p);
+}
+
 // C[rows x cols block] (+)= A[rows] . B[cols] over K: one FMA per lane and K element.
 template <int Rows, int Cols, typename T>
 void block(const T* a, const T* b, int64_t k, float* c, int64_t ldc, bool accumulate) {
   Floats acc[Rows][Cols] = {};
   int64_t p = 0;
   for (; p + kLanes <= k; p += kLanes) {
+    prefetch_next<Cols>(b, k, p);
     Floats bv[Cols];
     for (int j = 0; j < Cols; ++j) bv[j] = load(b + j * k + p);
     for (int i = 0; i < Rows; ++i) {
@@ -77,6 +85,7 @@ __attribute__((target("avx512bf16"))) void block_dot(const uint16_t* a, const ui
   Floats acc[Rows][Cols] = {};
   int64_t p = 0;
   for (; p + 2 * kLanes <= k; p += 2 * kLanes) {
+    prefetch_next<Cols>(b, k, p);
     __m512bh bv[Cols];
     for (int j = 0; j < Cols; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + j * k + p);
     for (int i = 0; i < Rows; ++i) {
