@@ -31,9 +31,10 @@ constexpr int kRowBlock = 4;
 inline float widen(float x) { return x; }
 inline float widen(uint16_t x) { return std::bit_cast<float>(uint32_t(x) << 16); }
 
-// Each output: its lanes' sum, the K remainder, then into C.
+// Each output: its lanes' sum, the K remainder, then into C. Inlined, so the accumulators stay in
+// registers (as an out-of-line argument they were zeroed on the stack by a rep stos per block).
 template <int Rows, int Cols, typename T>
-void finish(const Floats (&acc)[Rows][Cols], const T* a, const T* b, int64_t p, int64_t k, float* c, int64_t ldc,
+[[gnu::always_inline]] inline void finish(const Floats (&acc)[Rows][Cols], const T* a, const T* b, int64_t p, int64_t k, float* c, int64_t ldc,
             bool accumulate) {
   for (int i = 0; i < Rows; ++i)
     for (int j = 0; j < Cols; ++j) {
@@ -54,7 +55,9 @@ inline void prefetch_next(const T* b, int64_t k, int64_t p) {
 // C[rows x cols block] (+)= A[rows] . B[cols] over K: one FMA per lane and K element.
 template <int Rows, int Cols, typename T>
 void block(const T* a, const T* b, int64_t k, float* c, int64_t ldc, bool accumulate) {
-  Floats acc[Rows][Cols] = {};
+  Floats acc[Rows][Cols];
+  for (int i = 0; i < Rows; ++i)
+    for (int j = 0; j < Cols; ++j) acc[i][j] = Floats{};
   int64_t p = 0;
   for (; p + kLanes <= k; p += kLanes) {
     prefetch_next<Cols>(b, k, p);
@@ -82,7 +85,9 @@ bool has_bf16_dot() {
 template <int Rows, int Cols>
 __attribute__((target("avx512bf16"))) void block_dot(const uint16_t* a, const uint16_t* b, int64_t k, float* c,
                                                      int64_t ldc, bool accumulate) {
-  Floats acc[Rows][Cols] = {};
+  Floats acc[Rows][Cols];
+  for (int i = 0; i < Rows; ++i)
+    for (int j = 0; j < Cols; ++j) acc[i][j] = Floats{};
   int64_t p = 0;
   for (; p + 2 * kLanes <= k; p += 2 * kLanes) {
     prefetch_next<Cols>(b, k, p);
