@@ -802,30 +802,19 @@ bool DecoderModel::slot_steps_concurrent() const {
   return true;
 }
 
-// The base model over a step's rows on plain buffers with the kernels called directly (no tape,
-// no oneDNN lock): keys and values join their slots, each span's last row gives its logits.
-// Inside a parallel region (one rollout engine per thread) every kernel runs on the calling
-// thread alone; outside one, each splits its own work over the threads.
-Tensor DecoderModel::logits_slot_rows(const Tensor& ids_tensor, const Tensor& positions_tensor,
-                                      const std::vector<SlotSpan>& spans, SlotKvCache& cache) {
-  ProfileScope profile("slot rows forward");
-  const ModelConfig& c = config_;
-  const KernelTable& kt = backend(DeviceKind::cpu).kernels();
-  const DecodeKernels& dk = cpu_decode_kernels();
-  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim, C = c.hidden_size;
-  const int64_t I = c.intermediate_size, q_row = H * D, kv_row = KV * D, qkv_row = q_row + 2 * kv_row;
-  const int64_t rows = ids_tensor.numel(), n_spans = int64_t(spans.size());
-  std::vector<int64_t> first_row(spans.size() + 1, 0);
-  for (size_t s = 0; s < spans.size(); ++s) first_row[s + 1] = first_row[s] + spans[s].count;
-  Tensor logits = Tensor::empty({n_spans, c.vocab_size}, DType::f32, MemoryCategory::activations);
-  const float eps = float(c.rms_norm_eps);
-  const bool bf16_mode = lm_head_.weight_bf16.defined();
-  std::vector<float> x(size_t(rows * C)), h(size_t(rows * C)), qkv(size_t(rows * qkv_row)), q(size_t(rows * q_row));
-  std::vector<float> k(size_t(rows * kv_row)), v(size_t(rows * kv_row)), attn(size_t(rows * q_row));
-  std::vector<float> gate_up(size_t(rows * 2 * I)), act(size_t(rows * I)), rstd(size_t(rows * H));
-  std::vector<bf16> staged(bf16_mode ? size_t(rows * std::max({C, I, q_row})) : 0);
-  // out (m, N) (+)= a (m, K) W^T (+ bias); in bf16 mode a is rounded to bf16 first, as linear() does.
-  auto gemm = [&](const float* a, int64_t m, const Linear& w, float* out, bool accumulate) {
+// The buffers of one logits_slot_rows call, sized for its rows.
+struct DecoderModel::SlotRowBuffers {
+  SlotRowBuffers(const ModelConfig& c, int64_t rows)
+      : rows(rows), x(size_t(rows * c.hidden_size)), h(x.size()),
+        qkv(size_t(rows * (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim)),
+        q(size_t(rows * c.num_attention_heads * c.head_dim)), k(size_t(rows * c.num_key_value_heads * c.head_dim)),
+        v(k.size()), attn(q.size()), gate_up(size_t(rows * 2 * c.intermediate_size)),
+        act(size_t(rows * c.intermediate_size)), rstd(size_t(rows * c.num_attention_heads)),
+        widest_input(std::max({c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim})) {}
+
+  // out (m, N) (+)= a (m, K) W^T (+ bias); with bf16 weights a is rounded to bf16 first, as
+  // linear() does.
+  void gemm(const KernelTable& kt, const float* a, int64_t m, const Linear& w, float* out, bool accumulate) {
     MatmulArgs args;
     args.m = m;
     args.n = w.weight->value.dim(0);
@@ -835,56 +824,84 @@ Tensor DecoderModel::logits_slot_rows(const Tensor& ids_tensor, const Tensor& po
     args.accumulate = accumulate;
     args.a = a;
     args.b = w.weight->value.data<float>();
-    if (bf16_mode) {
+    if (w.weight_bf16.defined()) {
+      staged.resize(size_t(rows * widest_input));  // once: every GEMM's A fits
       kt.to_bf16(a, staged.data(), m * args.k);
       args.a = staged.data();
       args.b = w.weight_bf16.data<bf16>();
       args.dtype = DType::bf16;
     }
-    dk.matmul(args);
+    cpu_decode_kernels().matmul(args);
     if (w.bias) kt.add_bias(out, w.bias->value.data<float>(), m, args.n);
-  };
-  const float* cos = rope_.cos.data<float>();
-  const float* sin = rope_.sin.data<float>();
-  const int64_t* positions = positions_tensor.data<int64_t>();
-  const int64_t slot_size = cache.capacity * kv_row;
-  kt.embedding_forward(ids_tensor.data<int64_t>(), rows, embed_->value.data<float>(), C, x.data());
-  for (size_t li = 0; li < layers_.size(); ++li) {
-    const Layer& l = layers_[li];
-    kt.rmsnorm_forward(x.data(), l.input_norm->value.data<float>(), rows, C, eps, h.data(), rstd.data());
-    gemm(h.data(), rows, l.qkv, qkv.data(), false);
-    kt.copy_2d(qkv.data(), qkv_row, q.data(), q_row, rows, q_row, false);
-    kt.copy_2d(qkv.data() + q_row, qkv_row, k.data(), kv_row, rows, kv_row, false);
-    kt.copy_2d(qkv.data() + q_row + kv_row, qkv_row, v.data(), kv_row, rows, kv_row, false);
-    if (c.qk_norm) {
-      kt.rmsnorm_forward(q.data(), l.q_norm->value.data<float>(), rows * H, D, eps, q.data(), rstd.data());
-      kt.rmsnorm_forward(k.data(), l.k_norm->value.data<float>(), rows * KV, D, eps, k.data(), rstd.data());
-    }
-    kt.rope_forward(q.data(), q.data(), positions, cos, sin, rows, H, D);
-    kt.rope_forward(k.data(), k.data(), positions, cos, sin, rows, KV, D);
-    for (size_t s = 0; s < spans.size(); ++s) {
-      const SlotSpan& span = spans[s];
-      const int64_t past = cache.length[size_t(span.slot)], r = first_row[s];
-      float* ks = cache.k[li].data<float>() + span.slot * slot_size;
-      float* vs = cache.v[li].data<float>() + span.slot * slot_size;
-      kt.copy_2d(k.data() + r * kv_row, kv_row, ks + past * kv_row, kv_row, span.count, kv_row, false);
-      kt.copy_2d(v.data() + r * kv_row, kv_row, vs + past * kv_row, kv_row, span.count, kv_row, false);
-      const AttentionShape shape{1, span.count, H, KV, D, float(1.0 / std::sqrt(double(D)))};
-      kt.attention_decode(q.data() + r * q_row, ks, vs, shape, past, cache.capacity, attn.data() + r * q_row);
-    }
-    gemm(attn.data(), rows, l.o_proj, x.data(), true);  // x += o_proj(attention)
-    kt.rmsnorm_forward(x.data(), l.post_norm->value.data<float>(), rows, C, eps, h.data(), rstd.data());
-    gemm(h.data(), rows, l.gate_up, gate_up.data(), false);
-    kt.swiglu_forward(gate_up.data(), rows, I, act.data());
-    gemm(act.data(), rows, l.down, x.data(), true);  // x += down(swiglu(gate_up))
   }
-  for (int64_t s = 0; s < n_spans; ++s) {  // each span's last row
-    const int64_t last = first_row[size_t(s) + 1] - 1;
-    std::copy_n(x.data() + last * C, C, h.data() + s * C);
-  }
-  kt.rmsnorm_forward(h.data(), final_norm_->value.data<float>(), n_spans, C, eps, h.data(), rstd.data());
-  gemm(h.data(), n_spans, lm_head_, logits.data<float>(), false);
+
+  int64_t rows;
+  std::vector<float> x, h, qkv, q, k, v, attn, gate_up, act, rstd;
+  std::vector<bf16> staged;
+  int64_t widest_input;
+};
+
+// The base model over a step's rows on plain buffers with the kernels called directly (no tape,
+// no oneDNN lock): keys and values join their slots, each span's last row gives its logits.
+// Inside a parallel region (one rollout engine per thread) every kernel runs on the calling
+// thread alone; outside one, each splits its own work over the threads.
+Tensor DecoderModel::logits_slot_rows(const Tensor& ids, const Tensor& positions, const std::vector<SlotSpan>& spans,
+                                      SlotKvCache& cache) {
+  ProfileScope profile("slot rows forward");
+  const ModelConfig& c = config_;
+  const KernelTable& kt = backend(DeviceKind::cpu).kernels();
+  const int64_t C = c.hidden_size, n_spans = int64_t(spans.size());
+  std::vector<int64_t> first_row(spans.size() + 1, 0);
+  for (size_t s = 0; s < spans.size(); ++s) first_row[s + 1] = first_row[s] + spans[s].count;
+  SlotRowBuffers b(c, ids.numel());
+  kt.embedding_forward(ids.data<int64_t>(), b.rows, embed_->value.data<float>(), C, b.x.data());
+  for (size_t i = 0; i < layers_.size(); ++i)
+    slot_layer_rows(layers_[i], i, positions.data<int64_t>(), spans, first_row, cache, b);
+  for (int64_t s = 0; s < n_spans; ++s)  // each span's last row
+    std::copy_n(b.x.data() + (first_row[size_t(s) + 1] - 1) * C, C, b.h.data() + s * C);
+  kt.rmsnorm_forward(b.h.data(), final_norm_->value.data<float>(), n_spans, C, float(c.rms_norm_eps), b.h.data(),
+                     b.rstd.data());
+  Tensor logits = Tensor::empty({n_spans, c.vocab_size}, DType::f32, MemoryCategory::activations);
+  b.gemm(kt, b.h.data(), n_spans, lm_head_, logits.data<float>(), false);
   return logits;
+}
+
+// One layer of logits_slot_rows: b.x += attention block, then += MLP block.
+void DecoderModel::slot_layer_rows(const Layer& l, size_t index, const int64_t* positions,
+                                   const std::vector<SlotSpan>& spans, const std::vector<int64_t>& first_row,
+                                   SlotKvCache& cache, SlotRowBuffers& b) {
+  const ModelConfig& c = config_;
+  const KernelTable& kt = backend(DeviceKind::cpu).kernels();
+  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim, C = c.hidden_size;
+  const int64_t q_row = H * D, kv_row = KV * D, qkv_row = q_row + 2 * kv_row, rows = b.rows;
+  const float eps = float(c.rms_norm_eps);
+  kt.rmsnorm_forward(b.x.data(), l.input_norm->value.data<float>(), rows, C, eps, b.h.data(), b.rstd.data());
+  b.gemm(kt, b.h.data(), rows, l.qkv, b.qkv.data(), false);
+  kt.copy_2d(b.qkv.data(), qkv_row, b.q.data(), q_row, rows, q_row, false);
+  kt.copy_2d(b.qkv.data() + q_row, qkv_row, b.k.data(), kv_row, rows, kv_row, false);
+  kt.copy_2d(b.qkv.data() + q_row + kv_row, qkv_row, b.v.data(), kv_row, rows, kv_row, false);
+  if (c.qk_norm) {
+    kt.rmsnorm_forward(b.q.data(), l.q_norm->value.data<float>(), rows * H, D, eps, b.q.data(), b.rstd.data());
+    kt.rmsnorm_forward(b.k.data(), l.k_norm->value.data<float>(), rows * KV, D, eps, b.k.data(), b.rstd.data());
+  }
+  kt.rope_forward(b.q.data(), b.q.data(), positions, rope_.cos.data<float>(), rope_.sin.data<float>(), rows, H, D);
+  kt.rope_forward(b.k.data(), b.k.data(), positions, rope_.cos.data<float>(), rope_.sin.data<float>(), rows, KV, D);
+  const int64_t slot_size = cache.capacity * kv_row;
+  for (size_t s = 0; s < spans.size(); ++s) {
+    const SlotSpan& span = spans[s];
+    const int64_t past = cache.length[size_t(span.slot)], r = first_row[s];
+    float* ks = cache.k[index].data<float>() + span.slot * slot_size;
+    float* vs = cache.v[index].data<float>() + span.slot * slot_size;
+    kt.copy_2d(b.k.data() + r * kv_row, kv_row, ks + past * kv_row, kv_row, span.count, kv_row, false);
+    kt.copy_2d(b.v.data() + r * kv_row, kv_row, vs + past * kv_row, kv_row, span.count, kv_row, false);
+    const AttentionShape shape{1, span.count, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+    kt.attention_decode(b.q.data() + r * q_row, ks, vs, shape, past, cache.capacity, b.attn.data() + r * q_row);
+  }
+  b.gemm(kt, b.attn.data(), rows, l.o_proj, b.x.data(), true);  // x += o_proj(attention)
+  kt.rmsnorm_forward(b.x.data(), l.post_norm->value.data<float>(), rows, C, eps, b.h.data(), b.rstd.data());
+  b.gemm(kt, b.h.data(), rows, l.gate_up, b.gate_up.data(), false);
+  kt.swiglu_forward(b.gate_up.data(), rows, c.intermediate_size, b.act.data());
+  b.gemm(kt, b.act.data(), rows, l.down, b.x.data(), true);  // x += down(swiglu(gate_up))
 }
 
 int64_t DecoderModel::count_targets(const Tensor& labels) {

@@ -226,6 +226,9 @@ class DecoderModel {
                               SlotKvCache& cache);
   Tensor logits_slot_rows(const Tensor& ids, const Tensor& positions, const std::vector<SlotSpan>& spans,
                           SlotKvCache& cache);
+  struct SlotRowBuffers;
+  void slot_layer_rows(const Layer& layer, size_t index, const int64_t* positions, const std::vector<SlotSpan>& spans,
+                       const std::vector<int64_t>& first_row, SlotKvCache& cache, SlotRowBuffers& buffers);
   void check_ids(const Tensor& ids, int64_t first_position) const;
   Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
 
