@@ -22,12 +22,14 @@ namespace {
 constexpr int64_t kVocab = 40;
 
 std::unique_ptr<DecoderModel> tiny_model(const char* type, Precision precision = Precision::fp32,
-                                         int64_t vocab = kVocab) {
+                                         int64_t vocab = kVocab, const LoraOptions& lora = {}) {
   ModelConfig c = parse_model_config(std::string(R"({"model_type":")") + type + R"(","vocab_size":)" +
                                          std::to_string(vocab) + R"(,
     "hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,
     "num_key_value_heads":2,"head_dim":16,"max_position_embeddings":64})", "test");
-  auto m = std::make_unique<DecoderModel>(c, DecoderOptions{precision, false, 64});
+  DecoderOptions options{precision, false, 64};
+  options.lora = lora;
+  auto m = std::make_unique<DecoderModel>(c, options);
   m->init_random(11);
   return m;
 }
@@ -230,6 +232,28 @@ TEST(RolloutEngine, Bf16DecodesFromTheModelsOwnWeights) {
   const Tensor full = model->logits(ids_of(requests[0].prompt));
   const float* last = full.data<float>() + (int64_t(requests[0].prompt.size()) - 1) * 2048;
   EXPECT_EQ(expected[0].tokens[0], int32_t(std::max_element(last, last + 2048) - last));
+}
+
+// Active LoRA adapters take the autograd slot forward (adapters applied, oneDNN) and one engine;
+// disabled, the threads' own path. Both agree with sequential decoding (which applies them too).
+TEST(RolloutEngine, LoraAdaptersTakeTheLayeredPath) {
+  LoraOptions lora;
+  lora.rank = 4;
+  lora.targets = {"q_proj", "v_proj", "down_proj"};
+  lora.seed = 3;
+  auto model = tiny_model("llama", Precision::fp32, kVocab, lora);
+  const std::vector<RolloutRequest> requests = requests_of(5);
+  SamplingOptions o;
+  o.max_new_tokens = 6;
+  o.temperature = 1.0;
+  for (bool enabled : {true, false}) {
+    model->set_adapters_enabled(enabled);
+    EXPECT_EQ(model->slot_steps_concurrent(), !enabled);
+    const std::vector<RolloutOutput> expected = references(*model, requests, o);
+    for (int64_t batch : {1, 3})
+      expect_same(rollout(*model, requests, o, batch), expected,
+                  std::string(enabled ? "adapters on" : "adapters off") + ", batch " + std::to_string(batch));
+  }
 }
 
 TEST(RolloutEngine, BadRequestsAreRefused) {
