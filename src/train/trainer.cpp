@@ -132,6 +132,8 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
       config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
   if (config_.stage == "grpo")
     grpo_ = std::make_unique<GrpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
+  if (config_.stage == "ppo")
+    grpo_ = std::make_unique<PpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
   if (objective_) {
     train_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
     eval_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
@@ -512,6 +514,7 @@ void Trainer::save(int64_t step) {
     return async_writer_->save(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get(),
                                config_.save_total_limit);
   save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get());
+  if (grpo_) grpo_->save_checkpoint_part(dir, state_, config_yaml_);
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
   barrier_all("checkpoints pruned");
 }
@@ -520,6 +523,7 @@ void Trainer::save(int64_t step) {
 // the epoch's samples, so it scales by N / M.
 void Trainer::resume(const std::string& checkpoint) {
   state_ = load_checkpoint(checkpoint, *dp_);
+  if (grpo_) grpo_->load_checkpoint_part(checkpoint);
   const int64_t saved_world = state_.world_size;
   if (saved_world != group_->size()) {
     const int64_t consumed = state_.sampler.position * saved_world;
@@ -623,6 +627,7 @@ void Trainer::finish() {
     save_trained_weights(*model_, config_.output_dir, config_.model_name_or_path);
   }
   dp_->release_gathered_parameters();
+  if (grpo_) grpo_->save_final(config_.output_dir, main_);
   barrier_all("final model written");
   if (!main_) return;
   if (config_.plot_loss) {
