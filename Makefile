@@ -94,8 +94,10 @@ demo: deps build
 	@bash scripts/demo.sh
 
 # Part-way SFT on the same task, then GRPO with the exact-match reward: accuracy before and after.
+# STAGE=ppo: the same demonstration with stage ppo (a critic, GAE) in place of grpo.
+STAGE ?= grpo
 demo-rl: deps build
-	@bash scripts/demo.sh --rl
+	@bash scripts/demo.sh --rl --stage $(STAGE)
 
 clean:
 	rm -rf $(BUILD)
