@@ -135,7 +135,9 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, Device device) {
   o.device = device;
   apply_finetuning(c, 2, o);  // lora / freeze, as train_command does
   auto model = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
-  TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(5, 2), 0};
+  // Preference stages read sequences 2i and 2i + 1 as item i (kto: with a tag per item).
+  TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(6, 2), 0};
+  if (c.stage == "kto") data.train_desirable = {1, 0, 1, 1, 0, 1, 0, 0, 1, 1}, data.eval_desirable = {1, 0, 1};
   return std::make_unique<Trainer>(c, std::move(model), std::move(data));
 }
 
@@ -205,6 +207,11 @@ TEST(GuardDevice, LoraRunEqualsTheCpuBitForBit) {
 
 TEST(GuardDevice, FreezeRunEqualsTheCpuBitForBit) {
   expect_trainer_matches_cpu("freeze", "finetuning_type: freeze\nfreeze_trainable_layers: 1\nbf16: true\n");
+}
+
+TEST(GuardDevice, PreferenceRunsEqualTheCpuBitForBit) {
+  expect_trainer_matches_cpu("dpo", "stage: dpo\npref_beta: 0.2\n");
+  expect_trainer_matches_cpu("kto", "stage: kto\nbf16: true\n");
 }
 
 TEST(GuardDevice, AsyncSaveAndResumeContinueTheRunBitForBit) {
