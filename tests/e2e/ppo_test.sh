@@ -9,6 +9,7 @@
 # Usage: ppo_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
+reference=$(realpath "$(dirname "$0")/../reference")  # safetensors_io.py
 e2e_begin "$@"
 e2e_workdir
 tiny_model model
@@ -97,7 +98,7 @@ done
 # A critic from critic_model_path keeps its value head: the trained critic's folder (as a stage rm
 # output is laid out), its head replaced by weight 0, bias 1: every value 1.
 cp -r out/critic critic_start
-/usr/bin/python3 - "$(dirname "$0")/../reference" <<'PY'
+/usr/bin/python3 - "$reference" <<'PY'
 import sys
 import torch
 sys.path.insert(0, sys.argv[1])
