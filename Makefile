@@ -33,6 +33,11 @@ $(BUILD)/reference/grpo/reference.safetensors: tests/reference/make_grpo_referen
     tests/reference/safetensors_io.py
 	/usr/bin/python3 tests/reference/make_grpo_reference.py $(BUILD)/reference
 
+# stage ppo's critic side (verl's GAE, whitening, value loss) on a fixed batch, same python3-torch.
+$(BUILD)/reference/ppo/reference.safetensors: tests/reference/make_ppo_reference.py tests/reference/make_reference.py \
+    tests/reference/safetensors_io.py
+	/usr/bin/python3 tests/reference/make_ppo_reference.py $(BUILD)/reference
+
 # Tokenizer parity fixture from Hugging Face `tokenizers` (PyPI, in build/pyref/.venv).
 $(BUILD)/reference/tokenizer_parity.json: tests/tokenizer/tokenizer_parity.py tests/tokenizer/tokenizer_parity_texts.py \
     tests/tokenizer/pyref.py tests/tokenizer/pyref_requirements.txt
@@ -44,7 +49,7 @@ $(BUILD)/reference/spm_parity.json: tests/tokenizer/spm_parity.py tests/tokenize
 	python3 tests/tokenizer/spm_parity.py $(BUILD)/reference
 
 test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors $(BUILD)/reference/grpo/reference.safetensors \
-    $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
+    $(BUILD)/reference/ppo/reference.safetensors $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@python3 tests/tokenizer/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
 	  && tail -1 $(BUILD)/bpe_parity.log || (cat $(BUILD)/bpe_parity.log; exit 1)
@@ -56,7 +61,7 @@ test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/refe
 # but run under it), in build-asan/. Leak checking is off: OpenMPI and ICU keep allocations to exit.
 ASAN_BUILD = build-asan
 test-asan: deps $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors $(BUILD)/reference/grpo/reference.safetensors \
-    $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
+    $(BUILD)/reference/ppo/reference.safetensors $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFAB_SANITIZE=address -DFAB_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	rm -rf $(ASAN_BUILD)/reference && cp -r $(BUILD)/reference $(ASAN_BUILD)/reference
@@ -97,8 +102,10 @@ demo: deps build
 	@bash scripts/demo.sh
 
 # Part-way SFT on the same task, then GRPO with the exact-match reward: accuracy before and after.
+# STAGE=ppo: the same demonstration with stage ppo (a critic, GAE) in place of grpo.
+STAGE ?= grpo
 demo-rl: deps build
-	@bash scripts/demo.sh --rl
+	@bash scripts/demo.sh --rl --stage $(STAGE)
 
 clean:
 	rm -rf $(BUILD)

@@ -123,9 +123,9 @@ int print_command_help(const std::string& command) {
        "--iface eth0\n"},
       {"demo",
        "fabrica demo [--steps N] [--workdir DIR]\n  Synthetic addition task, BPE tokenizer, tiny Qwen3 trained from "
-       "scratch; accuracy before and after.\nfabrica demo --rl [--steps N] [--rl-steps M] [--workdir DIR]\n  The same "
-       "task: N steps of SFT (part of the way), then M steps of GRPO with the exact-match reward; accuracy before "
-       "and after GRPO.\nexample:\n  fabrica demo --steps 500\n"},
+       "scratch; accuracy before and after.\nfabrica demo --rl [--steps N] [--rl-steps M] [--workdir DIR] [--stage "
+       "grpo|ppo]\n  The same task: N steps of SFT (part of the way), then M steps of GRPO (or PPO with a critic) "
+       "with the exact-match reward; accuracy before and after.\nexample:\n  fabrica demo --steps 500\n"},
   };
   auto it = help.find(command);
   if (it == help.end()) {
@@ -189,13 +189,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (command == "demo") {
-      fab::Args args(argc, argv, 2, {"steps", "workdir", "rl-steps"}, {"rl"});
+      fab::Args args(argc, argv, 2, {"steps", "workdir", "rl-steps", "stage"}, {"rl"});
       const bool rl = args.flag("rl");
       const int steps = int(args.get_number("steps", rl ? 450 : 1000));
       FAB_USER_CHECK(steps > 0, "--steps must be positive");
       if (rl)
         return fab::run_demo_rl(steps, int(args.get_integer("rl-steps", 40, 1, 1 << 20)),
-                                args.get("workdir", "build/demo-rl"));
+                                args.get("workdir", "build/demo-rl"), args.get("stage", "grpo"));
       return fab::run_demo(steps, args.get("workdir", "build/demo"));
     }
     std::cerr << "fabrica: unknown command \"" << command << "\" (try fabrica --help)\n";

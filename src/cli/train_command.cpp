@@ -199,7 +199,8 @@ int train_worker(TrainConfig c, WorldInfo world) {
   DecoderOptions base;
   base.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   base.device = device;
-  base.max_seq_len = c.stage == "grpo" ? longest_rollout(c, data.train) : std::min(c.cutoff_len, longest_sequence(data));
+  const bool rl = c.stage == "grpo" || c.stage == "ppo";
+  base.max_seq_len = rl ? longest_rollout(c, data.train) : std::min(c.cutoff_len, longest_sequence(data));
   ModelShare share = model_share(base, layout, *mesh, c);  // its tensor-parallel ops outlive the model
   DecoderOptions& options = share.options;
   options.value_head = c.stage == "rm";
@@ -229,7 +230,7 @@ int train_worker(TrainConfig c, WorldInfo world) {
   std::vector<StepRecord> history;
   {
     TrainData train_data{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)};
-    if (c.stage == "grpo") train_data.grpo = grpo_environment(c, tokenizer);
+    if (rl) train_data.grpo = grpo_environment(c, tokenizer);
     Trainer trainer(c, std::move(model), std::move(train_data), mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     finished = trainer.run();

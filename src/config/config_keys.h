@@ -17,7 +17,7 @@
   /* model */                                                                                                         \
   X(model_name_or_path, model_name_or_path, std::string, "", Supported, "Hugging Face model folder: config.json, optional weights, tokenizer") \
   X(trust_remote_code, trust_remote_code, bool, false, Accepted, "Accepted for compatibility; Fabrica runs no model code from the folder") \
-  X(stage, stage, std::string, "sft", Supported, "Training stage: pt, sft, dpo, kto, rm or grpo (ppo comes later)")                  \
+  X(stage, stage, std::string, "sft", Supported, "Training stage: pt, sft, dpo, kto, rm, grpo or ppo")                  \
   X(do_train, do_train, bool, true, Supported, "Train (false: only prepare data / evaluate)")                                    \
   X(finetuning_type, finetuning_type, std::string, "full", Supported, "full, lora (PEFT-format adapters) or freeze (only some layers/modules train)")                                 \
   X(lora_rank, lora_rank, int64_t, 8, Supported, "LoRA rank r")                                                                         \
@@ -190,17 +190,28 @@
   X(kto_rejected_weight, kto_rejected_weight, double, 1.0, Supported, "The weight factor of the undesirable losses in KTO training") \
   X(simpo_gamma, simpo_gamma, double, 0.5, Supported, "The target reward margin term in SimPO loss") \
   X(ppo_buffer_size, ppo_buffer_size, int64_t, 1, Later, "The number of mini-batches to make experience buffer in a PPO optimization step") \
-  X(ppo_epochs, ppo_epochs, int64_t, 4, Supported, "grpo: passes over each rollout batch, each mini-batch one optimizer step (LLaMA-Factory's default 4; verl's is 1)") \
-  X(num_generations, num_generations, int64_t, 8, Own, "grpo: responses sampled per prompt, one group (verl's rollout.n, TRL's num_generations)") \
-  X(reward, reward, std::string, "", Own, "grpo: comma-separated rewards, summed: exact_match, gsm8k, boxed, format:REGEX, command:CMD, model:PATH (see the notes)") \
+  X(ppo_epochs, ppo_epochs, int64_t, 4, Supported, "grpo, ppo: passes over each rollout batch, each mini-batch one optimizer step of the actor (and ppo's critic; LLaMA-Factory's default 4; verl's is 1)") \
+  X(num_generations, num_generations, int64_t, 0, Own, "grpo, ppo: responses sampled per prompt, one group (verl's rollout.n, TRL's num_generations; 0: 8 for grpo, 1 for ppo)") \
+  X(reward, reward, std::string, "", Own, "grpo, ppo: comma-separated rewards, summed: exact_match, gsm8k, boxed, format:REGEX, command:CMD, model:PATH (see the notes)") \
   X(norm_adv_by_std, norm_adv_by_std, bool, true, Own, "grpo: advantages (r - mean) / (std + 1e-6) per group; false: r - mean (Dr. GRPO; verl's norm_adv_by_std_in_grpo)") \
-  X(clip_ratio_low, clip_ratio_low, double, 0.2, Own, "grpo: PPO ratio clipped below at 1 - clip_ratio_low (verl)") \
-  X(clip_ratio_high, clip_ratio_high, double, 0.2, Own, "grpo: PPO ratio clipped above at 1 + clip_ratio_high (verl)") \
-  X(clip_ratio_c, clip_ratio_c, double, 3.0, Own, "grpo: dual-clip bound of the loss of negative advantages, > 1 (verl)") \
-  X(loss_agg_mode, loss_agg_mode, std::string, "token-mean", Own, "grpo: token-mean, seq-mean-token-sum or seq-mean-token-mean (verl)") \
-  X(kl_loss_coef, kl_loss_coef, double, 0.0, Own, "grpo: weight of the KL term to the reference (0: none, verl's use_kl_loss false)") \
-  X(kl_loss_type, kl_loss_type, std::string, "low_var_kl", Own, "grpo: k1 (kl), k2 (mse) or k3 (low_var_kl, clamped as verl)") \
-  X(ppo_mini_batch_size, ppo_mini_batch_size, int64_t, 0, Own, "grpo: prompts per optimizer step within a rollout batch, their num_generations responses each (0: the whole batch; verl)") \
+  X(clip_ratio_low, clip_ratio_low, double, 0.2, Own, "grpo, ppo: PPO ratio clipped below at 1 - clip_ratio_low (verl)") \
+  X(clip_ratio_high, clip_ratio_high, double, 0.2, Own, "grpo, ppo: PPO ratio clipped above at 1 + clip_ratio_high (verl)") \
+  X(clip_ratio_c, clip_ratio_c, double, 3.0, Own, "grpo, ppo: dual-clip bound of the loss of negative advantages, > 1 (verl)") \
+  X(loss_agg_mode, loss_agg_mode, std::string, "token-mean", Own, "grpo, ppo: token-mean, seq-mean-token-sum or seq-mean-token-mean (verl)") \
+  X(kl_loss_coef, kl_loss_coef, double, 0.0, Own, "grpo, ppo: weight of the KL term to the reference (0: none, verl's use_kl_loss false)") \
+  X(kl_loss_type, kl_loss_type, std::string, "low_var_kl", Own, "grpo, ppo: k1 (kl), k2 (mse) or k3 (low_var_kl, clamped as verl)") \
+  X(ppo_mini_batch_size, ppo_mini_batch_size, int64_t, 0, Own, "grpo, ppo: prompts per optimizer step within a rollout batch, their num_generations responses each (0: the whole batch; verl)") \
+  X(critic_model_path, critic_model_path, std::string, "", Own, "ppo: the critic's start, an HF folder or a stage rm output (its value head becomes the critic's); empty: the actor's start weights with a zero value head") \
+  X(critic_learning_rate, critic_learning_rate, double, 0.0, Own, "ppo: the critic's peak learning rate, on the actor's schedule (0: learning_rate; verl's critic.optim.lr)") \
+  X(critic_max_grad_norm, critic_max_grad_norm, double, 1.0, Own, "ppo: clip the critic's gradients to this global L2 norm (0: no clipping; verl's critic.grad_clip)") \
+  X(critic_warmup, critic_warmup, int64_t, 0, Own, "ppo: the actor updates from this step on (1-based, as verl's trainer.critic_warmup; 0 and 1: from the first), the critic every step") \
+  X(gamma, gamma, double, 1.0, Own, "ppo: GAE discount (verl's algorithm.gamma)") \
+  X(lam, lam, double, 1.0, Own, "ppo: GAE lambda (verl's algorithm.lam)") \
+  X(cliprange_value, cliprange_value, double, 0.5, Own, "ppo: the critic's values clipped to within this of their rollout-time values in the value loss (verl)") \
+  X(use_kl_in_reward, use_kl_in_reward, bool, false, Own, "ppo: subtract kl_coef * kl_penalty(rollout policy, reference) from every token's reward (verl's algorithm.use_kl_in_reward)") \
+  X(kl_penalty, kl_penalty, std::string, "kl", Own, "ppo: the KL of use_kl_in_reward: k1 (kl), k2 (mse) or k3 (low_var_kl) (verl's algorithm.kl_penalty)") \
+  X(kl_ctrl_type, kl_ctrl_type, std::string, "fixed", Own, "ppo: the KL-in-reward coefficient's controller: fixed (adaptive is not implemented yet; verl's algorithm.kl_ctrl.type)") \
+  X(kl_coef, kl_coef, double, 0.001, Own, "ppo: the KL-in-reward coefficient (verl's algorithm.kl_ctrl.kl_coef)") \
   X(ppo_score_norm, ppo_score_norm, bool, false, Later, "Use score normalization in PPO training") \
   X(ppo_target, ppo_target, double, 6.0, Later, "Target KL value for adaptive KL control in PPO training") \
   X(ppo_whiten_rewards, ppo_whiten_rewards, bool, false, Later, "Whiten the rewards before compute advantages in PPO training") \
@@ -266,12 +277,12 @@
   X(include_effective_tokens_per_second, include_effective_tokens_per_second, bool, false, Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
   /* generation (LLaMA-Factory's GeneratingArguments) */ \
   X(do_sample, do_sample, bool, true, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
-  X(temperature, temperature, double, 0.95, Supported, "grpo: rollout sampling temperature (0: greedy; verl uses 1.0). Other stages: no effect") \
-  X(top_p, top_p, double, 0.7, Supported, "grpo: rollout nucleus sampling (1: off; verl uses 1.0). Other stages: no effect") \
-  X(top_k, top_k, int64_t, 50, Supported, "grpo: rollout top-k filter (0: off; verl uses -1, off). Other stages: no effect") \
+  X(temperature, temperature, double, 0.95, Supported, "grpo, ppo: rollout sampling temperature (0: greedy; verl uses 1.0). Other stages: no effect") \
+  X(top_p, top_p, double, 0.7, Supported, "grpo, ppo: rollout nucleus sampling (1: off; verl uses 1.0). Other stages: no effect") \
+  X(top_k, top_k, int64_t, 50, Supported, "grpo, ppo: rollout top-k filter (0: off; verl uses -1, off). Other stages: no effect") \
   X(num_beams, num_beams, int64_t, 1, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
   X(max_length, max_length, int64_t, 1024, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
-  X(max_new_tokens, max_new_tokens, int64_t, 1024, Supported, "grpo: most tokens per rollout response. Other stages: no effect") \
+  X(max_new_tokens, max_new_tokens, int64_t, 1024, Supported, "grpo, ppo: most tokens per rollout response. Other stages: no effect") \
   X(repetition_penalty, repetition_penalty, double, 1.0, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
   X(length_penalty, length_penalty, double, 1.0, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
   X(skip_special_tokens, skip_special_tokens, bool, true, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
@@ -417,7 +428,7 @@
   A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)
 
 // Longer notes docs/CONFIG.md adds after the tables, one section per topic.
-inline constexpr const char* kConfigNotes = R"(## Rewards (stage grpo)
+inline constexpr const char* kConfigNotes = R"(## Rewards (stages grpo and ppo)
 
 `reward` lists one or more rewards, comma-separated; a response's reward is their sum. A comma
 starts a new reward only where a reward name follows it, so a regex or a command may hold commas.

@@ -221,7 +221,8 @@ void check_preference_keys(const TrainConfig& c, Require& require) {
 // stage grpo's settings, with the ranges verl's config checks.
 template <typename Require>
 void check_grpo_keys(const TrainConfig& c, Require& require) {
-  require(c.num_generations >= 1, format("num_generations must be at least 1, got {}", c.num_generations));
+  require(c.num_generations >= 1, format("num_generations must be at least 1 (0: the stage's default), got {}",
+                                         c.num_generations));
   require(c.clip_ratio_low >= 0 && c.clip_ratio_low < 1, format("clip_ratio_low must be in [0, 1), got {}", c.clip_ratio_low));
   require(c.clip_ratio_high >= 0, format("clip_ratio_high must be >= 0, got {}", c.clip_ratio_high));
   require(c.clip_ratio_c > 1, format("clip_ratio_c must be greater than 1 (verl's dual-clip), got {}", c.clip_ratio_c));
@@ -238,17 +239,41 @@ void check_grpo_keys(const TrainConfig& c, Require& require) {
   require(c.top_p > 0 && c.top_p <= 1, format("top_p must be in (0, 1], got {}", c.top_p));
   require(c.top_k >= 0, format("top_k must be >= 0 (0: off), got {}", c.top_k));
   require(c.max_new_tokens >= 1, format("max_new_tokens must be at least 1, got {}", c.max_new_tokens));
-  if (c.stage != "grpo") return;
-  require(!c.reward.empty(), "stage grpo needs reward (e.g. exact_match, gsm8k, boxed, format:REGEX, command:CMD, "
-                             "model:PATH)");
+  if (c.stage != "grpo" && c.stage != "ppo") return;
+  require(!c.reward.empty(), format("stage {} needs reward (e.g. exact_match, gsm8k, boxed, format:REGEX, command:CMD, "
+                                    "model:PATH)", c.stage));
   require(c.ppo_mini_batch_size == 0 || c.per_device_train_batch_size % c.ppo_mini_batch_size == 0,
           format("ppo_mini_batch_size {} must divide per_device_train_batch_size {} (both count prompts)",
                  c.ppo_mini_batch_size, c.per_device_train_batch_size));
   require(c.gradient_accumulation_steps == 1,
-          "stage grpo takes gradient_accumulation_steps 1: a step's prompts are per_device_train_batch_size, and "
-          "ppo_mini_batch_size cuts them into optimizer steps");
-  require(!c.packing && !c.neat_packing && !c.train_on_prompt, "stage grpo reads prompts: no packing, no train_on_prompt");
-  require(c.eval_strategy == "no", "eval_strategy with stage grpo is not implemented in Fabrica yet (set it to no)");
+          format("stage {} takes gradient_accumulation_steps 1: a step's prompts are per_device_train_batch_size, and "
+                 "ppo_mini_batch_size cuts them into optimizer steps", c.stage));
+  require(!c.packing && !c.neat_packing && !c.train_on_prompt,
+          format("stage {} reads prompts: no packing, no train_on_prompt", c.stage));
+  require(c.eval_strategy == "no",
+          format("eval_strategy with stage {} is not implemented in Fabrica yet (set it to no)", c.stage));
+}
+
+// stage ppo's critic and GAE settings, with the ranges verl's config checks.
+template <typename Require>
+void check_ppo_keys(const TrainConfig& c, Require& require) {
+  require(c.gamma >= 0 && c.gamma <= 1, format("gamma must be in [0, 1], got {}", c.gamma));
+  require(c.lam >= 0 && c.lam <= 1, format("lam must be in [0, 1], got {}", c.lam));
+  require(c.cliprange_value > 0, format("cliprange_value must be positive, got {}", c.cliprange_value));
+  require(c.critic_learning_rate >= 0, format("critic_learning_rate must be >= 0 (0: learning_rate), got {}",
+                                              c.critic_learning_rate));
+  require(c.critic_max_grad_norm >= 0, format("critic_max_grad_norm must be >= 0, got {}", c.critic_max_grad_norm));
+  require(c.critic_warmup >= 0, format("critic_warmup must be >= 0, got {}", c.critic_warmup));
+  const std::string& k = c.kl_penalty;
+  require(k == "k1" || k == "kl" || k == "k2" || k == "mse" || k == "k3" || k == "low_var_kl",
+          format("kl_penalty \"{}\" must be k1 (kl), k2 (mse) or k3 (low_var_kl)", k));
+  require(c.kl_ctrl_type == "fixed" || c.kl_ctrl_type == "adaptive",
+          format("kl_ctrl_type \"{}\" must be fixed (or adaptive, not implemented yet)", c.kl_ctrl_type));
+  require(c.kl_ctrl_type != "adaptive", "kl_ctrl_type adaptive is not implemented in Fabrica yet (use fixed)");
+  require(c.kl_coef >= 0, format("kl_coef must be >= 0, got {}", c.kl_coef));
+  if (c.stage != "ppo") return;
+  require(!c.async_save, "async_save with stage ppo is not implemented in Fabrica yet (the critic is saved beside the "
+                         "checkpoint synchronously)");
 }
 
 void check_values(const TrainConfig& c, const std::string& source, Problems& problems) {
@@ -256,10 +281,11 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
     if (!ok) problems.add(source + ": " + text);
   };
   require(c.stage == "pt" || c.stage == "sft" || c.stage == "dpo" || c.stage == "kto" || c.stage == "rm" ||
-              c.stage == "grpo",
-          format("stage \"{}\" is not implemented in Fabrica yet (pt, sft, dpo, kto, rm and grpo are)", c.stage));
+              c.stage == "grpo" || c.stage == "ppo",
+          format("stage \"{}\" is not implemented in Fabrica yet (pt, sft, dpo, kto, rm, grpo and ppo are)", c.stage));
   check_preference_keys(c, require);
   check_grpo_keys(c, require);
+  check_ppo_keys(c, require);
   require(c.finetuning_type == "full" || c.finetuning_type == "lora" || c.finetuning_type == "freeze",
           format("finetuning_type \"{}\": expected full, lora or freeze", c.finetuning_type));
   require(c.lora_rank > 0, format("lora_rank must be positive, got {}", c.lora_rank));
@@ -385,6 +411,8 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
     apply_key(c, o.substr(0, eq), value, "override", problems);
   }
   if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
+  if (c.num_generations == 0) c.num_generations = c.stage == "ppo" ? 1 : 8;
+  if (c.critic_learning_rate == 0) c.critic_learning_rate = c.learning_rate;
   if (problems.lines.empty()) check_values(c, source, problems);
   if (c.neat_packing) c.packing = true;  // as LLaMA-Factory's DataArguments
   if (c.disable_shuffling) c.shuffle = false;

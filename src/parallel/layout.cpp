@@ -144,11 +144,12 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "ranks)");
   check_tensor_parallel(m, l.tp);
   check_pipeline(c, m, l);
-  FAB_USER_CHECK(c.stage != "grpo" || (l.tp == 1 && l.pp == 1 && c.zero_stage < 3),
-                 "stage grpo with tensor_parallel_size {}, pipeline_parallel_size {} and zero_stage {} is not "
-                 "implemented in Fabrica yet: rollouts run on whole weights, so grpo runs data parallel with "
+  const bool rl = c.stage == "grpo" || c.stage == "ppo";
+  FAB_USER_CHECK(!rl || (l.tp == 1 && l.pp == 1 && c.zero_stage < 3),
+                 "stage {} with tensor_parallel_size {}, pipeline_parallel_size {} and zero_stage {} is not "
+                 "implemented in Fabrica yet: rollouts run on whole weights, so {} runs data parallel with "
                  "zero_stage 0, 1 or 2",
-                 l.tp, l.pp, c.zero_stage);
+                 c.stage, l.tp, l.pp, c.zero_stage, c.stage);
   const bool preference = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";
   FAB_USER_CHECK(!preference || (l.tp == 1 && l.pp == 1),
                  "stage {} with tensor_parallel_size {} and pipeline_parallel_size {} is not implemented in Fabrica "

@@ -9,26 +9,6 @@
 namespace fab {
 namespace {
 
-// The weight of each token of response i in the aggregate (the loss is linear in the token losses).
-std::vector<double> token_weights(const std::vector<ResponseTokens>& responses, LossAggMode mode) {
-  int64_t tokens = 0, nonempty = 0;
-  for (const ResponseTokens& r : responses) {
-    tokens += int64_t(r.logp.size());
-    nonempty += r.logp.empty() ? 0 : 1;
-  }
-  std::vector<double> w(responses.size(), 0.0);
-  for (size_t i = 0; i < responses.size(); ++i) {
-    const double n = double(responses[i].logp.size());
-    if (n == 0) continue;
-    switch (mode) {
-      case LossAggMode::token_mean: w[i] = 1.0 / double(tokens); break;         // Σ l / Σ mask
-      case LossAggMode::seq_mean_token_sum: w[i] = 1.0 / double(responses.size()); break;  // mean_i Σ_t l
-      case LossAggMode::seq_mean_token_mean: w[i] = 1.0 / (double(nonempty) * n); break;   // mean_i mean_t l
-    }
-  }
-  return w;
-}
-
 struct TokenPg {
   double loss = 0, d_logp = 0, neg_kl = 0;
   bool clipped = false, clipped_lower = false;
@@ -66,6 +46,25 @@ TokenPg token_policy_loss(double logp, double old_logp, double a, const GrpoLoss
 }
 
 }  // namespace
+
+std::vector<double> loss_agg_weights(const std::vector<size_t>& lengths, LossAggMode mode) {
+  int64_t tokens = 0, nonempty = 0;
+  for (size_t n : lengths) {
+    tokens += int64_t(n);
+    nonempty += n == 0 ? 0 : 1;
+  }
+  std::vector<double> w(lengths.size(), 0.0);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const double n = double(lengths[i]);
+    if (n == 0) continue;
+    switch (mode) {
+      case LossAggMode::token_mean: w[i] = 1.0 / double(tokens); break;         // Σ l / Σ mask
+      case LossAggMode::seq_mean_token_sum: w[i] = 1.0 / double(lengths.size()); break;  // mean_i Σ_t l
+      case LossAggMode::seq_mean_token_mean: w[i] = 1.0 / (double(nonempty) * n); break;   // mean_i mean_t l
+    }
+  }
+  return w;
+}
 
 LossAggMode parse_loss_agg_mode(const std::string& name) {
   if (name == "token-mean") return LossAggMode::token_mean;
@@ -126,18 +125,22 @@ KlTerm kl_penalty(double logp, double ref_logp, KlType type) {
 
 GrpoLossResult grpo_loss(const std::vector<ResponseTokens>& responses, const GrpoLossOptions& o) {
   GrpoLossResult out;
-  const std::vector<double> w = token_weights(responses, o.loss_agg_mode);
+  std::vector<size_t> lengths;
+  for (const ResponseTokens& r : responses) lengths.push_back(r.logp.size());
+  const std::vector<double> w = loss_agg_weights(lengths, o.loss_agg_mode);
   const bool with_kl = o.kl_loss_coef != 0;
   int64_t tokens = 0;
   out.d_logp.resize(responses.size());
   for (size_t i = 0; i < responses.size(); ++i) {
     const ResponseTokens& r = responses[i];
-    FAB_CHECK(r.old_logp.size() == r.logp.size() && (!with_kl || r.ref_logp.size() == r.logp.size()),
-              "response {}: {} log-probabilities, {} old, {} reference", i, r.logp.size(), r.old_logp.size(),
-              r.ref_logp.size());
+    FAB_CHECK(r.old_logp.size() == r.logp.size() && (!with_kl || r.ref_logp.size() == r.logp.size()) &&
+                  (r.token_advantages.empty() || r.token_advantages.size() == r.logp.size()),
+              "response {}: {} log-probabilities, {} old, {} reference, {} advantages", i, r.logp.size(),
+              r.old_logp.size(), r.ref_logp.size(), r.token_advantages.size());
     out.d_logp[i].assign(r.logp.size(), 0.0);
     for (size_t t = 0; t < r.logp.size(); ++t) {
-      const TokenPg pg = token_policy_loss(r.logp[t], r.old_logp[t], r.advantage, o);
+      const double a = r.token_advantages.empty() ? r.advantage : r.token_advantages[t];
+      const TokenPg pg = token_policy_loss(r.logp[t], r.old_logp[t], a, o);
       out.pg_loss += w[i] * pg.loss;
       double d = pg.d_logp;
       if (with_kl) {

@@ -43,7 +43,13 @@ struct GrpoLossOptions {
 struct ResponseTokens {
   std::vector<double> logp, old_logp, ref_logp;  // ref_logp may be empty when kl_loss_coef is 0
   double advantage = 0;
+  std::vector<double> token_advantages;  // ppo (GAE): one per token, used instead of `advantage` when set
 };
+
+// verl's agg_loss as weights: aggregate = Σ_i w_i Σ_t l_it over responses of these lengths.
+//   token-mean: 1 / Σ_i n_i   seq-mean-token-sum: 1 / B   seq-mean-token-mean: 1 / (B' n_i), B' the
+//   nonempty responses (an empty response weighs 0).
+std::vector<double> loss_agg_weights(const std::vector<size_t>& lengths, LossAggMode mode);
 
 struct GrpoLossResult {
   double loss = 0;                         // pg_loss + kl_loss_coef * kl_loss

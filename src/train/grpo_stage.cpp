@@ -34,19 +34,17 @@ const std::vector<std::string>& grpo_metric_names() {
   return names;
 }
 
-// Responses [first, first + count) of the rollout batch (fewer at its end).
+}  // namespace
+
 std::vector<const RolloutSequence*> mini_batch(const std::vector<RolloutSequence>& all, size_t first, size_t count) {
   std::vector<const RolloutSequence*> rows;
   for (size_t i = first; i < std::min(all.size(), first + count); ++i) rows.push_back(&all[i]);
   return rows;
 }
 
-// Row of the logits that predicts response token k of sequence i: (i, P - 1 + k) of (B, T).
 int64_t response_row(int64_t i, int64_t seq, const RolloutSequence& r, size_t k) {
   return i * seq + int64_t(r.prompt.size()) - 1 + int64_t(k);
 }
-
-}  // namespace
 
 GrpoEnvironment grpo_environment(const TrainConfig& c, const Tokenizer& tokenizer) {
   const TokenizerEncoder encoder(tokenizer);
@@ -120,6 +118,7 @@ GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const Rollo
       tokens[i].old_logp = rows[i]->old_logp;
       tokens[i].ref_logp = rows[i]->ref_logp;
       tokens[i].advantage = rows[i]->advantage;
+      tokens[i].token_advantages = rows[i]->token_advantages;
       for (size_t k = 0; k < rows[i]->response.size(); ++k)
         tokens[i].logp.push_back(lp.logp[size_t(response_row(int64_t(i), seq, *rows[i], k))]);
     }
@@ -163,13 +162,14 @@ GrpoStage::GrpoStage(const TrainConfig& config, DecoderModel& model, DataParalle
       pad_id_(pad_id),
       loss_options_(grpo_loss_options(config)),
       rewards_(std::make_unique<Rewards>(config.reward, pad_id)),
+      needs_reference_(config.kl_loss_coef != 0),
       means_(grpo_metric_names()),
       extremes_(4, -INFINITY) {}
 
 GrpoStage::~GrpoStage() = default;
 
 void GrpoStage::prepare() {
-  if (loss_options_.kl_loss_coef == 0 || model_.lora().enabled() || reference_weights_.defined()) return;
+  if (!needs_reference_ || model_.lora().enabled() || reference_weights_.defined()) return;
   reference_weights_ = model_.params().values().clone(MemoryCategory::parameters);
 }
 
@@ -192,7 +192,6 @@ std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector
   means_.add(kRolloutTokensPerS, double(stats.generated_tokens) / std::max(seconds, 1e-9));
   std::vector<RolloutSequence> rollouts(requests.size());
   std::vector<RewardSample> samples(requests.size());
-  std::vector<int64_t> group(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     const GrpoPrompt& p = prompts_[size_t(prompts[i / size_t(n)])];
     rollouts[i].prompt = p.ids;
@@ -201,28 +200,32 @@ std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector
     samples[i] = {env_.tokenizer->decode(p.ids, true),
                   strip_response(env_.tokenizer->decode(outputs[i].tokens, true), env_.eos_token), p.answer, p.ids,
                   outputs[i].tokens};
-    group[i] = int64_t(i) / n;
     means_.add(kResponseLength, double(outputs[i].tokens.size()));
     means_.add(kResponseClip, outputs[i].stopped ? 0.0 : 1.0);
     means_.add(kAccuracy, samples[i].response == samples[i].answer ? 1.0 : 0.0);
   }
   const std::vector<double> rewards = rewards_->score(samples);
-  const std::vector<double> advantages = group_advantages(rewards, group, config_.norm_adv_by_std);
   for (size_t i = 0; i < rollouts.size(); ++i) {
-    rollouts[i].advantage = advantages[i];
+    rollouts[i].reward = rewards[i];
     means_.add(kRewardMean, rewards[i]);
-    means_.add(kAdvantageMean, advantages[i]);
     extremes_[0] = std::max(extremes_[0], rewards[i]);
-    extremes_[1] = std::max(extremes_[1], advantages[i]);
     extremes_[2] = std::max(extremes_[2], -rewards[i]);
-    extremes_[3] = std::max(extremes_[3], -advantages[i]);
   }
   return rollouts;
+}
+
+void GrpoStage::note_advantages(const std::vector<double>& advantages) {
+  for (double a : advantages) {
+    means_.add(kAdvantageMean, a);
+    extremes_[1] = std::max(extremes_[1], a);
+    extremes_[3] = std::max(extremes_[3], -a);
+  }
 }
 
 // The reference's log-probabilities: the adapters off under LoRA, else the start weights swapped
 // in (and back out) around the forward passes.
 void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
+  const auto start = Clock::now();
   const bool lora = model_.lora().enabled();
   auto swap_weights = [&] {
     float* now = model_.params().values().data<float>();
@@ -244,6 +247,7 @@ void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t p
   }
   if (lora) model_.set_adapters_enabled(true);
   else swap_weights();
+  means_.add(kTimeRef, seconds_since(start));
 }
 
 // One optimizer step on `rows`; the loss and whether it is finite are agreed over the ranks first.
@@ -255,10 +259,10 @@ double GrpoStage::update(const std::vector<const RolloutSequence*>& rows, double
   dp_.finish_gradients();
   double sums[2] = {r.loss, std::isfinite(r.loss) ? 0.0 : 1.0};
   group_.all_reduce(sums, 2, "grpo loss").wait();
-  FAB_USER_CHECK(sums[1] == 0, "stage grpo: the loss is not finite on {} rank(s); lower learning_rate or check the "
-                               "rewards", sums[1]);
+  FAB_USER_CHECK(sums[1] == 0, "stage {}: the loss is not finite on {} rank(s); lower learning_rate or check the "
+                               "rewards", config_.stage, sums[1]);
   *grad_norm = dp_.clip_grad_norm(config_.max_grad_norm);
-  FAB_USER_CHECK(std::isfinite(*grad_norm), "stage grpo: the gradient norm is not finite");
+  FAB_USER_CHECK(std::isfinite(*grad_norm), "stage {}: the gradient norm is not finite", config_.stage);
   dp_.optimizer_step(float(lr));
   means_.add(kPgLoss, r.pg_loss);
   means_.add(kPgClipfrac, r.pg_clipfrac);
@@ -268,13 +272,13 @@ double GrpoStage::update(const std::vector<const RolloutSequence*>& rows, double
   return sums[0] / double(group_.size());
 }
 
-GrpoStepResult GrpoStage::step(int64_t step, const std::vector<int64_t>& prompts, double lr) {
-  GrpoStepResult out;
-  std::vector<RolloutSequence> rollouts = roll_out(step, prompts);
-  const size_t per_mini = size_t(config_.num_generations) *
-                          size_t(config_.ppo_mini_batch_size > 0 ? config_.ppo_mini_batch_size
-                                                                 : config_.per_device_train_batch_size);
-  auto start = Clock::now();
+size_t GrpoStage::per_mini_batch() const {
+  return size_t(config_.num_generations) *
+         size_t(config_.ppo_mini_batch_size > 0 ? config_.ppo_mini_batch_size : config_.per_device_train_batch_size);
+}
+
+void GrpoStage::old_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
+  const auto start = Clock::now();
   double entropy = 0, tokens = 0;
   for (size_t first = 0; first < rollouts.size(); first += per_mini) {
     const auto rows = mini_batch(rollouts, first, per_mini);
@@ -286,23 +290,44 @@ GrpoStepResult GrpoStage::step(int64_t step, const std::vector<int64_t>& prompts
   }
   means_.add(kEntropy, entropy, tokens);
   means_.add(kTimeOld, seconds_since(start));
-  if (loss_options_.kl_loss_coef != 0) {
-    start = Clock::now();
-    reference_logps(rollouts, per_mini);
-    means_.add(kTimeRef, seconds_since(start));
-  }
-  start = Clock::now();
+}
+
+double GrpoStage::actor_updates(const std::vector<RolloutSequence>& rollouts, size_t per_mini, double lr,
+                                double* grad_norm) {
+  const auto start = Clock::now();
   double loss_sum = 0;
   int64_t updates = 0;
   for (int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch)
     for (size_t first = 0; first < rollouts.size(); first += per_mini, ++updates)
-      loss_sum += update(mini_batch(rollouts, first, per_mini), lr, &out.grad_norm);
+      loss_sum += update(mini_batch(rollouts, first, per_mini), lr, grad_norm);
   means_.add(kTimeUpdate, seconds_since(start));
+  return updates > 0 ? loss_sum / double(updates) : 0.0;
+}
+
+int64_t GrpoStage::count_tokens(const std::vector<RolloutSequence>& rollouts) {
   double counted[1] = {0};
   for (const RolloutSequence& r : rollouts) counted[0] += double(r.prompt.size() + r.response.size());
   group_.all_reduce(counted, 1, "grpo tokens").wait();
-  out.tokens = int64_t(counted[0]);
-  out.loss = updates > 0 ? loss_sum / double(updates) : 0.0;
+  return int64_t(counted[0]);
+}
+
+GrpoStepResult GrpoStage::step(int64_t step, const std::vector<int64_t>& prompts, double lr) {
+  GrpoStepResult out;
+  std::vector<RolloutSequence> rollouts = roll_out(step, prompts);
+  std::vector<double> rewards;
+  std::vector<int64_t> group;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    rewards.push_back(rollouts[i].reward);
+    group.push_back(int64_t(i) / config_.num_generations);
+  }
+  const std::vector<double> advantages = group_advantages(rewards, group, config_.norm_adv_by_std);
+  for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].advantage = advantages[i];
+  note_advantages(advantages);
+  const size_t per_mini = per_mini_batch();
+  old_logps(rollouts, per_mini);
+  if (loss_options_.kl_loss_coef != 0) reference_logps(rollouts, per_mini);
+  out.loss = actor_updates(rollouts, per_mini, lr, &out.grad_norm);
+  out.tokens = count_tokens(rollouts);
   return out;
 }
 

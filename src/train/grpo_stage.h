@@ -21,6 +21,7 @@
 #include "parallel/data_parallel.h"
 #include "tokenizer/tokenizer.h"
 #include "train/batch.h"
+#include "train/checkpoint.h"
 #include "train/grpo_loss.h"
 #include "train/rewards.h"
 #include "train/stage_objective.h"
@@ -53,8 +54,16 @@ std::vector<GrpoPrompt> grpo_prompts(const TokenSequences& rows, const GrpoEnvir
 struct RolloutSequence {
   std::vector<int32_t> prompt, response;
   std::vector<double> old_logp, ref_logp;  // per response token
-  double advantage = 0;
+  double reward = 0;                       // the sequence's score
+  double advantage = 0;                    // grpo: one per response
+  // ppo: per response token, the advantage (used instead of `advantage` when set), the critic's
+  // value before the update and the GAE return.
+  std::vector<double> token_advantages, values, returns;
 };
+
+// Row of the (B * T) positions of collate_rollouts' batch that predicts response token k of
+// sequence i: (i, P - 1 + k), P the prompt's length.
+int64_t response_row(int64_t i, int64_t seq, const RolloutSequence& r, size_t k);
 
 // (B, T) ids and labels of prompt + response, the prompt's labels -100.
 Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t pad_id);
@@ -80,24 +89,46 @@ struct GrpoStepResult {
   int64_t tokens = 0;    // prompt + response tokens of the step, every rank
 };
 
+// Responses [first, first + count) of the rollout batch (fewer at its end).
+std::vector<const RolloutSequence*> mini_batch(const std::vector<RolloutSequence>& all, size_t first, size_t count);
+
+// stage grpo, and the base of stage ppo (train/ppo_stage.h), which shares its rollouts, rewards,
+// old and reference log-probabilities and actor updates and adds a critic.
 class GrpoStage {
  public:
   GrpoStage(const TrainConfig& config, DecoderModel& model, DataParallel& dp, Communicator& group,
             const TokenSequences& train, GrpoEnvironment env, int32_t pad_id);
-  ~GrpoStage();
+  virtual ~GrpoStage();
   // Before the first step (and before a resume loads its checkpoint): the reference weights.
   void prepare();
   // Collective. `prompts`: this rank's prompt indices of the step.
-  GrpoStepResult step(int64_t step, const std::vector<int64_t>& prompts, double lr);
+  virtual GrpoStepResult step(int64_t step, const std::vector<int64_t>& prompts, double lr);
   // The metrics since the last call, over every rank (collective).
-  nlohmann::json metrics_json();
-  nlohmann::json memory_json() const;
+  virtual nlohmann::json metrics_json();
+  virtual nlohmann::json memory_json() const;
+  // What the stage trains besides the model (ppo: the critic), into and out of checkpoint `dir`
+  // after the trainer's own part (collective), and into the final output_dir.
+  virtual void save_checkpoint_part(const std::string& /*dir*/, const TrainerState& /*state*/,
+                                    const std::string& /*config_yaml*/) {}
+  virtual void load_checkpoint_part(const std::string& /*dir*/) {}
+  virtual void save_final(const std::string& /*output_dir*/, bool /*main*/) {}
 
- private:
+ protected:
+  // The step's responses with their rewards (and the reward and response metrics).
   std::vector<RolloutSequence> roll_out(int64_t step, const std::vector<int64_t>& prompts);
+  // Responses per forward pass and per optimizer step: ppo_mini_batch_size prompts' responses.
+  size_t per_mini_batch() const;
+  // The rollout policy's log-probabilities ("old") and the entropy metric.
+  void old_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini);
   // Forward passes of `per_mini` responses each.
   void reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini);
+  // ppo_epochs passes of actor updates over the mini-batches; the mean loss, the last grad norm.
+  double actor_updates(const std::vector<RolloutSequence>& rollouts, size_t per_mini, double lr, double* grad_norm);
   double update(const std::vector<const RolloutSequence*>& rows, double lr, double* grad_norm);
+  // The advantage metrics (mean, max, min) of these values.
+  void note_advantages(const std::vector<double>& advantages);
+  // Prompt + response tokens of every rank's responses (collective).
+  int64_t count_tokens(const std::vector<RolloutSequence>& rollouts);
 
   TrainConfig config_;
   DecoderModel& model_;
@@ -108,6 +139,7 @@ class GrpoStage {
   int32_t pad_id_;
   GrpoLossOptions loss_options_;
   std::unique_ptr<Rewards> rewards_;
+  bool needs_reference_ = false;  // a KL term (ppo: also the KL penalty in the reward)
   Tensor reference_weights_;  // full and freeze fine-tuning with a KL term: the trainable start weights
   StageMetrics means_;
   std::vector<double> extremes_;  // this rank's max reward, max advantage, -min reward, -min advantage

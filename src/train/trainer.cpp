@@ -125,11 +125,11 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   }
   group_ = &mesh->group("dp");
   const Device device = model_->options().device;
-  // grpo's rollouts generate, and generation runs on the host only.
-  FAB_USER_CHECK(device.is_host() || config_.stage != "grpo",
-                 "device {}: stage grpo is not implemented on a device yet (pt, sft, dpo and kto are; use device: "
+  // grpo's and ppo's rollouts generate, and generation runs on the host only.
+  FAB_USER_CHECK(device.is_host() || (config_.stage != "grpo" && config_.stage != "ppo"),
+                 "device {}: stage {} is not implemented on a device yet (pt, sft, dpo and kto are; use device: "
                  "cpu)",
-                 device.str());
+                 device.str(), config_.stage);
   ParallelModel parallel = parallelize(*model_, *mesh, config_);
   tp_ = parallel.tp;
   pipeline_ = std::move(parallel.pipeline);
@@ -139,6 +139,8 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
       config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
   if (config_.stage == "grpo")
     grpo_ = std::make_unique<GrpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
+  if (config_.stage == "ppo")
+    grpo_ = std::make_unique<PpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
   if (objective_) {
     train_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
     eval_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());
@@ -523,6 +525,7 @@ void Trainer::save(int64_t step) {
     return async_writer_->save(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get(),
                                config_.save_total_limit);
   save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get());
+  if (grpo_) grpo_->save_checkpoint_part(dir, state_, config_yaml_);
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
   barrier_all("checkpoints pruned");
 }
@@ -531,6 +534,7 @@ void Trainer::save(int64_t step) {
 // the epoch's samples, so it scales by N / M.
 void Trainer::resume(const std::string& checkpoint) {
   state_ = load_checkpoint(checkpoint, *dp_);
+  if (grpo_) grpo_->load_checkpoint_part(checkpoint);
   const int64_t saved_world = state_.world_size;
   if (saved_world != group_->size()) {
     const int64_t consumed = state_.sampler.position * saved_world;
@@ -634,6 +638,7 @@ void Trainer::finish() {
     save_trained_weights(*model_, config_.output_dir, config_.model_name_or_path);
   }
   dp_->release_gathered_parameters();
+  if (grpo_) grpo_->save_final(config_.output_dir, main_);
   barrier_all("final model written");
   if (!main_) return;
   if (config_.plot_loss) {

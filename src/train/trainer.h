@@ -21,6 +21,7 @@
 #include "monitor/tensorboard.h"
 #include "train/metrics_log.h"
 #include "train/grpo_stage.h"
+#include "train/ppo_stage.h"
 #include "train/stage_objective.h"
 
 namespace fab {
@@ -29,7 +30,7 @@ struct TrainData {
   TokenSequences train, eval;
   int32_t pad_id = 0;  // fills the end of shorter samples in a batch (their labels are -100)
   std::vector<uint8_t> train_desirable = {}, eval_desirable = {};  // kto: each example's tag
-  GrpoEnvironment grpo = {};  // grpo: the tokenizer and stop ids of rollouts
+  GrpoEnvironment grpo = {};  // grpo, ppo: the tokenizer and stop ids of rollouts
 };
 
 struct StepRecord {
@@ -109,7 +110,8 @@ class Trainer {
   // log, and those of the last evaluation.
   std::unique_ptr<StageObjective> objective_;
   std::unique_ptr<StageMetrics> train_metrics_, eval_metrics_;
-  std::unique_ptr<GrpoStage> grpo_;  // stage grpo: rollouts and its updates replace the micro-batches
+  // stage grpo, or ppo (a PpoStage): rollouts and its updates replace the micro-batches
+  std::unique_ptr<GrpoStage> grpo_;
 };
 
 // Steps of a run as HF's Trainer counts them: max_steps when > 0, else

@@ -105,10 +105,33 @@ TEST(TrainConfig, FeaturesNotYetImplementedSaySo) {
   EXPECT_NE(error_of("use_dora: true\n").find("\"use_dora\" is not implemented in Fabrica yet"), std::string::npos);
   // A feature key set to its default asks for nothing (LLaMA-Factory's examples write these).
   EXPECT_EQ(error_of("save_only_model: false\n"), "accepted");
-  EXPECT_NE(error_of("stage: ppo\n").find("stage \"ppo\" is not implemented in Fabrica yet"), std::string::npos);
+  EXPECT_NE(error_of("stage: ppo\nreward: exact_match\nkl_ctrl_type: adaptive\n")
+                .find("kl_ctrl_type adaptive is not implemented in Fabrica yet"),
+            std::string::npos);
+  EXPECT_NE(error_of("stage: ppo\nreward: exact_match\nasync_save: true\n")
+                .find("async_save with stage ppo is not implemented in Fabrica yet"),
+            std::string::npos);
   TrainConfig c = parse_train_config("preprocessing_num_workers: 16\nddp_timeout: 180000000\n", "run.yaml");
   EXPECT_EQ(c.accepted_keys, (std::vector<std::string>{"preprocessing_num_workers"}));
   EXPECT_EQ(c.ddp_timeout, 180000000);
+}
+
+// stage ppo: num_generations 1 and the critic's learning rate the actor's unless set; grpo keeps 8.
+TEST(TrainConfig, PpoDefaultsAndRanges) {
+  const TrainConfig ppo = parse_train_config("stage: ppo\nreward: exact_match\nlearning_rate: 3e-4\n", "run.yaml");
+  EXPECT_EQ(ppo.num_generations, 1);
+  EXPECT_DOUBLE_EQ(ppo.critic_learning_rate, 3e-4);
+  EXPECT_EQ(parse_train_config("stage: grpo\nreward: exact_match\n", "run.yaml").num_generations, 8);
+  EXPECT_DOUBLE_EQ(parse_train_config("stage: ppo\nreward: exact_match\ncritic_learning_rate: 1e-5\n", "run.yaml")
+                       .critic_learning_rate,
+                   1e-5);
+  EXPECT_NE(error_of("stage: ppo\n").find("stage ppo needs reward"), std::string::npos);
+  EXPECT_NE(error_of("stage: ppo\nreward: exact_match\nlam: 1.5\n").find("lam must be in [0, 1], got 1.5"),
+            std::string::npos);
+  EXPECT_NE(error_of("stage: ppo\nreward: exact_match\ncliprange_value: 0\n").find("cliprange_value must be positive"),
+            std::string::npos);
+  EXPECT_NE(error_of("stage: ppo\nreward: exact_match\nkl_penalty: full\n").find("kl_penalty \"full\" must be k1"),
+            std::string::npos);
 }
 
 // LLaMA-Factory's `deepspeed: examples/deepspeed/ds_z3_config.json` selects ZeRO-3; a stage that

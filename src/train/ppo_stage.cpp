@@ -1,0 +1,260 @@
+#include "train/ppo_stage.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "models/hf_model.h"
+#include "nn/sequence_logps.h"
+
+namespace fab {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+enum PpoMetric : size_t {
+  kVfLoss, kVfClipfrac, kVpredMean, kCriticGradNorm, kCriticLr, kReturnsMean, kValuesMean, kRewardKl,
+  kRewardKlCoef, kTimeValues, kTimeUpdateCritic, kNumPpoMetrics
+};
+
+const std::vector<std::string>& ppo_metric_names() {
+  static const std::vector<std::string> names = {
+      "critic/vf_loss",      "critic/vf_clipfrac", "critic/vpred_mean",          "critic/grad_norm",
+      "critic/lr",           "critic/returns_mean", "critic/values_mean",        "actor/reward_kl_penalty",
+      "actor/reward_kl_penalty_coeff", "timing_s/values", "timing_s/update_critic"};
+  return names;
+}
+
+// LLaMA-Factory's value_head.safetensors beside the weights, or TRL's v_head.* in them.
+bool folder_has_value_head(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "value_head.safetensors") ||
+         (HfWeights::present(dir) && HfWeights::open(dir).contains("v_head.summary.weight"));
+}
+
+void zero_value_head(DecoderModel& model) {
+  ParamBuffer& params = model.params();
+  for (const char* name : {"v_head.summary.weight", "v_head.summary.bias"}) {
+    const ParamInfo& p = params.info(name);
+    std::memset(params.values().data<float>() + p.offset, 0, size_t(p.numel()) * sizeof(float));
+  }
+  model.weights_changed();
+}
+
+// Every response row of `rows` in collate_rollouts' batch, response by response.
+std::vector<int64_t> response_rows(const std::vector<const RolloutSequence*>& rows, int64_t seq) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t k = 0; k < rows[i]->response.size(); ++k) out.push_back(response_row(int64_t(i), seq, *rows[i], k));
+  return out;
+}
+
+DataParallelOptions critic_parallel_options(const TrainConfig& c) {
+  DataParallelOptions o;
+  o.zero_stage = int(c.zero_stage);
+  o.bucket_bytes = int64_t(c.ddp_bucket_size * double(1 << 20));
+  o.adamw = AdamWConfig{float(c.adam_beta1), float(c.adam_beta2), float(c.adam_epsilon), float(c.weight_decay)};
+  return o;
+}
+
+}  // namespace
+
+std::unique_ptr<DecoderModel> make_critic(const TrainConfig& c, const DecoderModel& actor) {
+  const std::string dir = c.critic_model_path.empty() ? c.model_name_or_path : c.critic_model_path;
+  FAB_USER_CHECK(fs::exists(fs::path(dir) / "config.json"), "critic_model_path {}: no config.json there", dir);
+  DecoderOptions options = actor.options();
+  options.value_head = true;
+  options.lora = LoraOptions{};
+  options.trainable = nullptr;
+  auto critic = load_model_folder(dir, options, uint64_t(c.seed));
+  FAB_USER_CHECK(critic->config().vocab_size >= actor.config().vocab_size,
+                 "critic_model_path {}: vocab_size {} is smaller than the actor's {} (the critic reads the actor's "
+                 "token ids)",
+                 dir, critic->config().vocab_size, actor.config().vocab_size);
+  if (!folder_has_value_head(dir)) zero_value_head(*critic);
+  return critic;
+}
+
+std::vector<std::vector<double>> response_values(DecoderModel& critic, const std::vector<const RolloutSequence*>& rows,
+                                                 int32_t pad_id) {
+  const Batch batch = collate_rollouts(rows, pad_id);
+  std::vector<std::vector<double>> out(rows.size());
+  critic.forward_with_head(batch.ids, false, [&](Tape& tape, const Var& hidden) {
+    const RowScores s = row_scores(tape, hidden, critic.value_head(), response_rows(rows, batch.ids.dim(1)));
+    size_t at = 0;
+    for (size_t i = 0; i < rows.size(); ++i)
+      out[i].assign(s.value.begin() + std::ptrdiff_t(at), s.value.begin() + std::ptrdiff_t(at + rows[i]->response.size())),
+          at += rows[i]->response.size();
+    return 0.0;
+  });
+  return out;
+}
+
+ValueLossResult value_minibatch(DecoderModel& critic, const std::vector<const RolloutSequence*>& rows,
+                                const ValueLossOptions& options, int32_t pad_id, float scale, bool with_grad) {
+  const Batch batch = collate_rollouts(rows, pad_id);
+  ValueLossResult result;
+  critic.forward_with_head(batch.ids, with_grad, [&](Tape& tape, const Var& hidden) {
+    const RowScores s = row_scores(tape, hidden, critic.value_head(), response_rows(rows, batch.ids.dim(1)));
+    std::vector<ValueTokens> tokens(rows.size());
+    size_t at = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t n = rows[i]->response.size();
+      tokens[i] = {{s.value.begin() + std::ptrdiff_t(at), s.value.begin() + std::ptrdiff_t(at + n)}, rows[i]->values,
+                   rows[i]->returns};
+      at += n;
+    }
+    result = value_loss(tokens, options);
+    at = 0;
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (double d : result.d_vpred[i]) (*s.grad)[at++] = float(scale * d);
+    return result.vf_loss;
+  });
+  return result;
+}
+
+void set_advantages(std::vector<RolloutSequence>& rollouts, const TrainConfig& c, Communicator& group,
+                    double* kl_sum) {
+  const KlType kl_type = parse_kl_type(c.kl_penalty);
+  std::vector<std::vector<double>> advantages;
+  double moments[2] = {0, 0};  // Σ a, n over every rank
+  for (RolloutSequence& r : rollouts) {
+    double kl = 0;
+    const std::vector<double> rewards =
+        token_rewards(r.reward, r.response.size(), r.old_logp, c.use_kl_in_reward ? r.ref_logp : std::vector<double>{},
+                      c.kl_coef, kl_type, &kl);
+    if (kl_sum) *kl_sum += kl / double(r.response.size());
+    Gae g = gae(rewards, r.values, c.gamma, c.lam);
+    r.returns = std::move(g.returns);
+    for (double a : g.advantages) moments[0] += a, moments[1] += 1;
+    advantages.push_back(std::move(g.advantages));
+  }
+  group.all_reduce(moments, 2, "ppo advantage mean").wait();
+  TokenMoments m{moments[0], moments[1], 0};
+  const double mean = moments_mean(m);
+  for (const auto& response : advantages)
+    for (double a : response) m.centered_squares += (a - mean) * (a - mean);
+  group.all_reduce(&m.centered_squares, 1, "ppo advantage variance").wait();
+  whiten(advantages, mean, moments_unbiased_variance(m));
+  for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].token_advantages = std::move(advantages[i]);
+}
+
+PpoStage::PpoStage(const TrainConfig& config, DecoderModel& model, DataParallel& dp, Communicator& group,
+                   const TokenSequences& train, GrpoEnvironment env, int32_t pad_id)
+    : GrpoStage(config, model, dp, group, train, std::move(env), pad_id),
+      critic_(make_critic(config, model)),
+      critic_dp_(std::make_unique<DataParallel>(*critic_, group, critic_parallel_options(config))),
+      value_options_{config.cliprange_value, parse_loss_agg_mode(config.loss_agg_mode)},
+      critic_means_(ppo_metric_names()) {
+  needs_reference_ = needs_reference_ || config.use_kl_in_reward;
+}
+
+PpoStage::~PpoStage() = default;
+
+void PpoStage::critic_values(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
+  const auto start = Clock::now();
+  for (size_t first = 0; first < rollouts.size(); first += per_mini) {
+    const auto rows = mini_batch(rollouts, first, per_mini);
+    const auto values = response_values(*critic_, rows, pad_id_);
+    for (size_t i = 0; i < rows.size(); ++i) rollouts[first + i].values = values[i];
+  }
+  critic_means_.add(kTimeValues, seconds_since(start));
+}
+
+// One critic optimizer step on `rows`, its loss agreed finite over the ranks first.
+void PpoStage::critic_update(const std::vector<const RolloutSequence*>& rows, double lr) {
+  critic_dp_->begin_step(1);
+  critic_dp_->begin_micro_batch(0);
+  const ValueLossResult r =
+      value_minibatch(*critic_, rows, value_options_, pad_id_, float(1.0 / double(group_.size())), true);
+  critic_dp_->finish_gradients();
+  double bad[1] = {std::isfinite(r.vf_loss) ? 0.0 : 1.0};
+  group_.all_reduce(bad, 1, "ppo value loss").wait();
+  FAB_USER_CHECK(bad[0] == 0, "stage ppo: the critic's value loss is not finite on {} rank(s); lower "
+                              "critic_learning_rate or check the rewards", bad[0]);
+  const double norm = critic_dp_->clip_grad_norm(config_.critic_max_grad_norm);
+  FAB_USER_CHECK(std::isfinite(norm), "stage ppo: the critic's gradient norm is not finite");
+  critic_dp_->optimizer_step(float(lr));
+  critic_means_.add(kVfLoss, r.vf_loss);
+  critic_means_.add(kVfClipfrac, r.vf_clipfrac);
+  critic_means_.add(kVpredMean, r.vpred_mean);
+  critic_means_.add(kCriticGradNorm, norm);
+  critic_means_.add(kCriticLr, lr);
+}
+
+GrpoStepResult PpoStage::step(int64_t step, const std::vector<int64_t>& prompts, double lr) {
+  GrpoStepResult out;
+  std::vector<RolloutSequence> rollouts = roll_out(step, prompts);
+  const size_t per_mini = per_mini_batch();
+  old_logps(rollouts, per_mini);
+  if (needs_reference_) reference_logps(rollouts, per_mini);
+  critic_values(rollouts, per_mini);
+  double kl = 0;
+  set_advantages(rollouts, config_, group_, &kl);
+  if (config_.use_kl_in_reward) {
+    critic_means_.add(kRewardKl, kl, double(rollouts.size()));
+    critic_means_.add(kRewardKlCoef, config_.kl_coef);
+  }
+  std::vector<double> advantages;
+  for (const RolloutSequence& r : rollouts) {
+    advantages.insert(advantages.end(), r.token_advantages.begin(), r.token_advantages.end());
+    for (size_t k = 0; k < r.response.size(); ++k) {
+      critic_means_.add(kReturnsMean, r.returns[k]);
+      critic_means_.add(kValuesMean, r.values[k]);
+    }
+  }
+  note_advantages(advantages);
+  // The critic first, on the actor's schedule scaled to its own peak (verl: update_critic, then update_actor).
+  const double critic_lr = config_.learning_rate > 0 ? lr * config_.critic_learning_rate / config_.learning_rate : 0.0;
+  const auto start = Clock::now();
+  for (int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch)
+    for (size_t first = 0; first < rollouts.size(); first += per_mini)
+      critic_update(mini_batch(rollouts, first, per_mini), critic_lr);
+  critic_means_.add(kTimeUpdateCritic, seconds_since(start));
+  if (config_.critic_warmup <= step + 1) out.loss = actor_updates(rollouts, per_mini, lr, &out.grad_norm);
+  out.tokens = count_tokens(rollouts);
+  return out;
+}
+
+nlohmann::json PpoStage::metrics_json() {
+  nlohmann::json j = GrpoStage::metrics_json();
+  critic_means_.all_reduce(group_);
+  for (size_t m = 0; m < kNumPpoMetrics; ++m)
+    if (critic_means_.has(m)) j[critic_means_.names()[m]] = critic_means_.mean(m);
+  critic_means_.clear();
+  return j;
+}
+
+nlohmann::json PpoStage::memory_json() const {
+  nlohmann::json j = GrpoStage::memory_json();
+  const ModelStateBytes b = critic_dp_->state_bytes();
+  j["critic_parameters_bytes"] = b.parameters;
+  j["critic_gradients_bytes"] = b.gradients;
+  j["critic_optimizer_state_bytes"] = b.optimizer_state;
+  return j;
+}
+
+void PpoStage::save_checkpoint_part(const std::string& dir, const TrainerState& state, const std::string& config_yaml) {
+  save_checkpoint((fs::path(dir) / "critic").string(), *critic_dp_, state, config_yaml);
+}
+
+void PpoStage::load_checkpoint_part(const std::string& dir) {
+  const fs::path critic = fs::path(dir) / "critic";
+  FAB_USER_CHECK(fs::exists(critic / "trainer_state.json"),
+                 "{}: a stage ppo checkpoint holds its critic in critic/, which is missing or incomplete (was it "
+                 "saved by another stage, or interrupted while saving the critic?)",
+                 dir);
+  load_checkpoint(critic.string(), *critic_dp_);
+}
+
+void PpoStage::save_final(const std::string& output_dir, bool main) {
+  if (main) save_model_folder(*critic_, (fs::path(output_dir) / "critic").string());
+}
+
+}  // namespace fab
