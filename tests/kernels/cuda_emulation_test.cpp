@@ -280,6 +280,8 @@ TEST(CudaEmulation, TensorCoreAttentionMatchesTheCpu) {
   check_tc_case({2, 45, 2, 2, 128, true});   // the widest head (32-key tiles in the backward), documents
   check_tc_case({1, 150, 2, 1, 64, true});   // three blocks whose documents skip key tiles
   check_tc_case({1, 17, 4, 2, 128, false});  // one block, a lone row in the last warp
+  check_tc_case({2, 64, 2, 1, 64, true});    // exactly one tile
+  check_tc_case({1, 3, 2, 1, 128, false});   // three tokens (one token: dq = dk = 0, no scale to compare)
 }
 
 }  // namespace
