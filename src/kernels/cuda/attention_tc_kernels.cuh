@@ -345,8 +345,10 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Args a) {
 
 // One block: 64 keys of kv head g (blockIdx.y), warp w the keys 16w ..; for each query head of the
 // group and each query tile at or after the keys: S^T = K Q^T and dP^T = V dO^T (mma), P^T and
-// dS^T in fp32, then dV += P^T dO and dK += dS^T Q (mma). 32-query tiles at head_dim 128 keep the
-// four staged tiles within 48 KiB of shared memory.
+// dS^T in fp32, then dV += P^T dO and dK += dS^T Q (mma). A query tile whose documents all start
+// after the block's keys is not staged (packed rows: the later documents' tiles cost their
+// statistics' reads only). 32-query tiles at head_dim 128 keep the four staged tiles within 48 KiB
+// of shared memory.
 template <int D>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(Args a) {
   constexpr int kQueries = D == 128 ? 32 : 64, LD = D / 2 + 4, LQ = kQueries / 2 + 4, NS = kQueries / 8, NO = D / 8;
@@ -361,16 +363,13 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Args a) {
   load_a_fragments<D>(ka, a.k + at, kv_row, a.tq - k0, lane);
   load_a_fragments<D>(va, a.v + at, kv_row, a.tq - k0, lane);
   const int64_t key_last = k0 + 15 < a.tq ? k0 + 15 : a.tq - 1;
+  const int64_t block_key_last = j0 + kBlockRows - 1 < a.tq ? j0 + kBlockRows - 1 : a.tq - 1;
   float dk[NO][4], dv[NO][4];
   zero(dk), zero(dv);
   for (int64_t h = g * heads_per_kv; h < (g + 1) * heads_per_kv; ++h) {
     for (int64_t t0 = j0 / kQueries * kQueries; t0 < a.tq; t0 += kQueries) {
       const int64_t nq = a.tq - t0 < kQueries ? a.tq - t0 : kQueries, at_q = (b * a.tq + t0) * q_row + h * D;
-      __syncthreads();
-      stage_row_pairs<kQueries, D, LD>(qs, a.q + at_q, q_row, nq);
-      stage_row_pairs<kQueries, D, LD>(dos, a.dout + at_q, q_row, nq);
-      stage_column_pairs<kQueries, D, LQ>(qt, a.q + at_q, q_row, nq);
-      stage_column_pairs<kQueries, D, LQ>(dot, a.dout + at_q, q_row, nq);
+      __syncthreads();  // the previous tile is fully read
       for (int e = threadIdx.x; e < kQueries; e += blockDim.x) {
         const int64_t stat = (b * a.heads + h) * a.tq + t0 + e;
         lse_s[e] = e < nq ? a.lse[stat] : 0.0f;
@@ -379,6 +378,12 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Args a) {
       }
       __syncthreads();
       const int64_t tile_first_doc = warp_min(doc_s[lane] < doc_s[lane + kQueries - 32] ? doc_s[lane] : doc_s[lane + kQueries - 32]);
+      if (tile_first_doc > block_key_last) continue;  // block-uniform: every query's document starts later
+      stage_row_pairs<kQueries, D, LD>(qs, a.q + at_q, q_row, nq);
+      stage_row_pairs<kQueries, D, LD>(dos, a.dout + at_q, q_row, nq);
+      stage_column_pairs<kQueries, D, LQ>(qt, a.q + at_q, q_row, nq);
+      stage_column_pairs<kQueries, D, LQ>(dot, a.dout + at_q, q_row, nq);
+      __syncthreads();
       if (k0 > key_last || t0 + nq - 1 < k0 || tile_first_doc > key_last) continue;  // no key of the warp is seen
       float s[NS][4], dp[NS][4];
       zero(s), zero(dp);
