@@ -77,6 +77,14 @@ gpu-pack: build
 	strip $(GPU_PACK)/fabrica_gpu_tests $(GPU_PACK)/fabrica_gpu_bench
 	cp -L $$(ldd $(BUILD)/fabrica_gpu_tests | awk '/libgomp/ {print $$3}') $(GPU_PACK)/
 	cp -r /usr/src/googletest/googletest $(GPU_PACK)/googletest
+	@# fabrica itself, with the libraries a bare GPU machine lacks (not glibc's, not NCCL: it has those)
+	rm -rf $(GPU_PACK)/bin && mkdir -p $(GPU_PACK)/bin/lib
+	cp $(BUILD)/fabrica $(GPU_PACK)/bin/ && strip $(GPU_PACK)/bin/fabrica
+	for lib in $$(ldd $(BUILD)/fabrica | awk '$$3 ~ /^\// {print $$3}' | grep -v -E 'lib(c|m|dl|rt|pthread)\.so|ld-linux|libnccl'); do \
+	  cp -L $$lib $(GPU_PACK)/bin/lib/; done
+	tar -cJf $(GPU_PACK)/fabrica-bin.tar.xz -C $(GPU_PACK)/bin . && rm -rf $(GPU_PACK)/bin
+	@# the demo's task (tokenizer, config, data) for scripts/gpu_train_check.sh
+	$(BUILD)/fabrica demo --steps 1 --workdir $(GPU_PACK)/train >/dev/null && rm -rf $(GPU_PACK)/train/out $(GPU_PACK)/train/cache
 	@du -sh $(GPU_PACK); echo "device run: command \"BENCH=1 bash scripts/gpu_check.sh\", carry [\"$(GPU_PACK)\"], timeout_s 480"
 
 bench: deps build

@@ -13,8 +13,10 @@
 # BENCH=1 the ~1B Llama benchmark (Fabrica, then PyTorch eager and torch.compile), then the
 # kernel tests under compute-sanitizer memcheck if there is time. If the carried binaries cannot
 # start there, it builds fabrica_gpu_tests from the working tree (-DFAB_GPU_TESTS_ONLY=ON).
-# Logs and JSON go to $OUT (they come back with the tool's reply). Each step has its own timeout;
-# together they stay under 470 s (tests 150, Fabrica bench 110, PyTorch 150, memcheck 60).
+# Then `fabrica train` end to end on CUDA (scripts/gpu_train_check.sh: losses against the CPU run,
+# exact resume on the GPU). Logs and JSON go to $OUT (they come back with the tool's reply). Each
+# step has its own timeout: tests 150, train check 200, Fabrica bench 110, PyTorch 150, memcheck 60
+# (BENCH=1 and the train check together pass 480 s: run BENCH=1 as a second call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/fabrica-gpu-out}
@@ -69,6 +71,14 @@ FAB_REQUIRE_GPU=1 timeout 150 "$tests" --gtest_output=xml:"$out/gpu_tests.xml" 2
 rc=${PIPESTATUS[0]}
 say "fabrica_gpu_tests exit code $rc"
 [ "$rc" = 0 ] || exit "$rc"
+
+say "fabrica train on CUDA (losses against the CPU run, exact resume; scripts/gpu_train_check.sh)"
+if [ -f "$pack/fabrica-bin.tar.xz" ]; then
+  timeout 200 bash scripts/gpu_train_check.sh "$pack" "$out" 2>&1 | tee "$out/train_check.log"
+  say "gpu_train_check exit code ${PIPESTATUS[0]}"
+else
+  say "no $pack/fabrica-bin.tar.xz (make gpu-pack makes it): skipped"
+fi
 
 if [ "${BENCH:-0}" = 1 ]; then
   say "benchmark: ~1B Llama, batch 4 x seq 2048, bf16 (Fabrica, then PyTorch eager and torch.compile)"

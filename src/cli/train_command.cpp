@@ -13,7 +13,9 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "comm/device_collectives.h"
 #include "comm/world.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "dataset/prepare.h"
 #include "launch/launcher.h"
@@ -107,6 +109,7 @@ void check_run_config(const TrainConfig& c) {
                  "weights it starts from; choose another output_dir",
                  c.output_dir, c.model_name_or_path);
   check_writable(c.output_dir);
+  resolve_device(c.device);  // device: cuda without a GPU fails here, naming what is missing
   const bool resuming = !checkpoint_to_resume(c).empty();
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
                  "output_dir {} already holds a run: set overwrite_output_dir: true or resume_from_checkpoint: true",
@@ -184,12 +187,18 @@ int train_worker(TrainConfig c, WorldInfo world) {
   const std::optional<AutoPlan> planned = plan_parallel_auto(c, *comm);  // parallel: auto sets the layout keys
   const ParallelLayout layout = layout_of_run(c, world.size);
   auto mesh = std::make_unique<DeviceMesh>(*comm, layout.sizes());
+  const Device device = resolve_device(c.device);
+  if (!device.is_host())
+    mesh->set_device_collectives([device, timeout = double(c.ddp_timeout)](Communicator& group) {
+      return device_collectives(group, device, timeout);
+    });
   if (world.size > 1) start_rank_log(c.output_dir, world.rank);
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
   PreparedData data = prepare_on_node(c, tokenizer, world, *comm);
   if (!c.do_train) return 0;
   DecoderOptions base;
   base.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
+  base.device = device;
   base.max_seq_len = c.stage == "grpo" ? longest_rollout(c, data.train) : std::min(c.cutoff_len, longest_sequence(data));
   ModelShare share = model_share(base, layout, *mesh, c);  // its tensor-parallel ops outlive the model
   DecoderOptions& options = share.options;
@@ -206,10 +215,11 @@ int train_worker(TrainConfig c, WorldInfo world) {
     std::printf("model: %s has no weight files: the run starts from scratch (random initialisation, seed %lld)\n",
                 c.model_name_or_path.c_str(), (long long)c.seed);
   if (main)
-    std::printf("model: %s, %lld parameters, %s, %d threads x %d processes, zero_stage %lld, tensor_parallel_size "
-                "%d%s\n",
+    std::printf("model: %s, %lld parameters, %s on %s, %d threads x %d processes, zero_stage %lld, "
+                "tensor_parallel_size %d%s\n",
                 model->config().model_type.c_str(), (long long)model->config().num_parameters(),
-                c.bf16 ? "bf16" : "fp32", omp_get_max_threads(), world.size, (long long)c.zero_stage, layout.tp,
+                c.bf16 ? "bf16" : "fp32", device.str().c_str(), omp_get_max_threads(), world.size,
+                (long long)c.zero_stage, layout.tp,
                 layout.sequence_parallel ? " (sequence parallel)" : "");
   if (main && c.finetuning_type != "full")
     std::printf("finetuning: %s, %lld trainable parameters, %lld frozen\n", c.finetuning_type.c_str(),

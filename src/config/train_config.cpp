@@ -186,6 +186,8 @@ void check_ranges(const TrainConfig& c, Require& require) {
   require(c.save_total_limit >= 0, format("save_total_limit must be >= 0 (0: keep all), got {}", c.save_total_limit));
   require(c.eval_steps >= 0, format("eval_steps must be >= 0, got {}", c.eval_steps));
   require(c.warmup_steps >= 0, format("warmup_steps must be >= 0, got {}", c.warmup_steps));
+  require(c.device == "cpu" || c.device == "cuda" || c.device == "auto",
+          format("device \"{}\": expected cpu, cuda or auto", c.device));
   require(c.nan_policy == "stop" || c.nan_policy == "skip",
           format("nan_policy \"{}\": expected stop or skip", c.nan_policy));
   require(c.max_skipped_steps >= 0, format("max_skipped_steps must be >= 0, got {}", c.max_skipped_steps));

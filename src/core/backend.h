@@ -28,6 +28,12 @@ class Backend {
 };
 
 Backend& backend(DeviceKind kind);
+// Plugs in the backend of a kind other than cpu and cuda (the tests' guard device). Until one
+// is installed, backend(kind) of that kind throws.
+void install_backend(DeviceKind kind, Backend* backend);
+// The device a `device:` setting names: cpu; cuda (a UserError naming the missing build, GPU
+// or driver when this build or machine has none); auto (cuda when it is available, else cpu).
+Device resolve_device(const std::string& name);
 // The CUDA backend of this build: the real one, or the stub when built without CUDA. Its
 // available() is false, with the reason in name(), when the build or the machine lacks CUDA.
 Backend& cuda_backend();

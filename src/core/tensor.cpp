@@ -80,4 +80,11 @@ Tensor Tensor::clone(MemoryCategory category) const {
   return t;
 }
 
+Tensor Tensor::to(Device device, MemoryCategory category) const {
+  if (!defined() || device == this->device()) return *this;
+  Tensor t = empty(shape_, dtype_, category, device);
+  t.copy_from(*this);
+  return t;
+}
+
 }  // namespace fab

@@ -68,6 +68,8 @@ class Tensor {
   void zero_();
   void copy_from(const Tensor& src);
   Tensor clone(MemoryCategory category) const;
+  // A copy on `device` (this tensor itself when it is already there).
+  Tensor to(Device device, MemoryCategory category) const;
 
  private:
   std::shared_ptr<Storage> storage_;

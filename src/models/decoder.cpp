@@ -71,12 +71,14 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
                    "additional_target {} on a model with tie_word_embeddings is not supported (PEFT would untie "
                    "the embedding and the head)", m);
   register_parameters();
+  check_device_support();
   const bool bf16 = options_.precision == Precision::bf16;
-  check_fits_in_memory(config_, params_.numel() + frozen_.numel() + frozen_bf16_.numel(), bf16);
-  params_.allocate(bf16);
+  const Device device = options_.device;
+  if (device.is_host()) check_fits_in_memory(config_, params_.numel() + frozen_.numel() + frozen_bf16_.numel(), bf16);
+  params_.allocate(bf16, device);
   // A tied embedding is the head's weight too: frozen in bf16 mode it needs its bf16 copy.
-  frozen_.allocate_frozen(true, bf16 && config_.tie_word_embeddings);
-  if (bf16) frozen_bf16_.allocate_frozen(false, true);
+  frozen_.allocate_frozen(true, bf16 && config_.tie_word_embeddings, device);
+  if (bf16) frozen_bf16_.allocate_frozen(false, true, device);
   bind_parameters();
   const int64_t max_len = options_.max_seq_len ? options_.max_seq_len : config_.max_position_embeddings;
   // Dynamic NTK scaling changes the frequencies per batch once a sequence is longer than
@@ -87,7 +89,21 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
                  config_.max_position_embeddings, max_len);
   const RopeFrequencies freq = rope_frequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
   rope_ = RopeTable::make(freq.inv_freq, freq.attention_scaling, max_len);
+  rope_.cos = rope_.cos.to(device, MemoryCategory::parameters);
+  rope_.sin = rope_.sin.to(device, MemoryCategory::parameters);
   if (options_.lora.enabled()) init_adapters();
+}
+
+void DecoderModel::check_device_support() const {
+  if (options_.device.is_host()) return;
+  const char* missing = options_.tp                 ? "tensor_parallel_size > 1"
+                        : !is_whole()               ? "pipeline_parallel_size > 1"
+                        : options_.lora.enabled()   ? "finetuning_type lora"
+                        : bool(options_.trainable)  ? "finetuning_type freeze"
+                        : options_.value_head       ? "stage rm"
+                                                    : nullptr;
+  FAB_USER_CHECK(!missing, "device {}: training with {} is not implemented on a device yet (use device: cpu)",
+                 options_.device.str(), missing);
 }
 
 // Trainable parameters go to params_, in unit order (so each unit is one range of it), as this
@@ -429,6 +445,7 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
 
 void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {
   FAB_CHECK(ids.ndim() == 2 && ids.dtype() == DType::i64, "ids must be (B, T) i64, got {}", shape_str(ids.shape()));
+  FAB_CHECK(ids.device().is_host(), "ids are given on the host (the model copies them to {})", options_.device.str());
   const int64_t end = first_position + ids.dim(1);
   FAB_USER_CHECK(end <= rope_.cos.dim(0), "sequence length {} exceeds the model's {} positions", end,
                  rope_.cos.dim(0));
@@ -537,8 +554,9 @@ Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLa
   FAB_CHECK(is_whole(), "a pipeline stage runs through stage_forward");
   check_ids(ids, 0);
   const int64_t batch = ids.dim(0), seq = ids.dim(1);
-  const Tensor positions = positions_of(ids, layout);
-  Var x = run_layers(tape, 0, layers_.size(), embed(tape, ids), positions, layout.doc_start, batch, seq);
+  const Tensor positions = on_device(positions_of(ids, layout));
+  Var x = run_layers(tape, 0, layers_.size(), embed(tape, on_device(ids)), positions, on_device(layout.doc_start),
+                     batch, seq);
   enter_unit(tape, head_unit());  // left by the caller after lm_head
   return rmsnorm(tape, x, shared(tape, final_norm_), float(config_.rms_norm_eps));
 }
@@ -553,6 +571,8 @@ void DecoderModel::check_whole(const char* what) const {
   FAB_USER_CHECK(!options_.tp, "{} with tensor_parallel_size {} is not implemented: run it on the saved model folder",
                  what, tp_size());
   FAB_CHECK(is_whole(), "{} needs the whole model, not a pipeline stage", what);
+  FAB_USER_CHECK(options_.device.is_host(), "{} on device {} is not implemented yet (use device: cpu)", what,
+                 options_.device.str());
 }
 
 Var DecoderModel::stage_forward(Tape& tape, int chunk, const Tensor& ids, const Var& input,
@@ -583,7 +603,7 @@ double DecoderModel::stage_loss(Tape& tape, const Var& hidden, const Tensor& lab
 
 double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale,
                                       const SequenceLayout& layout) {
-  Tensor targets = shift_labels(labels, config_.vocab_size);
+  const Tensor targets = on_device(shift_labels(labels, config_.vocab_size));
   Tape tape;
   Var hidden = forward_hidden(tape, ids, layout);
   double loss = head_loss(tape, hidden, targets, loss_scale);
@@ -608,7 +628,7 @@ Tensor DecoderModel::shifted_labels(const Tensor& labels) const { return shift_l
 double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
-  const double loss = head_loss(no_grad, hidden, shift_labels(labels, config_.vocab_size), 1.0f);
+  const double loss = head_loss(no_grad, hidden, on_device(shift_labels(labels, config_.vocab_size)), 1.0f);
   leave_unit(no_grad, head_unit());
   return loss;
 }

@@ -32,6 +32,11 @@ struct DecoderOptions {
                  TensorParallelOps* tp_ops = nullptr)
       : precision(precision_), recompute_layers(recompute), max_seq_len(max_seq), tp(tp_ops) {}
   Precision precision = Precision::fp32;
+  // Where parameters, gradients and every tensor of a step live. The inputs of forward_backward,
+  // loss_sum and forward_with_head stay host tensors: the model checks them there and copies them
+  // over once per call. A device other than the CPU trains the whole model (no tensor or pipeline
+  // parallel) in full fine-tuning; the rest is refused by name.
+  Device device = Device::cpu();
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
   // Tensor parallel (parallel/tensor_parallel.h); nullptr: this process holds every parameter.
@@ -212,6 +217,8 @@ class DecoderModel {
   void leave_unit(Tape& tape, int unit);
   std::string unit_name(int unit) const;  // embedding, layer i, head
   Tensor positions_of(const Tensor& ids, const SequenceLayout& layout) const;
+  Tensor on_device(const Tensor& host) const { return host.to(options_.device, MemoryCategory::activations); }
+  void check_device_support() const;
   Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, const Tensor& doc_start,
                     int64_t batch, int64_t seq);
   Var layer_forward_cached(const Layer& layer, size_t index, const Var& x, const Tensor& positions,

@@ -1,7 +1,5 @@
 #include "models/param_buffer.h"
 
-#include <cstring>
-
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/pages.h"
@@ -20,16 +18,27 @@ void ParamBuffer::add(const std::string& name, Shape shape, bool packed_after_pr
   params_.push_back(std::move(p));
 }
 
-void ParamBuffer::allocate(bool with_bf16_copy) {
-  values_ = mapped_zeros(total_, DType::f32, MemoryCategory::parameters);
-  grads_ = mapped_zeros(total_, DType::f32, MemoryCategory::gradients);
-  if (with_bf16_copy) values_bf16_ = mapped_zeros(total_, DType::bf16, MemoryCategory::parameters);
+namespace {
+
+// Zeroed memory for a whole buffer: page mappings on the host, the backend's memory on a device.
+Tensor buffer_zeros(int64_t n, DType dtype, MemoryCategory category, Device device) {
+  return device.is_host() ? mapped_zeros(n, dtype, category) : Tensor::zeros({n}, dtype, category, device);
 }
 
-void ParamBuffer::allocate_frozen(bool fp32_values, bool bf16_values) {
+}  // namespace
+
+void ParamBuffer::allocate(bool with_bf16_copy, Device device) {
+  device_ = device;
+  values_ = buffer_zeros(total_, DType::f32, MemoryCategory::parameters, device);
+  grads_ = buffer_zeros(total_, DType::f32, MemoryCategory::gradients, device);
+  if (with_bf16_copy) values_bf16_ = buffer_zeros(total_, DType::bf16, MemoryCategory::parameters, device);
+}
+
+void ParamBuffer::allocate_frozen(bool fp32_values, bool bf16_values, Device device) {
   FAB_CHECK(fp32_values || bf16_values, "frozen parameters need fp32 or bf16 values");
-  if (fp32_values) values_ = mapped_zeros(total_, DType::f32, MemoryCategory::parameters);
-  if (bf16_values) values_bf16_ = mapped_zeros(total_, DType::bf16, MemoryCategory::parameters);
+  device_ = device;
+  if (fp32_values) values_ = buffer_zeros(total_, DType::f32, MemoryCategory::parameters, device);
+  if (bf16_values) values_bf16_ = buffer_zeros(total_, DType::bf16, MemoryCategory::parameters, device);
 }
 
 int64_t ParamBuffer::bytes() const {
@@ -80,16 +89,19 @@ Var ParamBuffer::fused(const std::vector<std::string>& names) const {
 }
 
 void ParamBuffer::set_values(const ParamInfo& p, const float* src) {
-  if (values_.defined()) std::memcpy(values_.data<float>() + p.offset, src, size_t(p.numel()) * sizeof(float));
-  if (values_bf16_.defined())
-    backend(DeviceKind::cpu).kernels().to_bf16(src, values_bf16_.data<bf16>() + p.offset, p.numel());
+  const Tensor host = Tensor::from_external(const_cast<float*>(src), p.shape, DType::f32, nullptr);
+  if (values_.defined()) values_.view(p.offset, p.shape).copy_from(host);
+  if (!values_bf16_.defined()) return;
+  Tensor narrowed = Tensor::empty(p.shape, DType::bf16, MemoryCategory::temporaries);
+  backend(DeviceKind::cpu).kernels().to_bf16(src, narrowed.data<bf16>(), p.numel());
+  values_bf16_.view(p.offset, p.shape).copy_from(narrowed);
 }
 
 Tensor ParamBuffer::values_f32(const ParamInfo& p) const {
-  if (values_.defined()) return values_.view(p.offset, p.shape);
+  if (values_.defined()) return values_.view(p.offset, p.shape).to(Device::cpu(), MemoryCategory::temporaries);
+  const Tensor narrow = values_bf16_.view(p.offset, p.shape).to(Device::cpu(), MemoryCategory::temporaries);
   Tensor out = Tensor::empty(p.shape, DType::f32, MemoryCategory::temporaries);
-  const bf16* src = values_bf16_.data<bf16>() + p.offset;
-  for (int64_t i = 0; i < p.numel(); ++i) out.data<float>()[i] = to_f32(src[i]);
+  for (int64_t i = 0; i < p.numel(); ++i) out.data<float>()[i] = to_f32(narrow.data<bf16>()[i]);
   return out;
 }
 

@@ -24,12 +24,13 @@ class ParamBuffer {
   // Registers a parameter. `packed_after_previous` places it right after the previous one with no
   // alignment padding, so the two can be used as one fused matrix (q/k/v, gate/up).
   void add(const std::string& name, Shape shape, bool packed_after_previous = false);
-  // Allocates the value and gradient buffers (zeroed page mappings whose pages ZeRO can hand back
-  // to the OS); no add() after this.
-  void allocate(bool with_bf16_copy);
+  // Allocates the value and gradient buffers on `device` (on the host: zeroed page mappings
+  // whose pages ZeRO can hand back to the OS); no add() after this.
+  void allocate(bool with_bf16_copy, Device device = Device::cpu());
   // Frozen parameters instead: values only, no gradients, in fp32 and/or bf16 (a bf16-only
   // buffer keeps each weight once, as its compute copy). Their Vars do not require grad.
-  void allocate_frozen(bool fp32_values, bool bf16_values);
+  void allocate_frozen(bool fp32_values, bool bf16_values, Device device = Device::cpu());
+  Device device() const { return device_; }
   bool frozen() const { return !grads_.defined(); }
 
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -53,9 +54,11 @@ class ParamBuffer {
   bool has_fp32() const { return values_.defined(); }
   int64_t bytes() const;  // values, bf16 copy and gradients
   Tensor& bf16_values() { return values_bf16_; }
-  // Parameter p's values from fp32 `src`, into the fp32 values and the bf16 copy, as the buffer has them.
+  // Parameter p's values from fp32 host memory `src`, into the fp32 values and the bf16 copy, as
+  // the buffer has them (copied to the device when the buffer lives on one).
   void set_values(const ParamInfo& p, const float* src);
-  // Parameter p's values in fp32 (a copy widened from bf16 when the buffer holds only bf16).
+  // Parameter p's values in fp32 host memory: a view on the host, else a copy (widened from bf16
+  // when the buffer holds only bf16).
   Tensor values_f32(const ParamInfo& p) const;
   void refresh_bf16();  // values_bf16 = bf16(values)
   void refresh_bf16(int64_t begin, int64_t end);  // the same for elements [begin, end)
@@ -65,6 +68,7 @@ class ParamBuffer {
   std::vector<ParamInfo> params_;
   std::map<std::string, size_t> index_;
   int64_t total_ = 0;
+  Device device_ = Device::cpu();
   Tensor values_, grads_, values_bf16_;
 };
 

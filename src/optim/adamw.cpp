@@ -36,8 +36,8 @@ AdamW::AdamW(ParamBuffer& params, const AdamWConfig& config, std::vector<Optimiz
       config_(config),
       segments_(std::move(segments)),
       grads_(grads),
-      m_(Tensor::zeros({total_length(segments_)}, DType::f32, MemoryCategory::optimizer_state)),
-      v_(Tensor::zeros({total_length(segments_)}, DType::f32, MemoryCategory::optimizer_state)) {}
+      m_(Tensor::zeros({total_length(segments_)}, DType::f32, MemoryCategory::optimizer_state, params.device())),
+      v_(Tensor::zeros({total_length(segments_)}, DType::f32, MemoryCategory::optimizer_state, params.device())) {}
 
 void AdamW::step(float lr) {
   ProfileScope profile("adamw");

@@ -26,9 +26,19 @@ std::vector<std::pair<int64_t, int64_t>> merge_ranges(std::vector<std::pair<int6
   return merged;
 }
 DataParallel::DataParallel(DecoderModel& model, Communicator& group, const DataParallelOptions& options)
-    : model_(model), params_(model.params()), group_(group), options_(options) {
+    : model_(model),
+      params_(model.params()),
+      group_(group),
+      buffers_(options.device_group ? *options.device_group : group),
+      options_(options) {
   FAB_USER_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "zero_stage {}: expected 0, 1, 2 or 3",
                  options_.zero_stage);
+  // ZeRO-2/3 hand the pages of gradients and parameters outside this rank's shard back to the OS
+  // (core/pages.h); a device's memory has no such pages, and freeing and re-gathering whole
+  // buffers per unit is not written yet.
+  FAB_USER_CHECK(params_.device().is_host() || options_.zero_stage <= 1,
+                 "zero_stage {} on device {} is not implemented yet: use zero_stage 0 or 1 there", options_.zero_stage,
+                 params_.device().str());
   FAB_USER_CHECK(options_.bucket_bytes > 0, "ddp_bucket_size must be positive, got {}", options_.bucket_bytes);
   tied_ = model.config().tie_word_embeddings;
   make_buckets();
@@ -121,10 +131,10 @@ void DataParallel::launch_gradient_bucket(Bucket& b) {
   float* g = params_.grads().data<float>() + b.begin;
   const std::string what = format("gradients of parameters [{}, {})", b.begin, b.end);
   if (options_.zero_stage >= 2) {
-    b.pending = group_.reduce_scatter(g, b.end - b.begin, what);
+    b.pending = buffers_.reduce_scatter(g, b.end - b.begin, what);
     b.needs_retire = true;
   } else if (micro_ + 1 == micro_batches_) {
-    b.pending = group_.all_reduce(g, b.end - b.begin, what);
+    b.pending = buffers_.all_reduce(g, b.end - b.begin, what);
   }
 }
 
@@ -200,8 +210,8 @@ void DataParallel::optimizer_step(float lr) {
   if (options_.zero_stage == 0 || options_.zero_stage == 3) return;  // ZeRO-3 gathers on use
   ProfileScope profile("parameter_all_gather");
   for (Bucket& b : buckets_)
-    b.pending = group_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
-                                  format("parameters [{}, {})", b.begin, b.end));
+    b.pending = buffers_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
+                                    format("parameters [{}, {})", b.begin, b.end));
   for (Bucket& b : buckets_) {
     b.pending.wait();
     if (params_.has_bf16()) params_.refresh_bf16(b.begin, b.end);
@@ -214,8 +224,8 @@ void DataParallel::gather(int unit, bool wait) {
   const size_t u = size_t(unit);
   if (!gathered_[u] && !gathering_[u].valid()) {
     const Bucket& b = unit_bucket(unit);
-    gathering_[u] = group_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
-                                      format("parameters of unit {}", unit));
+    gathering_[u] = buffers_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
+                                        format("parameters of unit {}", unit));
   }
   if (!wait || gathered_[u]) return;
   gathering_[u].wait();
@@ -285,9 +295,13 @@ void DataParallel::weights_loaded() {
 
 ModelStateBytes DataParallel::state_bytes() const {
   ModelStateBytes s;
-  s.parameters = int64_t(resident_bytes(params_.values().raw(), params_.values().bytes()));
-  if (params_.has_bf16()) s.parameters += int64_t(resident_bytes(params_.bf16_values().raw(), params_.bf16_values().bytes()));
-  s.gradients = int64_t(resident_bytes(params_.grads().raw(), params_.grads().bytes()));
+  // Host buffers: their resident pages (ZeRO releases some); a device's: their size.
+  auto held = [](const Tensor& t) {
+    return int64_t(t.device().is_host() ? resident_bytes(t.raw(), t.bytes()) : t.bytes());
+  };
+  s.parameters = held(params_.values());
+  if (params_.has_bf16()) s.parameters += held(params_.bf16_values());
+  s.gradients = held(params_.grads());
   if (shard_grads_.defined()) s.gradients += int64_t(shard_grads_.bytes());
   s.optimizer_state = int64_t(optimizer_->exp_avg().bytes() + optimizer_->exp_avg_sq().bytes());
   return s;

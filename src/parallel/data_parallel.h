@@ -35,6 +35,10 @@ struct DataParallelOptions {
   // another rank of those groups holds the same parameters and counts them.
   std::vector<Communicator*> model_parallel_groups;
   std::vector<std::pair<int64_t, int64_t>> not_counted;
+  // The same group's collectives over the model's device memory (NCCL on CUDA), for gradient
+  // buckets and parameter gathers; nullptr: `group` itself (host memory). Host values -- the
+  // gradient norm's squares -- always go through `group`.
+  Communicator* device_group = nullptr;
 };
 
 // `ranges` with `extra` added (empty ranges dropped), sorted and merged: DataParallelOptions::not_counted
@@ -110,6 +114,7 @@ class DataParallel final : public ModelHooks {
   DecoderModel& model_;
   ParamBuffer& params_;
   Communicator& group_;
+  Communicator& buffers_;  // options.device_group, else group_
   DataParallelOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;

@@ -77,4 +77,12 @@ Communicator& DeviceMesh::group(const std::string& dim) const {
   return *it->second;
 }
 
+Communicator* DeviceMesh::device_group(const std::string& dim) {
+  Communicator& host = group(dim);
+  if (!make_device_group_ || host.size() == 1) return nullptr;
+  std::unique_ptr<Communicator>& made = device_groups_[dim];
+  if (!made) made = make_device_group_(host);
+  return made.get();
+}
+
 }  // namespace fab

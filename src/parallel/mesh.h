@@ -4,6 +4,7 @@
 // node). Every process group comes from mesh_groups(); groups are passed around explicitly as
 // Communicators, never held in global state, so two meshes can live side by side. tp, dp and pp
 // may each exceed 1 (parallelize.h applies them); cp is laid out for context parallelism to come.
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,12 @@ class DeviceMesh {
   DeviceMesh(Communicator& world, const ParallelSizes& sizes, const std::string& order = "tp-cp-dp-pp");
   // This rank's group along `dim`.
   Communicator& group(const std::string& dim) const;
+  // Collectives over device memory (NCCL for CUDA): `make` turns a host group into the same
+  // group's device collectives. Without it, or for a group of one, device_group is nullptr and
+  // the host group serves (host memory).
+  using DeviceCollectives = std::function<std::unique_ptr<Communicator>(Communicator& host_group)>;
+  void set_device_collectives(DeviceCollectives make) { make_device_group_ = std::move(make); }
+  Communicator* device_group(const std::string& dim);
   int coordinate(const std::string& dim) const { return coords_.at(dim); }
   const ParallelSizes& sizes() const { return sizes_; }
 
@@ -41,6 +48,8 @@ class DeviceMesh {
   ParallelSizes sizes_;
   std::map<std::string, int> coords_;
   std::map<std::string, std::unique_ptr<Communicator>> groups_;
+  DeviceCollectives make_device_group_;
+  std::map<std::string, std::unique_ptr<Communicator>> device_groups_;  // made on first use
 };
 
 }  // namespace fab

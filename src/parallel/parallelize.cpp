@@ -43,6 +43,7 @@ ParallelModel parallelize(DecoderModel& model, DeviceMesh& mesh, const TrainConf
     dp.not_counted = merge_ranges(dp.not_counted, out.pipeline->norm_counted_elsewhere());
   }
   // 3. recompute is the model's own (DecoderOptions::recompute_layers). 4. data parallel / ZeRO:
+  dp.device_group = mesh.device_group("dp");
   out.dp = std::make_unique<DataParallel>(model, mesh.group("dp"), dp);
   return out;
 }

@@ -127,7 +127,9 @@ OptimizerShard optimizer_shard(const DataParallel& dp) {
                         slice.length});
   }
   const auto [tp_rank, tp_size] = tp_place(dp);
-  return {{{"exp_avg", opt.exp_avg()}, {"exp_avg_sq", opt.exp_avg_sq()}},
+  // Views on the host; copies from a device.
+  return {{{"exp_avg", opt.exp_avg().to(Device::cpu(), MemoryCategory::temporaries)},
+           {"exp_avg_sq", opt.exp_avg_sq().to(Device::cpu(), MemoryCategory::temporaries)}},
           {{"step", std::to_string(opt.steps_taken())},
            {"segments", segments.dump()},
            {"tensor_parallel_size", std::to_string(tp_size)},
@@ -242,14 +244,21 @@ void load_optimizer_shards(const fs::path& dir, DataParallel& dp) {
   const DecoderModel& model = dp.model();
   std::map<std::string, std::vector<SavedPiece>> pieces = saved_pieces(files, model);
   AdamW& opt = dp.optimizer();
+  // Filled on the host: the moments themselves there, else host copies that go to the device after.
+  Tensor m = opt.exp_avg().to(Device::cpu(), MemoryCategory::temporaries);
+  Tensor v = opt.exp_avg_sq().to(Device::cpu(), MemoryCategory::temporaries);
   int64_t at = 0;
   for (const OptimizerSegment& s : opt.segments()) {
     const std::string& name = model.params().params()[s.param].name;
     const int64_t found = fill_from_pieces(geometry_of(model, s.param), s.begin, s.length, pieces[name],
-                                           opt.exp_avg().data<float>() + at, opt.exp_avg_sq().data<float>() + at);
+                                           m.data<float>() + at, v.data<float>() + at);
     FAB_USER_CHECK(found == s.length, "{}: optimizer state of {} covers {} of its elements [{}, {})", dir.string(),
                    name, found, s.begin, s.begin + s.length);
     at += s.length;
+  }
+  if (!opt.exp_avg().device().is_host()) {
+    opt.exp_avg().copy_from(m);
+    opt.exp_avg_sq().copy_from(v);
   }
   const int64_t steps = steps_taken(files.front());
   for (const SafetensorsFile& f : files)

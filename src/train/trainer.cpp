@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/file_write.h"
 #include "core/stop_signals.h"
@@ -123,6 +124,10 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
     mesh = own_mesh_.get();
   }
   group_ = &mesh->group("dp");
+  const Device device = model_->options().device;
+  FAB_USER_CHECK(device.is_host() || config_.stage == "pt" || config_.stage == "sft",
+                 "device {}: stage {} is not implemented on a device yet (pt and sft are; use device: cpu)",
+                 device.str(), config_.stage);
   ParallelModel parallel = parallelize(*model_, *mesh, config_);
   tp_ = parallel.tp;
   pipeline_ = std::move(parallel.pipeline);
@@ -386,8 +391,9 @@ double Trainer::evaluate() {
 }
 
 // Model FLOPs utilisation: 6N + 12 L T C FLOPs per token (N = parameters in matmuls, T = mean
-// sample length) against FAB_PEAK_GFLOPS, or 157.5 GFLOP/s per thread (the fp32 FMA peak
-// measured on the 2-core reference machine) when unset.
+// sample length) against FAB_PEAK_GFLOPS per process; unset, 157.5 GFLOP/s per thread (the fp32
+// FMA peak measured on the 2-core reference machine), or on CUDA 989 TFLOP/s (the dense bf16
+// tensor-core peak of an H100/H200 SXM, against which MFU is quoted).
 double Trainer::mfu(double tokens_per_s) const {
   const ModelConfig& m = model_->config();
   const double n = double(m.num_parameters() - m.vocab_size * m.hidden_size * (m.tie_word_embeddings ? 0 : 1));
@@ -395,7 +401,8 @@ double Trainer::mfu(double tokens_per_s) const {
   const double flops = 6 * n + 12.0 * double(m.num_hidden_layers) * t * double(m.hidden_size);
   const char* peak_env = std::getenv("FAB_PEAK_GFLOPS");
   const int processes = group_->size() * (tp_ ? tp_->size() : 1) * (pipeline_ ? pipeline_->num_stages() : 1);
-  const double peak = (peak_env ? std::atof(peak_env) : 157.5 * omp_get_max_threads()) * 1e9 * processes;
+  const double default_peak = model_->options().device.kind == DeviceKind::cuda ? 989e3 : 157.5 * omp_get_max_threads();
+  const double peak = (peak_env ? std::atof(peak_env) : default_peak) * 1e9 * processes;
   return tokens_per_s * flops / peak;
 }
 
@@ -481,6 +488,8 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
                       {"skipped_steps", state_.skipped_steps()}};
   j.update(parallel);
   j.update(stage);
+  const Device device = model_->options().device;
+  if (!device.is_host()) j["device_peak_memory_bytes"] = backend(device.kind).allocator().total().peak;  // this rank's
   std::string eval_text;
   if (std::isfinite(eval_loss)) {
     j["eval_loss"] = eval_loss;

@@ -130,6 +130,11 @@ done
 
 expect_exit2 "negative learning rate" "$fabrica" train run.yaml output_dir=out-bad learning_rate=-1
 expect_exit2 "batch size 0" "$fabrica" train run.yaml output_dir=out-bad per_device_train_batch_size=0
+expect_exit2 "device tpu" "$fabrica" train run.yaml output_dir=out-bad device=tpu
+if "$fabrica" env 2>/dev/null | grep -q -E "^cuda: .*(unavailable|not built)"; then  # no GPU here
+  expect_exit2 "device cuda without a GPU" "$fabrica" train run.yaml output_dir=out-bad device=cuda
+  grep -q -E "GPU|CUDA" err.txt || fail "device cuda: the message does not name the missing GPU or CUDA: $(cat err.txt)"
+fi
 expect_exit2 "cutoff_len 1" "$fabrica" train run.yaml output_dir=out-bad cutoff_len=1
 expect_exit2 "missing model folder" "$fabrica" train run.yaml output_dir=out-bad model_name_or_path=nowhere
 expect_exit2 "stage not implemented" "$fabrica" train run.yaml output_dir=out-bad stage=dpo

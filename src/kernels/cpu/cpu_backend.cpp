@@ -19,8 +19,8 @@ class CpuBackend final : public Backend {
   bool available() const override { return true; }
   Allocator& allocator() override { return allocator_; }
   void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) override {
-    if (dst_device.kind != DeviceKind::cpu || src_device.kind != DeviceKind::cpu)
-      return cuda_backend().copy(dst, dst_device, src, src_device, bytes);  // to or from a device
+    if (!dst_device.is_host()) return backend(dst_device.kind).copy(dst, dst_device, src, src_device, bytes);
+    if (!src_device.is_host()) return backend(src_device.kind).copy(dst, dst_device, src, src_device, bytes);
     std::memcpy(dst, src, bytes);
   }
   // Gradients are zero-filled on first touch in backward, between parallel kernels: a serial
@@ -41,11 +41,32 @@ class CpuBackend final : public Backend {
   HostAllocator allocator_;
 };
 
+Backend*& installed_guard() {
+  static Backend* guard = nullptr;
+  return guard;
+}
+
 }  // namespace
+
+void install_backend(DeviceKind kind, Backend* b) {
+  FAB_CHECK(kind == DeviceKind::guard, "only the guard device's backend is installed at run time");
+  installed_guard() = b;
+}
 
 Backend& backend(DeviceKind kind) {
   static CpuBackend cpu;
-  return kind == DeviceKind::cpu ? static_cast<Backend&>(cpu) : cuda_backend();
+  if (kind == DeviceKind::cpu) return cpu;
+  if (kind == DeviceKind::cuda) return cuda_backend();
+  FAB_CHECK(installed_guard() != nullptr, "the guard device is used but its backend is not installed (tests only)");
+  return *installed_guard();
+}
+
+Device resolve_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu();
+  FAB_USER_CHECK(name == "cuda" || name == "auto", "device \"{}\": expected cpu, cuda or auto", name);
+  if (cuda_backend().available()) return Device::cuda(0);  // the backend picks the process's GPU
+  FAB_USER_CHECK(name == "auto", "device: cuda, but {}", cuda_backend().name());
+  return Device::cpu();
 }
 
 }  // namespace fab

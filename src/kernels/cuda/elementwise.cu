@@ -36,7 +36,7 @@ void embedding_forward(const int64_t* ids, int64_t n, const float* table, int64_
   launch("embedding_forward", embedding_forward_kernel, n * c, ids, n, table, c, out);
 }
 void embedding_backward(const int64_t* ids, int64_t n, const float* dout, int64_t c, float* dtable) {
-  launch("embedding_backward", embedding_backward_kernel, n * c, ids, n, dout, c, dtable);
+  launch("embedding_backward", embedding_backward_kernel, c, ids, n, dout, c, dtable);
 }
 void swiglu_forward(const float* gate_up, int64_t rows, int64_t i, float* h) {
   launch("swiglu_forward", swiglu_forward_kernel, rows * i, gate_up, rows, i, h);

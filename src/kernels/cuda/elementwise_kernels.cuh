@@ -26,10 +26,12 @@ __global__ void embedding_forward_kernel(const int64_t* ids, int64_t n, const fl
   FAB_FOR_EACH(e, n * c) out[e] = table[ids[e / c] * c + e % c];
 }
 
-// dtable[ids[i], :] += dout[i, :]. Repeated ids add through atomics: the sum order (and so the
-// last bits) is not fixed, unlike the CPU kernel.
+// dtable[ids[i], :] += dout[i, :]. A thread per column adds the rows in order, as the CPU kernel
+// does: no atomics, so the sums (and a resumed run) are the same bits every time, and the CPU's.
+// Reads and writes are coalesced across a warp's consecutive columns.
 __global__ void embedding_backward_kernel(const int64_t* ids, int64_t n, const float* dout, int64_t c, float* dtable) {
-  FAB_FOR_EACH(e, n * c) atomicAdd(&dtable[ids[e / c] * c + e % c], dout[e]);
+  FAB_FOR_EACH(j, c)
+  for (int64_t i = 0; i < n; ++i) dtable[ids[i] * c + j] += dout[i * c + j];
 }
 
 __global__ void swiglu_forward_kernel(const float* gate_up, int64_t rows, int64_t i, float* h) {

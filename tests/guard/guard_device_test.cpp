@@ -1,0 +1,236 @@
+// GuardDevice.*: the training path on the guard device (tests/guard/guard_device.h), whose memory
+// faults on any host access outside its own kernels and copies. A run there must equal the CPU
+// run bit for bit (the kernels are the CPU's), so every test compares with the same run on the CPU.
+// `ctest -R Guard` runs them; the data-parallel ones are in tests/mpi/guard_device_mpi_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "guard/guard_device.h"
+#include "io/safetensors.h"
+#include "kernels/kernel_table.h"
+#include "models/decoder.h"
+#include "models/hf_model.h"
+#include "test_util.h"
+#include "train/synthetic_data.h"
+#include "train/trainer.h"
+
+namespace fab {
+namespace {
+namespace fs = std::filesystem;
+
+std::vector<float> host_floats(const Tensor& t) {
+  const Tensor h = t.to(Device::cpu(), MemoryCategory::temporaries);
+  return std::vector<float>(h.data<float>(), h.data<float>() + h.numel());
+}
+
+TEST(GuardDevice, HostAccessToDeviceMemoryFaults) {
+  const Device guard = test::guard_device();
+  Tensor t = Tensor::zeros({1024}, DType::f32, MemoryCategory::temporaries, guard);
+  // The backend's own kernels and copies reach it ...
+  Tensor ones = Tensor::empty({1024}, DType::f32, MemoryCategory::temporaries);
+  for (int64_t i = 0; i < 1024; ++i) ones.data<float>()[i] = 1.0f;
+  t.copy_from(ones);
+  backend(guard.kind).kernels().scale(t.data<float>(), 1024, 3.0f);
+  EXPECT_EQ(host_floats(t)[1023], 3.0f);
+  // ... and refuse host memory, which a GPU's kernels could not read ...
+  EXPECT_THROW(backend(guard.kind).kernels().scale(ones.data<float>(), 1024, 3.0f), Error);
+  // ... the host does not reach it.
+  EXPECT_DEATH({ volatile float x = t.data<float>()[5]; (void)x; }, "");
+  EXPECT_DEATH(t.data<float>()[0] = 1.0f, "");
+}
+
+ModelConfig tiny_config(bool qk_norm) {
+  ModelConfig c;
+  c.model_type = qk_norm ? "qwen3" : "llama";
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.max_position_embeddings = 64;
+  c.qk_norm = qk_norm;
+  c.attention_bias = !qk_norm;
+  return c;
+}
+
+Tensor host_i64(const std::vector<int64_t>& v, Shape shape) {
+  Tensor t = Tensor::empty(std::move(shape), DType::i64, MemoryCategory::activations);
+  std::memcpy(t.raw(), v.data(), v.size() * sizeof(int64_t));
+  return t;
+}
+
+// One forward/backward of two packed rows (document mask, restarting positions) on `device`:
+// the loss and every gradient, read back to the host.
+std::pair<double, std::vector<float>> one_step(const ModelConfig& c, Precision precision, Device device) {
+  DecoderOptions o(precision, false, 32);
+  o.device = device;
+  DecoderModel model(c, o);
+  model.init_random(11);
+  std::vector<int64_t> ids(2 * 12), labels(2 * 12), positions(2 * 12);
+  Tensor doc = Tensor::empty({2, 12}, DType::i32, MemoryCategory::activations);
+  for (int64_t i = 0; i < 24; ++i) {
+    ids[size_t(i)] = (i * 7 + 3) % 64;
+    labels[size_t(i)] = i % 5 == 0 ? -100 : (i * 11 + 1) % 64;
+    const int64_t t = i % 12, start = t < 5 ? 0 : 5;  // two samples per row: [0, 5) and [5, 12)
+    positions[size_t(i)] = t - start;
+    doc.data<int32_t>()[i] = int32_t(start);
+  }
+  const SequenceLayout layout{host_i64(positions, {2, 12}), doc};
+  const double loss = model.forward_backward(host_i64(ids, {2, 12}), host_i64(labels, {2, 12}), 0.05f, layout);
+  return {loss, host_floats(model.params().grads())};
+}
+
+void expect_same_step(bool qk_norm, Precision precision) {
+  const ModelConfig c = tiny_config(qk_norm);
+  const auto [cpu_loss, cpu_grads] = one_step(c, precision, Device::cpu());
+  const auto [guard_loss, guard_grads] = one_step(c, precision, test::guard_device());
+  EXPECT_EQ(guard_loss, cpu_loss);
+  ASSERT_EQ(guard_grads.size(), cpu_grads.size());
+  EXPECT_EQ(0, std::memcmp(guard_grads.data(), cpu_grads.data(), cpu_grads.size() * sizeof(float)))
+      << "gradients differ from the CPU's";
+}
+
+TEST(GuardDevice, DecoderStepEqualsTheCpuBitForBit) {
+  expect_same_step(false, Precision::fp32);
+  expect_same_step(true, Precision::fp32);
+}
+
+TEST(GuardDevice, Bf16DecoderStepEqualsTheCpuBitForBit) { expect_same_step(true, Precision::bf16); }
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/guard-" + name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string tiny_model_folder() {
+  const std::string dir = fresh_dir("model");
+  std::ofstream(dir + "/config.json") << R"({"model_type":"qwen3","vocab_size":64,"hidden_size":32,
+    "intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"head_dim":8,
+    "max_position_embeddings":64,"tie_word_embeddings":true})";
+  return dir;
+}
+
+TrainConfig config_for(const std::string& output, const std::string& extra = "") {
+  return parse_train_config("model_name_or_path: " + tiny_model_folder() + "\nstage: sft\noutput_dir: " + output +
+                                "\nmax_steps: 6\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 2\n"
+                                "learning_rate: 1.0e-2\nlr_scheduler_type: cosine\nwarmup_steps: 2\nlogging_steps: 1\n"
+                                "weight_decay: 0.1\nsave_steps: 3\nseed: 5\nmax_grad_norm: 0.5\n",
+                            "test.yaml", test::as_overrides(extra));
+}
+
+std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, Device device) {
+  DecoderOptions o(c.bf16 ? Precision::bf16 : Precision::fp32, c.recompute_layers, 64);
+  o.device = device;
+  auto model = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
+  TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(5, 2), 0};
+  return std::make_unique<Trainer>(c, std::move(model), std::move(data));
+}
+
+void expect_same_history(const Trainer& got, const Trainer& want) {
+  ASSERT_EQ(got.history().size(), want.history().size());
+  for (size_t i = 0; i < want.history().size(); ++i) {
+    EXPECT_EQ(got.history()[i].loss, want.history()[i].loss) << "step " << want.history()[i].step;
+    EXPECT_EQ(got.history()[i].grad_norm, want.history()[i].grad_norm) << "step " << want.history()[i].step;
+  }
+}
+
+void expect_same_weights(const std::string& a, const std::string& b) {
+  const SafetensorsFile fa = SafetensorsFile::open(a + "/model.safetensors");
+  const SafetensorsFile fb = SafetensorsFile::open(b + "/model.safetensors");
+  for (const auto& [name, entry] : fa.entries()) {
+    const Tensor ta = fa.as_f32(name), tb = fb.as_f32(name);
+    EXPECT_EQ(0, std::memcmp(ta.raw(), tb.raw(), ta.bytes())) << name;
+  }
+}
+
+// The trainer, its optimizer, evaluation, checkpoints and the final save on the guard device.
+void expect_trainer_matches_cpu(const std::string& name, const std::string& extra) {
+  const std::string on_cpu = fresh_dir(name + "-cpu"), on_guard = fresh_dir(name + "-guard");
+  auto cpu = make_trainer(config_for(on_cpu, extra), Device::cpu());
+  ASSERT_TRUE(cpu->run());
+  auto guard = make_trainer(config_for(on_guard, extra), test::guard_device());
+  ASSERT_TRUE(guard->run());
+  expect_same_history(*guard, *cpu);
+  expect_same_weights(on_guard, on_cpu);
+  std::ifstream metrics(on_guard + "/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  const int64_t peak = nlohmann::json::parse(line).value("device_peak_memory_bytes", int64_t(0));
+  const int64_t parameters = load_model_config(config_for(on_guard).model_name_or_path + "/config.json").num_parameters();
+  EXPECT_GE(peak, 16 * parameters) << "metrics.jsonl: the device's peak memory holds weights, gradients and moments";
+  const std::string shard = "/checkpoint-3/optimizer-rank-0-of-1.safetensors";
+  const SafetensorsFile saved_guard = SafetensorsFile::open(on_guard + shard);
+  const SafetensorsFile saved_cpu = SafetensorsFile::open(on_cpu + shard);
+  for (const char* moment : {"exp_avg", "exp_avg_sq"})
+    EXPECT_EQ(0, std::memcmp(saved_guard.tensor(moment).raw(), saved_cpu.tensor(moment).raw(),
+                             saved_cpu.tensor(moment).bytes()))
+        << "the saved " << moment;
+}
+
+TEST(GuardDevice, TrainerRunEqualsTheCpuBitForBit) {
+  expect_trainer_matches_cpu("fp32", "eval_steps: 3\neval_strategy: steps\n");
+}
+
+TEST(GuardDevice, Bf16RecomputedPackedRunEqualsTheCpuBitForBit) {
+  expect_trainer_matches_cpu("bf16", "bf16: true\nrecompute_layers: true\nneat_packing: true\n");
+}
+
+TEST(GuardDevice, AsyncSaveAndResumeContinueTheRunBitForBit) {
+  const std::string full = fresh_dir("full"), resumed = fresh_dir("resumed");
+  auto uninterrupted = make_trainer(config_for(full, "async_save: true\n"), test::guard_device());
+  ASSERT_TRUE(uninterrupted->run());
+  fs::copy(full + "/checkpoint-3", resumed + "/checkpoint-3", fs::copy_options::recursive);
+  auto again = make_trainer(config_for(resumed, "resume_from_checkpoint: true\n"), test::guard_device());
+  ASSERT_TRUE(again->run());
+  ASSERT_EQ(again->history().size(), 3u);
+  for (const StepRecord& r : again->history()) EXPECT_EQ(r.loss, uninterrupted->history()[size_t(r.step - 1)].loss);
+  expect_same_weights(resumed, full);
+}
+
+TEST(GuardDevice, WhatIsNotImplementedOnADeviceIsRefusedByName) {
+  const std::string out = fresh_dir("refused");
+  auto refused = [&](const std::string& extra, DecoderOptions o, const std::string& says) {
+    o.device = test::guard_device();
+    try {
+      const TrainConfig c = config_for(out, extra);
+      auto model = load_model_folder(c.model_name_or_path, o, 1);
+      Trainer t(c, std::move(model), TrainData{test::synthetic_samples(4, 1), {}, 0});
+      ADD_FAILURE() << "not refused: " << says;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("zero_stage: 2\n", {}, "zero_stage 2 on device guard:0");
+  DecoderOptions lora;
+  lora.lora.rank = 4;
+  lora.lora.targets = {"q_proj"};
+  refused("", lora, "finetuning_type lora");
+}
+
+TEST(GuardDevice, CudaWithoutAGpuIsAUserErrorNamingWhatIsMissing) {
+  EXPECT_EQ(resolve_device("cpu"), Device::cpu());
+  EXPECT_THROW(resolve_device("tpu"), UserError);
+  if (cuda_backend().available()) GTEST_SKIP() << "this machine has a GPU: " << cuda_backend().name();
+  EXPECT_EQ(resolve_device("auto"), Device::cpu());
+  try {
+    resolve_device("cuda");
+    ADD_FAILURE() << "device: cuda accepted without a GPU";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("GPU") != std::string::npos || what.find("CUDA") != std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace fab

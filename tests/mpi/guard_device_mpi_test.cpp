@@ -1,0 +1,71 @@
+// GuardDevice.* over several processes: data parallel (ZeRO-0 and ZeRO-1) on the guard device
+// (tests/guard/guard_device.h), whose gradient buckets and parameter gathers go through device
+// collectives (DeviceMesh::set_device_collectives; here host-staged copies, NCCL on CUDA) while
+// host values (the loss sums, the gradient norm's squares) take the host group. Every step's loss
+// and gradient norm, and the saved weights, equal the same data-parallel run on the CPU bit for bit.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "guard/guard_device.h"
+#include "io/safetensors.h"
+#include "models/hf_model.h"
+#include "mpi/mpi_world.h"
+#include "train/synthetic_data.h"
+#include "train/trainer.h"
+#include "test_util.h"
+
+namespace fab {
+namespace {
+
+std::string model_folder() {
+  const std::string dir = test::fresh_scratch_dir("guard-model");
+  if (test::world().rank() == 0)
+    std::ofstream(dir + "/config.json") << R"({"model_type":"llama","vocab_size":64,"hidden_size":32,
+      "intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+      "max_position_embeddings":64,"tie_word_embeddings":true})";
+  test::world().barrier("model folder");
+  return dir;
+}
+
+std::vector<StepRecord> train(const std::string& model, const std::string& output, int zero_stage, Device device) {
+  const TrainConfig c = parse_train_config(
+      "model_name_or_path: " + model + "\nstage: sft\noutput_dir: " + output +
+          "\nmax_steps: 8\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 2\nlearning_rate: 1.0e-2\n"
+          "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\nsave_steps: 4\nseed: 5\nddp_bucket_size: 0.01\n"
+          "max_grad_norm: 0.5\nzero_stage: " + std::to_string(zero_stage) + "\n",
+      "test.yaml");
+  DecoderOptions o(Precision::fp32, false, 64);
+  o.device = device;
+  auto m = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
+  DeviceMesh mesh(test::world(), ParallelSizes{.dp = test::world().size()});
+  if (!device.is_host()) mesh.set_device_collectives(test::guard_collectives);
+  Trainer trainer(c, std::move(m), TrainData{test::synthetic_samples(48, 1), {}, 0}, &mesh);
+  EXPECT_TRUE(trainer.run());
+  return trainer.history();
+}
+
+TEST(GuardDevice, DataParallelEqualsTheCpuRunBitForBit) {
+  const std::string model = model_folder();
+  for (int stage : {0, 1}) {
+    const std::string tag = "zero" + std::to_string(stage);
+    const std::string on_cpu = test::fresh_scratch_dir("guard-cpu-" + tag);
+    const std::string on_guard = test::fresh_scratch_dir("guard-dev-" + tag);
+    const auto cpu = train(model, on_cpu, stage, Device::cpu());
+    const auto guard = train(model, on_guard, stage, test::guard_device());
+    ASSERT_EQ(guard.size(), cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_EQ(guard[i].loss, cpu[i].loss) << tag << " step " << i + 1;
+      EXPECT_EQ(guard[i].grad_norm, cpu[i].grad_norm) << tag << " step " << i + 1;
+    }
+    if (test::world().rank() != 0) continue;
+    const SafetensorsFile a = SafetensorsFile::open(on_cpu + "/model.safetensors");
+    const SafetensorsFile b = SafetensorsFile::open(on_guard + "/model.safetensors");
+    for (const auto& [name, entry] : a.entries())
+      EXPECT_EQ(0, std::memcmp(a.as_f32(name).raw(), b.as_f32(name).raw(), a.as_f32(name).bytes())) << tag << " " << name;
+  }
+}
+
+}  // namespace
+}  // namespace fab
