@@ -5,7 +5,9 @@
 # relative), then exact resume on the GPU (a run resumed from its step-10 checkpoint against the
 # uninterrupted one). The binary and its libraries travel in build-gpu/fabrica-bin.tar.xz.
 # Usage: bash scripts/gpu_train_check.sh PACK OUT   (exit code: 0 when every check passed)
+#   GPU_DEVICE=cpu runs the "cuda" side on the CPU: a check of this script on a machine without a GPU.
 set -uo pipefail
+gpu=${GPU_DEVICE:-cuda}
 pack=$1
 out=$2
 work=$(mktemp -d)
@@ -65,18 +67,18 @@ for precision in fp32 bf16; do
   bf16=false
   [ "$precision" = bf16 ] && bf16=true
   train "cpu-$precision" device=cpu bf16=$bf16
-  train "cuda-$precision" device=cuda bf16=$bf16
+  train "cuda-$precision" device=$gpu bf16=$bf16
   tolerance=2e-3
   [ "$precision" = bf16 ] && tolerance=2e-2
   compare "cpu-$precision" "cuda-$precision" "$tolerance"
 done
 echo "== exact resume on the GPU (from checkpoint-10 of cuda-fp32)"
 mkdir -p "$work/resumed" && cp -r "$work/cuda-fp32/checkpoint-10" "$work/resumed/"
-train resumed device=cuda resume_from_checkpoint=true
+train resumed device=$gpu resume_from_checkpoint=true
 compare cuda-fp32 resumed 0 11
 echo "== data parallel on CUDA, 2 processes (if the machine has 2 GPUs)"
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
-  train cuda-dp2 device=cuda nproc_per_node=2 per_device_train_batch_size=16
+  train cuda-dp2 device=$gpu nproc_per_node=2 per_device_train_batch_size=16
   compare cuda-fp32 cuda-dp2 2e-3
 else
   echo "   one GPU: skipped"
@@ -90,7 +92,7 @@ if [ "${BENCH:-0}" = 1 ]; then
  "max_position_embeddings": 2048, "rope_theta": 10000}
 JSON
   timeout 150 "$fabrica" train "$work/run.yaml" model_name_or_path="$work/llama-1b" output_dir="$work/bench-1b" \
-    device=cuda bf16=true packing=true cutoff_len=2048 per_device_train_batch_size=4 max_steps=6 save_steps=0 \
+    device=$gpu bf16=true packing=true cutoff_len=2048 per_device_train_batch_size=4 max_steps=6 save_steps=0 \
     >"$out/train-bench-1b.log" 2>&1
   echo "   exit $?"; grep -E "^step|peak" "$out/train-bench-1b.log" | tail -7
 fi

@@ -96,12 +96,12 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
 
 void DecoderModel::check_device_support() const {
   if (options_.device.is_host()) return;
-  const char* missing = options_.tp                 ? "tensor_parallel_size > 1"
-                        : !is_whole()               ? "pipeline_parallel_size > 1"
-                        : options_.lora.enabled()   ? "finetuning_type lora"
-                        : bool(options_.trainable)  ? "finetuning_type freeze"
-                        : options_.value_head       ? "stage rm"
-                                                    : nullptr;
+  // LoRA's dropout masks are drawn on the host (models/lora.cpp).
+  const char* missing = options_.tp                    ? "tensor_parallel_size > 1"
+                        : !is_whole()                  ? "pipeline_parallel_size > 1"
+                        : options_.lora.dropout > 0    ? "lora_dropout > 0"
+                        : options_.value_head          ? "stage rm"
+                                                       : nullptr;
   FAB_USER_CHECK(!missing, "device {}: training with {} is not implemented on a device yet (use device: cpu)",
                  options_.device.str(), missing);
 }
@@ -352,14 +352,12 @@ void DecoderModel::bind_layer(int64_t i) {
 }
 
 void DecoderModel::init_adapters() {
-  float* values = params_.values().data<float>();
   for (const ParamInfo& p : params_.params()) {
     if (!is_adapter(p.name)) continue;
-    float* w = values + p.offset;
+    std::vector<float> w(size_t(p.numel()), 0.0f);  // drawn on the host, copied where the model lives
     if (p.name.find(".lora_A.") != std::string::npos)
-      init_lora_a(w, p.shape[0], p.shape[1], options_.lora.seed ^ uint64_t(p.offset) * 0x9e3779b97f4a7c15ull);
-    else
-      std::fill(w, w + p.numel(), 0.0f);
+      init_lora_a(w.data(), p.shape[0], p.shape[1], options_.lora.seed ^ uint64_t(p.offset) * 0x9e3779b97f4a7c15ull);
+    params_.set_values(p, w.data());
   }
   weights_changed();
 }

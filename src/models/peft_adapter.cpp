@@ -130,7 +130,7 @@ void save_adapter(const DecoderModel& model, const std::string& dir, const std::
   std::vector<NamedTensor> tensors;
   const ParamBuffer& params = model.params();
   for (const ParamInfo* p : saved_parameters(model))
-    tensors.push_back({kPrefix + p->name, params.values().view(p->offset, p->shape)});
+    tensors.push_back({kPrefix + p->name, params.values_f32(*p)});  // a view on the host, else a copy
   save_safetensors(weights_path(dir).string(), tensors, {{"format", "pt"}});
   write_file_atomically(config_path(dir).string(),
                         adapter_config_json(model.lora(), base_model_name_or_path).dump(2) + "\n");

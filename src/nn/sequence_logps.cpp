@@ -47,8 +47,11 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
   out.sum.assign(size_t(sequences), 0.0);
   out.count.assign(size_t(sequences), 0);
   out.grad = std::make_shared<std::vector<float>>(size_t(sequences), 0.0f);
-  const int64_t* y = targets.data<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) out.count[size_t(r / seq)] += y[r] != -100;
+  FAB_CHECK(targets.device().is_host(), "sequence_logps takes its targets on the host");
+  for (int64_t r = 0; r < rows; ++r) out.count[size_t(r / seq)] += targets.data<int64_t>()[r] != -100;
+  // The kernels read the targets where the head lives (a copy on a device; on the host, themselves).
+  const Tensor targets_there = targets.to(w.device(), MemoryCategory::temporaries);
+  const int64_t* y = targets_there.data<int64_t>();
   {
     const Tensor h = hidden_compute();
     Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
@@ -62,7 +65,7 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
     }
   }
   if (!tape.recording()) return out;
-  tape.push([hidden, head, targets, seq, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
+  tape.push([hidden, head, targets_there, seq, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
     ProfileScope profile("sequence_logps backward");
     const Tensor& w = head.weight->value;
     const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
@@ -73,7 +76,7 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
     Tensor dz_bf16 =
         bf16 ? Tensor::empty({chunk_rows, vocab}, DType::bf16, MemoryCategory::temporaries, w.device()) : Tensor();
     float* dh = grad_of(hidden).data<float>();
-    const int64_t* y = targets.data<int64_t>();
+    const int64_t* y = targets_there.data<int64_t>();
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - r0);
       const Tensor h_chunk = h.view(r0 * c, {n, c});

@@ -307,4 +307,15 @@ ModelStateBytes DataParallel::state_bytes() const {
   return s;
 }
 
+CommStats DataParallel::comm_stats() const {
+  CommStats s = group_.stats();
+  if (&buffers_ == &group_) return s;
+  const CommStats d = buffers_.stats();
+  s.bytes_sent += d.bytes_sent;
+  s.collectives += d.collectives;
+  s.busy_seconds += d.busy_seconds;
+  s.blocked_seconds += d.blocked_seconds;
+  return s;
+}
+
 }  // namespace fab

@@ -80,6 +80,9 @@ class DataParallel final : public ModelHooks {
   const AdamW& optimizer() const { return *optimizer_; }
   int zero_stage() const { return options_.zero_stage; }
   Communicator& group() { return group_; }
+  // What this rank's data-parallel collectives did: the host group's and, where it has one, the
+  // device group's (the gradient buckets and parameter gathers), summed.
+  CommStats comm_stats() const;
   ModelStateBytes state_bytes() const;
   size_t bucket_count() const { return buckets_.size(); }
 

@@ -125,9 +125,11 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   }
   group_ = &mesh->group("dp");
   const Device device = model_->options().device;
-  FAB_USER_CHECK(device.is_host() || config_.stage == "pt" || config_.stage == "sft",
-                 "device {}: stage {} is not implemented on a device yet (pt and sft are; use device: cpu)",
-                 device.str(), config_.stage);
+  // grpo's rollouts generate, and generation runs on the host only.
+  FAB_USER_CHECK(device.is_host() || config_.stage != "grpo",
+                 "device {}: stage grpo is not implemented on a device yet (pt, sft, dpo and kto are; use device: "
+                 "cpu)",
+                 device.str());
   ParallelModel parallel = parallelize(*model_, *mesh, config_);
   tp_ = parallel.tp;
   pipeline_ = std::move(parallel.pipeline);
@@ -419,7 +421,7 @@ nlohmann::json Trainer::parallel_metrics() {
   bytes[3 * slot] = double(mine.parameters);
   bytes[3 * slot + 1] = double(mine.gradients);
   bytes[3 * slot + 2] = double(mine.optimizer_state);
-  const CommStats now = group_->stats();
+  const CommStats now = dp_->comm_stats();
   const double sent = double(now.bytes_sent - comm_at_last_log_.bytes_sent) / double(std::max<int64_t>(1, steps_since_log_));  // dp
   const double busy = now.busy_seconds - comm_at_last_log_.busy_seconds;
   const double blocked = now.blocked_seconds - comm_at_last_log_.blocked_seconds;
@@ -428,7 +430,7 @@ nlohmann::json Trainer::parallel_metrics() {
   group_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
   if (tp_) tp_->all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
   if (pipeline_) pipeline_->group().all_reduce(bytes.data(), int64_t(bytes.size()), "memory report").wait();
-  comm_at_last_log_ = group_->stats();
+  comm_at_last_log_ = dp_->comm_stats();
   if (tp_) tp_at_last_log_ = tp_->stats();
   steps_since_log_ = 0;
   nlohmann::json params = nlohmann::json::array(), grads = nlohmann::json::array(), opt = nlohmann::json::array();

@@ -19,6 +19,7 @@
 #include "models/hf_model.h"
 #include "test_util.h"
 #include "train/synthetic_data.h"
+#include "train/finetuning.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -132,8 +133,11 @@ TrainConfig config_for(const std::string& output, const std::string& extra = "")
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, Device device) {
   DecoderOptions o(c.bf16 ? Precision::bf16 : Precision::fp32, c.recompute_layers, 64);
   o.device = device;
+  apply_finetuning(c, 2, o);  // lora / freeze, as train_command does
   auto model = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
-  TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(5, 2), 0};
+  // Preference stages read sequences 2i and 2i + 1 as item i (kto: with a tag per item).
+  TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(6, 2), 0};
+  if (c.stage == "kto") data.train_desirable = {1, 0, 1, 1, 0, 1, 0, 0, 1, 1}, data.eval_desirable = {1, 0, 1};
   return std::make_unique<Trainer>(c, std::move(model), std::move(data));
 }
 
@@ -186,6 +190,30 @@ TEST(GuardDevice, Bf16RecomputedPackedRunEqualsTheCpuBitForBit) {
   expect_trainer_matches_cpu("bf16", "bf16: true\nrecompute_layers: true\nneat_packing: true\n");
 }
 
+TEST(GuardDevice, LoraRunEqualsTheCpuBitForBit) {
+  const std::string extra = "finetuning_type: lora\nlora_rank: 4\nlora_target: all\n";
+  const std::string on_cpu = fresh_dir("lora-cpu"), on_guard = fresh_dir("lora-guard");
+  auto cpu = make_trainer(config_for(on_cpu, extra), Device::cpu());
+  ASSERT_TRUE(cpu->run());
+  auto guard = make_trainer(config_for(on_guard, extra), test::guard_device());
+  ASSERT_TRUE(guard->run());
+  expect_same_history(*guard, *cpu);
+  const SafetensorsFile a = SafetensorsFile::open(on_cpu + "/adapter_model.safetensors");
+  const SafetensorsFile b = SafetensorsFile::open(on_guard + "/adapter_model.safetensors");
+  ASSERT_FALSE(a.entries().empty());
+  for (const auto& [name, entry] : a.entries())
+    EXPECT_EQ(0, std::memcmp(a.as_f32(name).raw(), b.as_f32(name).raw(), a.as_f32(name).bytes())) << name;
+}
+
+TEST(GuardDevice, FreezeRunEqualsTheCpuBitForBit) {
+  expect_trainer_matches_cpu("freeze", "finetuning_type: freeze\nfreeze_trainable_layers: 1\nbf16: true\n");
+}
+
+TEST(GuardDevice, PreferenceRunsEqualTheCpuBitForBit) {
+  expect_trainer_matches_cpu("dpo", "stage: dpo\npref_beta: 0.2\n");
+  expect_trainer_matches_cpu("kto", "stage: kto\nbf16: true\n");
+}
+
 TEST(GuardDevice, AsyncSaveAndResumeContinueTheRunBitForBit) {
   const std::string full = fresh_dir("full"), resumed = fresh_dir("resumed");
   auto uninterrupted = make_trainer(config_for(full, "async_save: true\n"), test::guard_device());
@@ -214,8 +242,9 @@ TEST(GuardDevice, WhatIsNotImplementedOnADeviceIsRefusedByName) {
   refused("zero_stage: 2\n", {}, "zero_stage 2 on device guard:0");
   DecoderOptions lora;
   lora.lora.rank = 4;
+  lora.lora.dropout = 0.1;
   lora.lora.targets = {"q_proj"};
-  refused("", lora, "finetuning_type lora");
+  refused("", lora, "lora_dropout > 0");
 }
 
 TEST(GuardDevice, CudaWithoutAGpuIsAUserErrorNamingWhatIsMissing) {
