@@ -8,7 +8,7 @@ namespace {
 
 class CudaStubBackend final : public Backend {
  public:
-  std::string name() const override { return "cuda (not built)"; }
+  std::string name() const override { return "cuda (not built: this Fabrica has no CUDA backend)"; }
   bool available() const override { return false; }
   Allocator& allocator() override { fail(); }
   void copy(void*, Device, const void*, Device, size_t) override { fail(); }

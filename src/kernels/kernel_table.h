@@ -29,6 +29,9 @@ struct AttentionShape {
   // of each token's document; query t attends to keys s with doc_start[t] <= s <= t. nullptr:
   // plain causal. Training attention only (attention_decode ignores it).
   const int32_t* doc_start = nullptr;
+  // bf16 compute allowed (the model's bf16 mode): the CUDA backend then runs Q K^T and P V on
+  // tensor cores with bf16 operands and fp32 sums (head_dim 64 and 128). The CPU kernels ignore it.
+  bool bf16_compute = false;
 };
 
 struct AdamWArgs {

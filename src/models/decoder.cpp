@@ -434,7 +434,8 @@ Var DecoderModel::layer_forward(Tape& tape, const Layer& l, const Var& x, const 
   }
   q = rope(tape, q, positions, rope_, H);
   k = rope(tape, k, positions, rope_, KV);
-  const AttentionShape shape{batch, seq, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+  const AttentionShape shape{batch, seq, H, KV, D, float(1.0 / std::sqrt(double(D))), nullptr,
+                             options_.precision == Precision::bf16};
   Var x2 = add(tape, x, row(attention(tape, q, k, v, shape, doc_start), l.o_proj, l.o_lora));
   // MLP block: x + down(silu(gate(x)) * up(x))
   Var gate_up = column(rmsnorm(tape, x2, shared(tape, l.post_norm), eps), l.gate_up, l.gate_up_lora);

@@ -1,7 +1,11 @@
 // Every CUDA kernel against the CPU kernel on random inputs: fp32 results within 1e-4 .. 1e-3 of
 // the CPU's (scaled error), bf16 paths within a few bf16 ulps. Backward kernels start from
 // non-zero gradients, so their accumulation (+=) is checked too.
+#include <cuda_runtime.h>
+
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "gpu_test_util.h"
 
@@ -181,14 +185,18 @@ Tensor document_starts(int64_t batch, int64_t seq) {
   return t;
 }
 
-void check_attention(const AttentionCase& c) {
+// fp32 kernels within 1e-4 of the CPU's; with bf16_compute (head_dim 64, 128: the tensor-core
+// kernels) within bf16 tolerance, 2e-2 (emulated, tests/kernels/cuda_emulation_test.cpp: 2e-3 .. 9e-3).
+void check_attention(const AttentionCase& c, bool bf16_compute = false) {
   const int64_t rows = c.batch * c.seq, qw = c.heads * c.head_dim, kw = c.kv_heads * c.head_dim;
-  const std::string name = format("attention B={} T={} H={} KVH={} D={} docs={}", c.batch, c.seq, c.heads, c.kv_heads,
-                                  c.head_dim, c.documents);
+  const std::string name = format("attention B={} T={} H={} KVH={} D={} docs={} bf16={}", c.batch, c.seq, c.heads,
+                                  c.kv_heads, c.head_dim, c.documents, bf16_compute);
+  const double tolerance = bf16_compute ? 2e-2 : 1e-4;
   Tensor q = random_tensor({rows, qw}, 30), k = random_tensor({rows, kw}, 31), v = random_tensor({rows, kw}, 32);
   Tensor dout = random_tensor({rows, qw}, 33);
   Tensor doc = document_starts(c.batch, c.seq), d_doc = to_device(doc);
   AttentionShape s{c.batch, c.seq, c.heads, c.kv_heads, c.head_dim, float(1.0 / std::sqrt(double(c.head_dim)))};
+  s.bf16_compute = bf16_compute;
   AttentionShape ds = s;
   if (c.documents) s.doc_start = doc.data<int32_t>(), ds.doc_start = d_doc.data<int32_t>();
   Tensor out = host_tensor({rows, qw}), lse = host_tensor({c.batch, c.heads, c.seq});
@@ -198,8 +206,8 @@ void check_attention(const AttentionCase& c) {
                                 lse.data<float>());
   gpu_table().attention_forward(d_q.data<float>(), d_k.data<float>(), d_v.data<float>(), ds, d_out.data<float>(),
                                 d_lse.data<float>());
-  expect_device_close(d_out, out, 1e-4, name + " out");
-  expect_device_close(d_lse, lse, 1e-4, name + " lse");
+  expect_device_close(d_out, out, tolerance, name + " out");
+  expect_device_close(d_lse, lse, tolerance, name + " lse");
   Tensor dq = random_tensor({rows, qw}, 34), dk = random_tensor({rows, kw}, 35), dv = random_tensor({rows, kw}, 36);
   Tensor d_dq = to_device(dq), d_dk = to_device(dk), d_dv = to_device(dv);
   cpu_table().attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
@@ -208,9 +216,9 @@ void check_attention(const AttentionCase& c) {
   gpu_table().attention_backward(d_q.data<float>(), d_k.data<float>(), d_v.data<float>(), d_out.data<float>(),
                                  d_lse.data<float>(), d_dout.data<float>(), ds, d_dq.data<float>(),
                                  d_dk.data<float>(), d_dv.data<float>());
-  expect_device_close(d_dq, dq, 1e-4, name + " dq (accumulated)");
-  expect_device_close(d_dk, dk, 1e-4, name + " dk (accumulated)");
-  expect_device_close(d_dv, dv, 1e-4, name + " dv (accumulated)");
+  expect_device_close(d_dq, dq, tolerance, name + " dq (accumulated)");
+  expect_device_close(d_dk, dk, tolerance, name + " dk (accumulated)");
+  expect_device_close(d_dv, dv, tolerance, name + " dv (accumulated)");
 }
 
 TEST(CudaKernels, AttentionCausalGqa) {
@@ -223,6 +231,14 @@ TEST(CudaKernels, AttentionCausalGqa) {
 TEST(CudaKernels, AttentionDocumentMask) {
   check_attention({3, 150, 4, 2, 64, true});
   check_attention({2, 65, 2, 1, 128, true});
+}
+
+TEST(CudaKernels, AttentionBf16TensorCores) {
+  check_attention({2, 133, 4, 2, 64, false}, true);   // T not a multiple of any tile, GQA
+  check_attention({1, 300, 8, 8, 128, false}, true);  // MHA, the widest head, several key tiles
+  check_attention({3, 150, 4, 2, 64, true}, true);    // documents
+  check_attention({2, 65, 2, 1, 128, true}, true);    // MQA, documents
+  check_attention({2, 45, 6, 2, 40, false}, true);    // head_dim 40: the fp32 kernels
 }
 
 TEST(CudaKernels, AttentionDecodeWithCache) {
@@ -317,6 +333,48 @@ TEST(CudaKernels, AdamWStepWithBf16Copy) {
   int64_t far = 0;  // the bf16 copy may differ by one ulp where the fp32 values differ in the last bit
   for (int64_t j = 0; j < n; ++j) far += std::abs(int(back.data<bf16>()[j].bits) - int(pb.data<bf16>()[j].bits)) > 1;
   EXPECT_EQ(far, 0);
+}
+
+// ---- Timing (not a check: printed for bench/RESULTS.md) ---------------------------------------
+
+// Forward + backward of causal attention at the ~1B benchmark's shape (batch 4, seq 2048, 32 heads,
+// 8 kv heads, head_dim 64): the fp32 kernels against the bf16 tensor-core ones, in ms and TFLOP/s
+// (causal: 2 T^2 H D FLOPs for the forward's two products, 2.5x that for the backward's five).
+double attention_ms(const AttentionShape& s, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                    Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv) {
+  auto step = [&] {
+    gpu_table().attention_forward(q.data<float>(), k.data<float>(), v.data<float>(), s, out.data<float>(),
+                                  lse.data<float>());
+    gpu_table().attention_backward(q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
+                                   lse.data<float>(), q.data<float>(), s, dq.data<float>(), dk.data<float>(),
+                                   dv.data<float>());
+  };
+  step();  // warm-up
+  cudaDeviceSynchronize();
+  const int repeats = 5;
+  const auto start = std::chrono::steady_clock::now();
+  for (int r = 0; r < repeats; ++r) step();
+  cudaDeviceSynchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / repeats;
+}
+
+TEST(CudaBench, AttentionBf16VsFp32) {
+  const int64_t batch = 4, seq = 2048, heads = 32, kv_heads = 8, d = 64;
+  Tensor q = to_device(random_tensor({batch * seq, heads * d}, 80));
+  Tensor k = to_device(random_tensor({batch * seq, kv_heads * d}, 81)), v = to_device(random_tensor({batch * seq, kv_heads * d}, 82));
+  Tensor out = to_device(host_tensor({batch * seq, heads * d})), lse = to_device(host_tensor({batch, heads, seq}));
+  Tensor dq = to_device(host_tensor({batch * seq, heads * d})), dk = to_device(host_tensor({batch * seq, kv_heads * d})),
+         dv = to_device(host_tensor({batch * seq, kv_heads * d}));
+  const double flops = 3.5 * 2.0 * double(batch) * seq * seq * heads * d;
+  for (bool bf16_compute : {false, true}) {
+    AttentionShape s{batch, seq, heads, kv_heads, d, 0.125f};
+    s.bf16_compute = bf16_compute;
+    const double ms = attention_ms(s, q, k, v, out, lse, dq, dk, dv);
+    std::printf("{\"attention\": \"%s\", \"shape\": \"B=%lld T=%lld H=%lld KVH=%lld D=%lld\", \"fwd_bwd_ms\": %.3f, "
+                "\"tflops\": %.1f}\n",
+                bf16_compute ? "bf16 tensor cores" : "fp32", (long long)batch, (long long)seq, (long long)heads,
+                (long long)kv_heads, (long long)d, ms, flops / ms * 1e-9);
+  }
 }
 
 }  // namespace

@@ -66,7 +66,7 @@ class OpsDecoder {
       std::vector<Var> parts =
           split_columns(tape, linear(tape, rmsnorm(tape, x, in_norm, eps), qkv), {H * D, KV * D, KV * D});
       Var q = rope(tape, parts[0], positions, rope_, H), k = rope(tape, parts[1], positions, rope_, KV);
-      const AttentionShape shape{c_.batch, c_.seq, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+      const AttentionShape shape{c_.batch, c_.seq, H, KV, D, float(1.0 / std::sqrt(double(D))), nullptr, bf16_};
       Var x2 = fab::add(tape, x, linear(tape, attention(tape, q, k, parts[2], shape), o));
       Var h = swiglu(tape, linear(tape, rmsnorm(tape, x2, post_norm, eps), gate_up), c_.intermediate);
       x = fab::add(tape, x2, linear(tape, h, down));

@@ -1,6 +1,10 @@
-// Launches of the attention kernels (attention_kernels.cuh): grid shapes, head_dim dispatch and the
-// order of the backward's two kernels.
+// Launches of the attention kernels: the bf16 tensor-core ones (attention_tc_kernels.cuh) when the
+// shape allows bf16 compute and head_dim is 64 or 128, the fp32 ones (attention_kernels.cuh)
+// otherwise and for decode; grid shapes, head_dim dispatch and the order of the backward's kernels.
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/attention_tc_kernels.cuh"
 #include "kernels/cuda/cuda_util.h"
 #include "kernels/cuda/kernels.h"
 
@@ -43,6 +47,35 @@ Args args_of(const AttentionShape& s) {
   return a;
 }
 
+bool tensor_cores_for(const AttentionShape& s) { return s.bf16_compute && (s.head_dim == 64 || s.head_dim == 128); }
+
+// The tensor-core kernels, instantiated for head_dim 64 and 128; a block is 64 query (or key) rows.
+#define FAB_ATTENTION_TC_LAUNCH(kernel, d, grid, args)                                                 \
+  do {                                                                                              \
+    if ((d) == 64) attention_tc::kernel<64><<<grid, attention_tc::kThreads, 0, stream()>>>(args);   \
+    else attention_tc::kernel<128><<<grid, attention_tc::kThreads, 0, stream()>>>(args);            \
+    FAB_CUDA_LAUNCHED(#kernel);                                                                     \
+  } while (0)
+
+dim3 tc_grid(const AttentionShape& s, int64_t heads) {
+  return dim3(unsigned((s.seq + attention_tc::kBlockRows - 1) / attention_tc::kBlockRows), unsigned(heads),
+              unsigned(s.batch));
+}
+
+void tc_forward(const Args& a, const AttentionShape& s) {
+  FAB_ATTENTION_TC_LAUNCH(forward_kernel, s.head_dim, tc_grid(s, s.heads), a);
+}
+
+// D = rowsum(dO * O) first, then dQ (per query block) and dK, dV (per key block), independent.
+void tc_backward(const Args& a, const AttentionShape& s) {
+  const int64_t stat_rows = s.batch * s.seq * s.heads;
+  const unsigned blocks = unsigned((stat_rows + attention_tc::kWarps - 1) / attention_tc::kWarps);
+  attention_tc::row_dot_kernel<<<blocks, attention_tc::kThreads, 0, stream()>>>(a, stat_rows);
+  FAB_CUDA_LAUNCHED("row_dot_kernel");
+  FAB_ATTENTION_TC_LAUNCH(dq_kernel, s.head_dim, tc_grid(s, s.heads), a);
+  FAB_ATTENTION_TC_LAUNCH(dkdv_kernel, s.head_dim, tc_grid(s, s.kv_heads), a);
+}
+
 }  // namespace
 
 void attention_forward(const float* q, const float* k, const float* v, const AttentionShape& s, float* out,
@@ -51,6 +84,7 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
   if (s.batch == 0 || s.seq == 0) return;
   Args a = args_of(s);
   a.q = q, a.k = k, a.v = v, a.o_write = out, a.lse_write = lse;
+  if (tensor_cores_for(s)) return tc_forward(a, s);
   const dim3 grid(unsigned((s.seq + 63) / 64), unsigned(s.heads), unsigned(s.batch));
   FAB_ATTENTION_LAUNCH(forward_kernel, 4, width_for(s.head_dim), grid, a);
 }
@@ -62,6 +96,7 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   Args a = args_of(s);
   a.q = q, a.k = k, a.v = v, a.out = out, a.lse = lse, a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv;
   a.dvec = static_cast<float*>(scratch(size_t(s.batch * s.heads * s.seq) * sizeof(float)));
+  if (tensor_cores_for(s)) return tc_backward(a, s);
   const int width = width_for(s.head_dim);
   const dim3 q_grid(unsigned((s.seq + 63) / 64), unsigned(s.heads), unsigned(s.batch));
   FAB_ATTENTION_LAUNCH(dq_kernel, 4, width, q_grid, a);  // also writes dvec for dkdv_kernel

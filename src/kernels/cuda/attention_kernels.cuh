@@ -15,8 +15,8 @@
 // memory and read as broadcasts. head_dim up to 128 (Llama, Qwen, Mistral); larger fails clearly.
 //
 // Not yet run on a GPU: checked against the CPU kernels by tests/gpu/ once a GPU is available.
-// These kernels take the fp32 tensors the KernelTable hands them; a bf16 tensor-core version is
-// future work (see docs/ARCHITECTURE.md).
+// These kernels compute in fp32; attention.cu takes the bf16 tensor-core kernels of
+// attention_tc_kernels.cuh instead when the shape allows bf16 compute and head_dim is 64 or 128.
 #include <climits>
 #include <cstdint>
 
