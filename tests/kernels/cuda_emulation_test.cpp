@@ -14,6 +14,9 @@
 #include "test_util.h"
 #include "kernels/cuda_emulation.h"
 #include "kernels/cuda/attention_kernels.cuh"  // its #pragma unroll: -Wno-unknown-pragmas (CMakeLists)
+// fabrica_core holds the real (CUDA) build of its non-template kernel (row_dot_kernel) under the
+// same name: the emulated copy gets a namespace of its own.
+#define attention_tc attention_tc_emulated
 #include "kernels/cuda/attention_tc_kernels.cuh"
 
 namespace fab::test {

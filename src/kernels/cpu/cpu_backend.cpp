@@ -65,7 +65,7 @@ Device resolve_device(const std::string& name) {
   if (name == "cpu") return Device::cpu();
   FAB_USER_CHECK(name == "cuda" || name == "auto", "device \"{}\": expected cpu, cuda or auto", name);
   if (cuda_backend().available()) return Device::cuda(0);  // the backend picks the process's GPU
-  FAB_USER_CHECK(name == "auto", "device: cuda, but the CUDA backend is {}", cuda_backend().name());
+  FAB_USER_CHECK(name == "auto", "device: cuda, but CUDA cannot be used here: {}", cuda_backend().name());
   return Device::cpu();
 }
 
