@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 
@@ -653,23 +654,40 @@ KvCache DecoderModel::make_cache(int64_t batch, int64_t capacity) const {
   return cache;
 }
 
-// The layer of layer_forward for new tokens only: k and v join the cache, and attention reads
-// every cached position instead of recomputing the prefix.
-Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& x, const Tensor& positions,
-                                       KvCache& cache, int64_t n) {
+// The no-grad layer of generation, before attention: q, k, v of the new rows, normed (qwen3) and
+// rotated at their positions.
+std::array<Var, 3> DecoderModel::decode_qkv(const Layer& l, const Var& x, const Tensor& positions) {
   const ModelConfig& c = config_;
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
   const float eps = float(c.rms_norm_eps);
   Tape none(false);
   Var h = rmsnorm(none, x, l.input_norm, eps);
   std::vector<Var> qkv = split_columns(none, project(none, h, l.qkv, l.qkv_lora), {H * D, KV * D, KV * D});
-  Var q = qkv[0], k = qkv[1], v = qkv[2];
+  Var q = qkv[0], k = qkv[1];
   if (c.qk_norm) {
     q = rmsnorm(none, q, l.q_norm, eps);
     k = rmsnorm(none, k, l.k_norm, eps);
   }
-  q = rope(none, q, positions, rope_, H);
-  k = rope(none, k, positions, rope_, KV);
+  return {rope(none, q, positions, rope_, H), rope(none, k, positions, rope_, KV), qkv[2]};
+}
+
+// ... and after it: x + o_proj(attn), then the MLP block with its residual.
+Var DecoderModel::decode_layer_output(const Layer& l, const Var& x, const Var& attn) {
+  const ModelConfig& c = config_;
+  const float eps = float(c.rms_norm_eps);
+  Tape none(false);
+  Var x2 = add(none, x, project(none, attn, l.o_proj, l.o_lora));
+  Var gate_up = project(none, rmsnorm(none, x2, l.post_norm, eps), l.gate_up, l.gate_up_lora);
+  return add(none, x2, project(none, swiglu(none, gate_up, c.intermediate_size), l.down, l.down_lora));
+}
+
+// The layer of layer_forward for new tokens only: k and v join the cache, and attention reads
+// every cached position instead of recomputing the prefix.
+Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& x, const Tensor& positions,
+                                       KvCache& cache, int64_t n) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
+  const auto [q, k, v] = decode_qkv(l, x, positions);
   const KernelTable& kt = backend(DeviceKind::cpu).kernels();
   const int64_t row = KV * D;
   for (int64_t b = 0; b < cache.batch; ++b) {  // append this step's keys and values
@@ -682,9 +700,7 @@ Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& 
   Var attn = make_var(Tensor::empty({cache.batch * n, H * D}, DType::f32, MemoryCategory::activations));
   kt.attention_decode(q->value.data<float>(), cache.k[index].data<float>(), cache.v[index].data<float>(), shape,
                       cache.length, cache.capacity, attn->value.data<float>());
-  Var x2 = add(none, x, project(none, attn, l.o_proj, l.o_lora));
-  Var gate_up = project(none, rmsnorm(none, x2, l.post_norm, eps), l.gate_up, l.gate_up_lora);
-  return add(none, x2, project(none, swiglu(none, gate_up, c.intermediate_size), l.down, l.down_lora));
+  return decode_layer_output(l, x, attn);
 }
 
 Tensor DecoderModel::logits_cached(const Tensor& ids, KvCache& cache) {
@@ -747,17 +763,7 @@ Var DecoderModel::layer_forward_slots(const Layer& l, size_t index, const Var& x
                                       const std::vector<SlotSpan>& spans, SlotKvCache& cache) {
   const ModelConfig& c = config_;
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
-  const float eps = float(c.rms_norm_eps);
-  Tape none(false);
-  Var h = rmsnorm(none, x, l.input_norm, eps);
-  std::vector<Var> qkv = split_columns(none, project(none, h, l.qkv, l.qkv_lora), {H * D, KV * D, KV * D});
-  Var q = qkv[0], k = qkv[1], v = qkv[2];
-  if (c.qk_norm) {
-    q = rmsnorm(none, q, l.q_norm, eps);
-    k = rmsnorm(none, k, l.k_norm, eps);
-  }
-  q = rope(none, q, positions, rope_, H);
-  k = rope(none, k, positions, rope_, KV);
+  const auto [q, k, v] = decode_qkv(l, x, positions);
   const KernelTable& kt = backend(DeviceKind::cpu).kernels();
   const int64_t kv_row = KV * D, q_row = H * D, slot_size = cache.capacity * kv_row;
   std::vector<int64_t> first_row(spans.size() + 1, 0);
@@ -782,9 +788,7 @@ Var DecoderModel::layer_forward_slots(const Layer& l, size_t index, const Var& x
     kt.attention_decode(q->value.data<float>() + r0 * q_row, ks, vs, shape, past, cache.capacity,
                         attn->value.data<float>() + r0 * q_row);
   }
-  Var x2 = add(none, x, project(none, attn, l.o_proj, l.o_lora));
-  Var gate_up = project(none, rmsnorm(none, x2, l.post_norm, eps), l.gate_up, l.gate_up_lora);
-  return add(none, x2, project(none, swiglu(none, gate_up, c.intermediate_size), l.down, l.down_lora));
+  return decode_layer_output(l, x, attn);
 }
 
 Tensor DecoderModel::logits_slots(const Tensor& ids, const std::vector<SlotSpan>& spans, SlotKvCache& cache) {

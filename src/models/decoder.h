@@ -1,6 +1,7 @@
 #pragma once
 // The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
+#include <array>
 #include <functional>
 #include <chrono>
 #include <optional>
@@ -224,6 +225,8 @@ class DecoderModel {
   void check_device_support() const;
   Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, const Tensor& doc_start,
                     int64_t batch, int64_t seq);
+  std::array<Var, 3> decode_qkv(const Layer& layer, const Var& x, const Tensor& positions);
+  Var decode_layer_output(const Layer& layer, const Var& x, const Var& attn);
   Var layer_forward_cached(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
                            KvCache& cache, int64_t n);
   Var layer_forward_slots(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
