@@ -21,6 +21,37 @@ void for_each_sequence_piece(int64_t r0, int64_t n, int64_t seq, Fn&& fn) {
   }
 }
 
+// The backward shared by sequence_logps and token_logps, for a loss L = sum over pieces of rows
+// of g_piece * sum log p(y_r): per chunk of rows the logits z = h W^T again, then for each piece
+// dL/dz = -g (softmax(z) - onehot(y)) (cross_entropy_chunk's gradient with scale -g), and
+// dh += dz W, dW += dz^T h. `pieces(r0, n, piece)` calls piece(first row, rows, g) over the chunk.
+template <typename Pieces>
+void logp_head_backward(const Var& hidden, const Linear& head, const Tensor& h, const Tensor& w_compute,
+                        const int64_t* y, int64_t chunk_rows, Pieces&& pieces) {
+  const Tensor& w = head.weight->value;
+  const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
+  const KernelTable& k = kernels_for(w);
+  const bool bf16 = head.weight_bf16.defined();
+  Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
+  Tensor dz_bf16 =
+      bf16 ? Tensor::empty({chunk_rows, vocab}, DType::bf16, MemoryCategory::temporaries, w.device()) : Tensor();
+  float* dh = grad_of(hidden).data<float>();
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - r0);
+    const Tensor h_chunk = h.view(r0 * c, {n, c});
+    gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+    pieces(r0, n, [&](int64_t first, int64_t count, float g) {
+      const int64_t at = (first - r0) * vocab;
+      k.cross_entropy_chunk(logits.data<float>() + at, y + first, count, vocab, -g,
+                            bf16 ? dz_bf16.data<fab::bf16>() + at : nullptr);
+    });
+    const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
+    gemm(k, dz, false, w_compute, false, dh + r0 * c, n, c, vocab, true);
+    if (head.weight->requires_grad)  // a frozen head (LoRA's base) gets no gradient
+      gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
+  }
+}
+
 }  // namespace
 
 // Forward: log p(y) = -(lse(z) - z_y), so each piece's sum is minus cross_entropy_chunk's loss.
@@ -67,30 +98,12 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
   if (!tape.recording()) return out;
   tape.push([hidden, head, targets_there, seq, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
     ProfileScope profile("sequence_logps backward");
-    const Tensor& w = head.weight->value;
-    const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
-    const KernelTable& k = kernels_for(w);
-    const bool bf16 = head.weight_bf16.defined();
-    const Tensor h = hidden_compute();
-    Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
-    Tensor dz_bf16 =
-        bf16 ? Tensor::empty({chunk_rows, vocab}, DType::bf16, MemoryCategory::temporaries, w.device()) : Tensor();
-    float* dh = grad_of(hidden).data<float>();
-    const int64_t* y = targets_there.data<int64_t>();
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
-      const int64_t n = std::min(chunk_rows, rows - r0);
-      const Tensor h_chunk = h.view(r0 * c, {n, c});
-      gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
-      for_each_sequence_piece(r0, n, seq, [&](int64_t s, int64_t first, int64_t count) {
-        const int64_t at = (first - r0) * vocab;
-        k.cross_entropy_chunk(logits.data<float>() + at, y + first, count, vocab, -(*grad)[size_t(s)],
-                              bf16 ? dz_bf16.data<fab::bf16>() + at : nullptr);
-      });
-      const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
-      gemm(k, dz, false, w_compute, false, dh + r0 * c, n, c, vocab, true);
-      if (head.weight->requires_grad)  // a frozen head (LoRA's base) gets no gradient
-        gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
-    }
+    logp_head_backward(hidden, head, hidden_compute(), w_compute, targets_there.data<int64_t>(), chunk_rows,
+                       [&](int64_t r0, int64_t n, auto&& piece) {
+                         for_each_sequence_piece(r0, n, seq, [&](int64_t s, int64_t first, int64_t count) {
+                           piece(first, count, (*grad)[size_t(s)]);
+                         });
+                       });
   });
   return out;
 }
@@ -150,30 +163,10 @@ TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const 
   if (!tape.recording()) return out;
   tape.push([hidden, head, targets, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
     ProfileScope profile("token_logps backward");
-    const Tensor& w = head.weight->value;
-    const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
-    const KernelTable& k = kernels_for(w);
-    const bool bf16 = head.weight_bf16.defined();
-    const Tensor h = hidden_compute();
-    Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
-    Tensor dz_bf16 =
-        bf16 ? Tensor::empty({chunk_rows, vocab}, DType::bf16, MemoryCategory::temporaries, w.device()) : Tensor();
-    float* dh = grad_of(hidden).data<float>();
-    const int64_t* y = targets.data<int64_t>();
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
-      const int64_t n = std::min(chunk_rows, rows - r0);
-      const Tensor h_chunk = h.view(r0 * c, {n, c});
-      gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
-      for (int64_t r = r0; r < r0 + n; ++r) {
-        const int64_t at = (r - r0) * vocab;
-        k.cross_entropy_chunk(logits.data<float>() + at, y + r, 1, vocab, -(*grad)[size_t(r)],
-                              bf16 ? dz_bf16.data<fab::bf16>() + at : nullptr);
-      }
-      const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
-      gemm(k, dz, false, w_compute, false, dh + r0 * c, n, c, vocab, true);
-      if (head.weight->requires_grad)  // a frozen head (LoRA's base) gets no gradient
-        gemm(k, dz, true, h_chunk, false, grad_of(head.weight).data<float>(), vocab, c, n, true);
-    }
+    logp_head_backward(hidden, head, hidden_compute(), w_compute, targets.data<int64_t>(), chunk_rows,
+                       [&](int64_t r0, int64_t n, auto&& piece) {
+                         for (int64_t r = r0; r < r0 + n; ++r) piece(r, 1, (*grad)[size_t(r)]);
+                       });
   });
   return out;
 }
