@@ -2,8 +2,11 @@
 // Shared helpers: where the PyTorch fixtures are, and tensor comparisons with a stated tolerance.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +19,35 @@ namespace fab::test {
 inline std::string reference_dir() {
   const char* dir = std::getenv("FAB_REFERENCE_DIR");
   return dir ? dir : "build/reference";
+}
+
+// This test process's own folder under the test temporary folder, removed when the process exits
+// (FAB_KEEP_TEST_DIRS=1 keeps it). ctest runs every case as a process of its own, several at once:
+// fixed names directly under TempDir() were shared by cases running together, which rewrote each
+// other's model folders mid-run.
+inline const std::string& process_scratch_root() {
+  struct Root {
+    pid_t owner = ::getpid();
+    std::string path = ::testing::TempDir() + "/fabrica-test-" + std::to_string(owner);
+    Root() { std::filesystem::create_directories(path); }
+    ~Root() {
+      std::error_code ignored;  // a forked death-test child leaves its parent's folder alone
+      if (::getpid() == owner && !std::getenv("FAB_KEEP_TEST_DIRS")) std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Root root;
+  return root.path;
+}
+
+// A path in this process's scratch folder; nothing is created there.
+inline std::string scratch_path(const std::string& name) { return process_scratch_root() + "/" + name; }
+
+// An empty folder of that name in this process's scratch folder.
+inline std::string fresh_dir(const std::string& name) {
+  const std::string dir = scratch_path(name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
 }
 
 // max |a - b| / max(max |b|, tiny): the error relative to the tensor's scale.

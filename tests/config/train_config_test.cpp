@@ -6,6 +6,7 @@
 
 #include "config/train_config.h"
 #include "core/error.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -137,7 +138,7 @@ TEST(TrainConfig, PpoDefaultsAndRanges) {
 // LLaMA-Factory's `deepspeed: examples/deepspeed/ds_z3_config.json` selects ZeRO-3; a stage that
 // contradicts zero_stage, a missing file and bad JSON are errors naming the file.
 TEST(TrainConfig, DeepSpeedConfigSelectsTheZeroStage) {
-  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "deepspeed-config";
+  const std::filesystem::path dir = std::filesystem::path(test::fresh_dir("deepspeed-config"));
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "ds_z2_config.json") << R"({"train_batch_size": "auto", "zero_optimization": {"stage": 2}})";
   std::ofstream(dir / "broken.json") << "{";

@@ -11,17 +11,13 @@
 #include "core/error.h"
 #include "core/file_write.h"
 #include "train/metrics_log.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/file-write-" + name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using test::fresh_dir;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

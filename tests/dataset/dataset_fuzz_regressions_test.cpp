@@ -6,12 +6,13 @@
 
 #include "core/error.h"
 #include "dataset/dataset.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
 
 void expect_user_error(const std::string& name, const std::string& content, const std::string& formatting) {
-  const std::string path = ::testing::TempDir() + "/" + name;
+  const std::string path = test::scratch_path(name);
   std::ofstream(path) << content;
   DatasetAttr attr;
   attr.name = name;

@@ -12,6 +12,7 @@
 #include "config/train_config.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -138,7 +139,7 @@ TEST(Packing, IsDeterministic) {
 
 TEST(Packing, PackedCacheFileRoundTrips) {
   const TokenSequences packed = pack_samples(samples_of({range(0, 5), range(100, 3), range(200, 8), {7}}), {10});
-  const std::string path = ::testing::TempDir() + "/packed-tokens.bin";
+  const std::string path = test::scratch_path("packed-tokens.bin");
   save_token_sequences(path, packed);
   const TokenSequences back = load_token_sequences(path);
   ASSERT_TRUE(back.packed());
@@ -161,7 +162,7 @@ TEST(Packing, DamagedPackedCacheFilesAreRejected) {
   const TokenSequences packed = pack_samples(samples_of({range(0, 8), range(10, 2), range(20, 5)}), {10});
   ASSERT_EQ(packed.size(), 2);
   ASSERT_EQ(packed.samples(), 3);
-  const std::string path = ::testing::TempDir() + "/bad-packed.bin";
+  const std::string path = test::scratch_path("bad-packed.bin");
   auto reject = [&](size_t byte, int64_t value, const std::string& what) {
     save_token_sequences(path, packed);
     ASSERT_NO_THROW(load_token_sequences(path));

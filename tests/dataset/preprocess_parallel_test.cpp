@@ -13,6 +13,7 @@
 #include "dataset/prepare.h"
 #include "dataset/preprocess.h"
 #include "template_test_support.h"
+#include "test_util.h"
 
 namespace fab::test {
 namespace {
@@ -168,7 +169,7 @@ TEST(PreprocessParallel, PreparedCacheFilesAreByteIdentical) {
   FAB_REQUIRE_SHARED_DATA();
   const Tokenizer& tokenizer = shared_loaded_tokenizer("qwen3").tokenizer;
   const TrainConfig c = sft_config("alpaca_en_demo,glaive_toolcall_en_demo", llamafactory_dir());
-  const fs::path root = fs::path(::testing::TempDir()) / "prepare_parallel";
+  const fs::path root = fs::path(test::scratch_path("prepare_parallel"));
   fs::remove_all(root);
   PreparedData one = on_threads(1, [&] { return prepare_data(c, tokenizer, (root / "one").string()); });
   PreparedData many = on_threads(many_threads(), [&] { return prepare_data(c, tokenizer, (root / "many").string()); });
@@ -189,7 +190,7 @@ TEST(PreprocessParallel, UnreadableCacheFilesAreRebuilt) {
   FAB_REQUIRE_SHARED_DATA();
   const Tokenizer& tokenizer = shared_loaded_tokenizer("qwen3").tokenizer;
   const TrainConfig c = sft_config("alpaca_en_demo", llamafactory_dir());
-  const fs::path root = fs::path(::testing::TempDir()) / "prepare_damaged_cache";
+  const fs::path root = fs::path(test::scratch_path("prepare_damaged_cache"));
   fs::remove_all(root);
   const PreparedData first = prepare_data(c, tokenizer, root.string());
   for (const char* suffix : {".json", ".train.bin"}) {
@@ -207,7 +208,7 @@ TEST(PreprocessParallel, UnreadableCacheFilesAreRebuilt) {
 // A record the converter rejects (record 7, then 12): named by file and record, the first one.
 TEST(PreprocessParallel, BadRecordErrorIsTheFirstInFileOrder) {
   FAB_REQUIRE_SHARED_DATA();
-  const fs::path dir = fs::path(::testing::TempDir()) / "prepare_bad_record";
+  const fs::path dir = fs::path(test::scratch_path("prepare_bad_record"));
   fs::remove_all(dir);
   fs::create_directories(dir);
   nlohmann::json records = nlohmann::json::array();

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "dataset/token_sequences.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -14,7 +15,7 @@ TEST(TokenSequences, CacheFileRoundTripsMemoryMapped) {
   b.add({}, {});
   b.add({7, 8}, {7, -100});
   TokenSequences data = b.finish();
-  const std::string path = ::testing::TempDir() + "/tokens.bin";
+  const std::string path = test::scratch_path("tokens.bin");
   save_token_sequences(path, data);
   TokenSequences back = load_token_sequences(path);
   ASSERT_EQ(back.size(), 3);
@@ -26,7 +27,7 @@ TEST(TokenSequences, CacheFileRoundTripsMemoryMapped) {
 }
 
 TEST(TokenSequences, DamagedCacheFilesAreRejected) {
-  const std::string path = ::testing::TempDir() + "/bad-tokens.bin";
+  const std::string path = test::scratch_path("bad-tokens.bin");
   std::ofstream(path) << "FABTOK01 but then nothing sensible at all";
   EXPECT_THROW(load_token_sequences(path), UserError);
   std::ofstream(path) << "x";

@@ -107,12 +107,7 @@ TEST(GuardDevice, DecoderStepEqualsTheCpuBitForBit) {
 
 TEST(GuardDevice, Bf16DecoderStepEqualsTheCpuBitForBit) { expect_same_step(true, Precision::bf16); }
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/guard-" + name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using test::fresh_dir;
 
 std::string tiny_model_folder() {
   const std::string dir = fresh_dir("model");

@@ -6,11 +6,12 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
 
-std::string temp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+std::string temp_path(const std::string& name) { return test::scratch_path(name); }
 
 TEST(Safetensors, RoundTripKeepsNamesShapesDtypesAndMetadata) {
   Tensor a = Tensor::empty({2, 3}, DType::f32, MemoryCategory::temporaries);

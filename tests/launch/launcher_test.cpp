@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "launch/launcher.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -20,7 +21,7 @@ std::string text_of(const std::vector<std::string>& words) {
 }
 
 TEST(Launcher, ClusterFileRoundTrips) {
-  const std::string path = ::testing::TempDir() + "/cluster.yaml";
+  const std::string path = test::scratch_path("cluster.yaml");
   save_cluster_file(path, {{{"node1", 8}, {"node2", 4}}, "10.0.0.0/24", "ssh -p 2222"});
   const ClusterFile c = load_cluster_file(path);
   ASSERT_EQ(c.hosts.size(), 2u);
@@ -32,7 +33,7 @@ TEST(Launcher, ClusterFileRoundTrips) {
 }
 
 TEST(Launcher, BadClusterFilesNameTheFile) {
-  const std::string path = ::testing::TempDir() + "/bad-cluster.yaml";
+  const std::string path = test::scratch_path("bad-cluster.yaml");
   auto error_of = [&](const std::string& text) {
     std::ofstream(path) << text;
     try {
@@ -47,7 +48,7 @@ TEST(Launcher, BadClusterFilesNameTheFile) {
   EXPECT_NE(error_of("hosts: [\n").find("not valid YAML"), std::string::npos);
   EXPECT_NE(error_of("").find(path), std::string::npos);
   try {
-    load_cluster_file(::testing::TempDir() + "/missing.yaml");
+    load_cluster_file(test::scratch_path("missing.yaml"));
     FAIL();
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos);

@@ -7,13 +7,15 @@
 
 #include "core/error.h"
 #include "launch/output_dir_lock.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
 namespace fs = std::filesystem;
 
+// A path in this process's scratch folder with nothing there yet.
 std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/output-dir-lock-" + name;
+  const std::string dir = test::scratch_path(name);
   fs::remove_all(dir);
   return dir;
 }

@@ -18,8 +18,9 @@ ModelConfig small_config() {
       "test");
 }
 
+// A path in this process's scratch folder with nothing there yet.
 std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/" + name;
+  const std::string dir = test::scratch_path(name);
   fs::remove_all(dir);
   return dir;
 }

@@ -45,7 +45,7 @@ TEST(PeftAdapter, LogitsEqualPefts) {
 // What Fabrica writes back is PEFT's file: the same key set and the same tensors.
 TEST(PeftAdapter, WritesBackPeftsKeys) {
   auto model = peft_model();
-  const std::string dir = ::testing::TempDir() + "/peft-roundtrip";
+  const std::string dir = test::scratch_path("peft-roundtrip");
   std::filesystem::remove_all(dir);
   save_adapter(*model, dir, kFixture + "/base");
   const SafetensorsFile mine = SafetensorsFile::open(dir + "/adapter_model.safetensors");

@@ -7,6 +7,7 @@
 
 #include "monitor/loss_plot.h"
 #include "monitor/tensorboard.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -18,7 +19,7 @@ TEST(TensorBoard, Crc32cMatchesTheStandardCheckValue) {
 TEST(TensorBoard, WritesFramedRecords) {
   std::string path;
   {
-    TensorBoardWriter w(::testing::TempDir() + "/tb");
+    TensorBoardWriter w(test::fresh_dir("tb"));
     w.add_scalar("train/loss", 2.5, 1);
     path = w.path();
   }
@@ -38,7 +39,7 @@ TEST(TensorBoard, WritesFramedRecords) {
 }
 
 TEST(LossPlot, WritesAnSvgWithBothCurves) {
-  const std::string path = ::testing::TempDir() + "/loss.svg";
+  const std::string path = test::scratch_path("loss.svg");
   write_loss_plot(path, {1, 2, 3, 4}, {4.0, 3.0, 2.5, 2.0}, "test run");
   std::ifstream in(path);
   std::stringstream s;

@@ -13,6 +13,7 @@
 #include "parallel/layout.h"
 #include "plan/auto_layout.h"
 #include "plan/planner.h"
+#include "test_util.h"
 
 namespace fab {
 namespace {
@@ -285,7 +286,7 @@ TEST(PlanAuto, AFixedLayoutThatCannotRunSaysWhy) {
 
 TEST(PlanCluster, FileRoundTripsAndBadFilesAreUserErrors) {
   const ClusterSpec c = preset_cluster("a100-80g", 16, 8);
-  const std::string path = testing::TempDir() + "/plan_cluster_" + std::to_string(::getpid()) + ".yaml";
+  const std::string path = test::scratch_path("plan_cluster.yaml");
   std::FILE* f = std::fopen(path.c_str(), "w");
   std::fputs(cluster_spec_to_yaml(c).c_str(), f);
   std::fclose(f);

@@ -27,12 +27,7 @@ namespace fab {
 namespace {
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/lora-" + name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using test::fresh_dir;
 
 // A tiny llama folder with seeded weights (so runs that start from it can be compared with it).
 std::string tiny_model_folder() {

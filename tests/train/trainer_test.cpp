@@ -23,12 +23,7 @@ namespace fab {
 namespace {
 namespace fs = std::filesystem;
 
-std::string fresh_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/trainer-" + name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using test::fresh_dir;
 
 // A config-only model folder: trained from scratch with the run's seed.
 std::string tiny_model_folder() {
