@@ -3,7 +3,8 @@
 # machine): the demo's addition task (made here by `make gpu-pack`: build-gpu/train/{model,data})
 # trained on CUDA against the same run on the CPU (fp32 and bf16, losses within 2e-3 and 2e-2
 # relative), then exact resume on the GPU (a run resumed from its step-10 checkpoint against the
-# uninterrupted one). The binary and its libraries travel in build-gpu/fabrica-bin.tar.xz.
+# uninterrupted one), ZeRO-2 (and ZeRO-3 at 2 GPUs) against plain data parallel, and stage grpo's
+# rollouts on the device. The binary and its libraries travel in build-gpu/fabrica-bin.tar.xz.
 # Usage: bash scripts/gpu_train_check.sh PACK OUT   (exit code: 0 when every check passed)
 #   GPU_DEVICE=cpu runs the "cuda" side on the CPU: a check of this script on a machine without a GPU.
 set -uo pipefail
@@ -76,10 +77,19 @@ echo "== exact resume on the GPU (from checkpoint-10 of cuda-fp32)"
 mkdir -p "$work/resumed" && cp -r "$work/cuda-fp32/checkpoint-10" "$work/resumed/"
 train resumed device=$gpu resume_from_checkpoint=true
 compare cuda-fp32 resumed 0 11
-echo "== data parallel on CUDA, 2 processes (if the machine has 2 GPUs)"
+echo "== stage grpo on the GPU: rollouts (the KV caches and the decode on the device), 3 steps"
+train cuda-grpo device=$gpu stage=grpo reward=exact_match num_generations=4 per_device_train_batch_size=4 \
+  max_new_tokens=8 temperature=1.0 max_steps=3 save_steps=0
+grep -q '"reward_mean"' "$work/cuda-grpo/metrics.jsonl" 2>/dev/null || { echo "   cuda-grpo: no reward_mean"; failed=1; }
+echo "== ZeRO-2 on one GPU: the gradient granules unmapped after each bucket, mapped again for backward"
+train cuda-zero2 device=$gpu zero_stage=2
+compare cuda-fp32 cuda-zero2 2e-3
+echo "== data parallel on CUDA, 2 processes (if the machine has 2 GPUs): ZeRO-1 and ZeRO-3"
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
   train cuda-dp2 device=$gpu nproc_per_node=2 per_device_train_batch_size=16
   compare cuda-fp32 cuda-dp2 2e-3
+  train cuda-dp2-zero3 device=$gpu nproc_per_node=2 per_device_train_batch_size=16 zero_stage=3
+  compare cuda-fp32 cuda-dp2-zero3 2e-3
 else
   echo "   one GPU: skipped"
 fi

@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace fab {
 
@@ -23,6 +24,20 @@ class Backend {
   virtual Allocator& allocator() = 0;
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) = 0;
   virtual void fill_zero(void* dst, size_t bytes) = 0;
+  // Memory that can be handed back in parts: the flat parameter and gradient buffers, of which
+  // ZeRO-2/3 keep resident only what a rank needs (parallel/data_parallel.h). A releasable tensor
+  // starts zero-filled and usable. Its memory comes in granules: host pages, or the 2 MiB chunks a
+  // GPU maps (CUDA's virtual memory management).
+  //   decommit: the range reads as zeros from now on; its whole granules go back to the device,
+  //             the partial ones at its ends are zeroed in place.
+  //   commit:   makes the range usable again before anything reads or writes it, zero where it
+  //             was decommitted. Host pages come back by themselves when touched, a device's
+  //             granules must be mapped first: skipping it is a fault on a device.
+  virtual Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category) = 0;
+  virtual void decommit(void* data, size_t bytes) = 0;
+  virtual void commit(void* data, size_t bytes) = 0;
+  // Bytes of the granules overlapping [data, data + bytes) that hold memory now.
+  virtual size_t resident_bytes(const void* data, size_t bytes) = 0;
   // The compute kernels; the stub throws.
   virtual const KernelTable& kernels() const = 0;
 };

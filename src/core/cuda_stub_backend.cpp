@@ -13,6 +13,10 @@ class CudaStubBackend final : public Backend {
   Allocator& allocator() override { fail(); }
   void copy(void*, Device, const void*, Device, size_t) override { fail(); }
   void fill_zero(void*, size_t) override { fail(); }
+  Tensor releasable_zeros(int64_t, DType, MemoryCategory) override { fail(); }
+  void decommit(void*, size_t) override { fail(); }
+  void commit(void*, size_t) override { fail(); }
+  size_t resident_bytes(const void*, size_t) override { fail(); }
   const KernelTable& kernels() const override { fail(); }
 
  private:

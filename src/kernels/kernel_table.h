@@ -90,12 +90,16 @@ struct KernelTable {
   void (*copy_2d)(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols,
                   bool accumulate);
   void (*add)(const float* a, const float* b, float* out, int64_t n);         // out = a + b
+  void (*multiply)(const float* a, const float* b, float* out, int64_t n);    // out = a * b
   void (*accumulate)(const float* x, float* out, int64_t n);                  // out += x
   void (*add_bias)(float* y, const float* bias, int64_t rows, int64_t n);     // y[r, :] += bias
   void (*bias_backward)(const float* dy, int64_t rows, int64_t n, float* db); // db += sum_r dy[r, :]
   void (*scale)(float* x, int64_t n, float s);
   double (*sum_squares)(const float* x, int64_t n);
   void (*to_bf16)(const float* x, bf16* out, int64_t n);
+  // mask[i] = kernels/counter_rng.h's dropout_factor(key, i, p, keep_scale): inverted dropout's
+  // mask, the same on every backend.
+  void (*dropout_mask)(float* mask, int64_t n, uint64_t key, double p, float keep_scale);
 
   // One AdamW update; when param_bf16 is not null it also receives the new weights in bf16
   // (the compute copy of bf16 mode), saving a separate pass over the parameters.
@@ -106,8 +110,8 @@ struct KernelTable {
 // Every slot of KernelTable by name, in order; the static_assert below keeps the list complete.
 #define FAB_KERNEL_SLOTS(X) X(isa) X(matmul) X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) \
   X(rmsnorm_backward) X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) \
-  X(attention_decode) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_chunk) X(copy_2d) X(add) X(accumulate) \
-  X(add_bias) X(bias_backward) X(scale) X(sum_squares) X(to_bf16) X(adamw_step)
+  X(attention_decode) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_chunk) X(copy_2d) X(add) X(multiply) \
+  X(accumulate) X(add_bias) X(bias_backward) X(scale) X(sum_squares) X(to_bf16) X(dropout_mask) X(adamw_step)
 
 #define FAB_COUNT_SLOT(slot) +1
 static_assert(sizeof(KernelTable) == (0 FAB_KERNEL_SLOTS(FAB_COUNT_SLOT)) * sizeof(void*),

@@ -98,12 +98,7 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
 
 void DecoderModel::check_device_support() const {
   if (options_.device.is_host()) return;
-  // LoRA's dropout masks are drawn on the host (models/lora.cpp).
-  const char* missing = options_.tp                    ? "tensor_parallel_size > 1"
-                        : !is_whole()                  ? "pipeline_parallel_size > 1"
-                        : options_.lora.dropout > 0    ? "lora_dropout > 0"
-                        : options_.value_head          ? "stage rm"
-                                                       : nullptr;
+  const char* missing = options_.tp ? "tensor_parallel_size > 1" : !is_whole() ? "pipeline_parallel_size > 1" : nullptr;
   FAB_USER_CHECK(!missing, "device {}: training with {} is not implemented on a device yet (use device: cpu)",
                  options_.device.str(), missing);
 }
@@ -571,8 +566,6 @@ void DecoderModel::check_whole(const char* what) const {
   FAB_USER_CHECK(!options_.tp, "{} with tensor_parallel_size {} is not implemented: run it on the saved model folder",
                  what, tp_size());
   FAB_CHECK(is_whole(), "{} needs the whole model, not a pipeline stage", what);
-  FAB_USER_CHECK(options_.device.is_host(), "{} on device {} is not implemented yet (use device: cpu)", what,
-                 options_.device.str());
 }
 
 Var DecoderModel::stage_forward(Tape& tape, int chunk, const Tensor& ids, const Var& input,
@@ -639,7 +632,7 @@ Tensor DecoderModel::logits(const Tensor& ids, const SequenceLayout& layout) {
   Var hidden = forward_hidden(no_grad, ids, layout);
   Tensor out = lm_head_logits(hidden, lm_head_).reshape({ids.dim(0), ids.dim(1), config_.vocab_size});
   leave_unit(no_grad, head_unit());
-  return out;
+  return on_host(out);
 }
 
 KvCache DecoderModel::make_cache(int64_t batch, int64_t capacity) const {
@@ -648,8 +641,8 @@ KvCache DecoderModel::make_cache(int64_t batch, int64_t capacity) const {
   cache.capacity = capacity;
   const Shape shape{batch, capacity, config_.num_key_value_heads, config_.head_dim};
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    cache.k.push_back(Tensor::zeros(shape, DType::f32, MemoryCategory::activations));
-    cache.v.push_back(Tensor::zeros(shape, DType::f32, MemoryCategory::activations));
+    cache.k.push_back(Tensor::zeros(shape, DType::f32, MemoryCategory::activations, options_.device));
+    cache.v.push_back(Tensor::zeros(shape, DType::f32, MemoryCategory::activations, options_.device));
   }
   return cache;
 }
@@ -688,7 +681,7 @@ Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& 
   const ModelConfig& c = config_;
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
   const auto [q, k, v] = decode_qkv(l, x, positions);
-  const KernelTable& kt = backend(DeviceKind::cpu).kernels();
+  const KernelTable& kt = backend(options_.device.kind).kernels();
   const int64_t row = KV * D;
   for (int64_t b = 0; b < cache.batch; ++b) {  // append this step's keys and values
     float* kc = cache.k[index].data<float>() + (b * cache.capacity + cache.length) * row;
@@ -697,7 +690,8 @@ Var DecoderModel::layer_forward_cached(const Layer& l, size_t index, const Var& 
     kt.copy_2d(v->value.data<float>() + b * n * row, row, vc, row, n, row, false);
   }
   const AttentionShape shape{cache.batch, n, H, KV, D, float(1.0 / std::sqrt(double(D)))};
-  Var attn = make_var(Tensor::empty({cache.batch * n, H * D}, DType::f32, MemoryCategory::activations));
+  Var attn = make_var(
+      Tensor::empty({cache.batch * n, H * D}, DType::f32, MemoryCategory::activations, options_.device));
   kt.attention_decode(q->value.data<float>(), cache.k[index].data<float>(), cache.v[index].data<float>(), shape,
                       cache.length, cache.capacity, attn->value.data<float>());
   return decode_layer_output(l, x, attn);
@@ -714,11 +708,12 @@ Tensor DecoderModel::logits_cached(const Tensor& ids, KvCache& cache) {
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t t = 0; t < n; ++t) positions.data<int64_t>()[b * n + t] = cache.length + t;
   Tape none(false);
-  Var x = embedding(none, ids.reshape({batch * n}), embed_);
-  for (size_t i = 0; i < layers_.size(); ++i) x = layer_forward_cached(layers_[i], i, x, positions, cache, n);
+  const Tensor on_positions = on_device(positions);
+  Var x = embedding(none, on_device(ids.reshape({batch * n})), embed_);
+  for (size_t i = 0; i < layers_.size(); ++i) x = layer_forward_cached(layers_[i], i, x, on_positions, cache, n);
   cache.length += n;
   Var hidden = rmsnorm(none, x, final_norm_, float(config_.rms_norm_eps));
-  return lm_head_logits(hidden, lm_head_).reshape({batch, n, config_.vocab_size});
+  return on_host(lm_head_logits(hidden, lm_head_).reshape({batch, n, config_.vocab_size}));
 }
 
 SlotKvCache DecoderModel::make_slot_cache(int64_t slots, int64_t capacity) const {
@@ -728,8 +723,8 @@ SlotKvCache DecoderModel::make_slot_cache(int64_t slots, int64_t capacity) const
   cache.length.assign(size_t(slots), 0);
   const Shape shape{slots, capacity, config_.num_key_value_heads, config_.head_dim};
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
-    cache.k.push_back(Tensor::empty(shape, DType::f32, MemoryCategory::activations));
-    cache.v.push_back(Tensor::empty(shape, DType::f32, MemoryCategory::activations));
+    cache.k.push_back(Tensor::empty(shape, DType::f32, MemoryCategory::activations, options_.device));
+    cache.v.push_back(Tensor::empty(shape, DType::f32, MemoryCategory::activations, options_.device));
   }
   return cache;
 }
@@ -764,18 +759,20 @@ Var DecoderModel::layer_forward_slots(const Layer& l, size_t index, const Var& x
   const ModelConfig& c = config_;
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, D = c.head_dim;
   const auto [q, k, v] = decode_qkv(l, x, positions);
-  const KernelTable& kt = backend(DeviceKind::cpu).kernels();
+  const KernelTable& kt = backend(options_.device.kind).kernels();
   const int64_t kv_row = KV * D, q_row = H * D, slot_size = cache.capacity * kv_row;
   std::vector<int64_t> first_row(spans.size() + 1, 0);
   for (size_t s = 0; s < spans.size(); ++s) first_row[s + 1] = first_row[s] + spans[s].count;
-  Var attn = make_var(Tensor::empty({x->value.dim(0), q_row}, DType::f32, MemoryCategory::activations));
+  Var attn =
+      make_var(Tensor::empty({x->value.dim(0), q_row}, DType::f32, MemoryCategory::activations, options_.device));
   float* kc = cache.k[index].data<float>();
   float* vc = cache.v[index].data<float>();
   ProfileScope profile("slot attention");
   // One slot per iteration when there are slots for every thread: the kernel's own threads stay
   // idle inside (nested), so a step of many one-token slots is one parallel region, not one per
   // slot. Fewer slots (one long prompt, say) keep the kernel's own split over heads and queries.
-  const bool by_slot = int64_t(spans.size()) >= omp_get_max_threads();
+  // A device's kernels are launched from one thread.
+  const bool by_slot = options_.device.is_host() && int64_t(spans.size()) >= omp_get_max_threads();
 #pragma omp parallel for schedule(dynamic) if (by_slot)
   for (size_t s = 0; s < spans.size(); ++s) {
     const SlotSpan& span = spans[s];
@@ -795,7 +792,8 @@ Tensor DecoderModel::logits_slots(const Tensor& ids, const std::vector<SlotSpan>
   check_whole("generation");
   const Tensor positions = slot_positions(ids, spans, cache);
   Tensor logits = slot_steps_concurrent() ? logits_slot_rows(ids, positions, spans, cache)
-                                          : logits_slots_layered(ids, positions, spans, cache);
+                                          : on_host(logits_slots_layered(on_device(ids), on_device(positions), spans,
+                                                                         cache));
   for (const SlotSpan& span : spans) cache.length[size_t(span.slot)] += span.count;
   return logits;
 }
@@ -807,11 +805,13 @@ Tensor DecoderModel::logits_slots_layered(const Tensor& ids, const Tensor& posit
   Var x = embedding(none, ids, embed_);
   for (size_t i = 0; i < layers_.size(); ++i) x = layer_forward_slots(layers_[i], i, x, positions, spans, cache);
   const int64_t C = config_.hidden_size;
-  Var last = make_var(Tensor::empty({int64_t(spans.size()), C}, DType::f32, MemoryCategory::activations));
+  Var last = make_var(
+      Tensor::empty({int64_t(spans.size()), C}, DType::f32, MemoryCategory::activations, options_.device));
+  const KernelTable& kt = backend(options_.device.kind).kernels();
   int64_t row = 0;
-  for (size_t s = 0; s < spans.size(); ++s) {
+  for (size_t s = 0; s < spans.size(); ++s) {  // each span's last row
     row += spans[s].count;
-    std::copy_n(x->value.data<float>() + (row - 1) * C, C, last->value.data<float>() + int64_t(s) * C);
+    kt.copy_2d(x->value.data<float>() + (row - 1) * C, C, last->value.data<float>() + int64_t(s) * C, C, 1, C, false);
   }
   const Var normed = rmsnorm(none, last, final_norm_, float(config_.rms_norm_eps));
   ProfileScope profile("lm_head");
@@ -819,6 +819,7 @@ Tensor DecoderModel::logits_slots_layered(const Tensor& ids, const Tensor& posit
 }
 
 bool DecoderModel::slot_steps_concurrent() const {
+  if (!options_.device.is_host()) return false;  // the concurrent steps run the CPU's decode kernels
   if (!adapters_enabled_) return true;
   for (const Layer& l : layers_)
     if (!l.qkv_lora.empty() || !l.o_lora.empty() || !l.gate_up_lora.empty() || !l.down_lora.empty()) return false;

@@ -35,8 +35,8 @@ struct DecoderOptions {
   Precision precision = Precision::fp32;
   // Where parameters, gradients and every tensor of a step live. The inputs of forward_backward,
   // loss_sum and forward_with_head stay host tensors: the model checks them there and copies them
-  // over once per call. A device other than the CPU trains the whole model (no tensor or pipeline
-  // parallel) in full fine-tuning; the rest is refused by name.
+  // over once per call. A device other than the CPU holds the whole model (no tensor or pipeline
+  // parallel: those are refused by name).
   Device device = Device::cpu();
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
@@ -161,7 +161,8 @@ class DecoderModel {
   SlotKvCache make_slot_cache(int64_t slots, int64_t capacity) const;
   Tensor logits_slots(const Tensor& ids, const std::vector<SlotSpan>& spans, SlotKvCache& cache);
   // Whether threads may run logits_slots at once over disjoint slots of one cache (each on its own
-  // thread): true unless LoRA adapters are active (their path takes oneDNN's lock for every GEMM).
+  // thread): on the host, unless LoRA adapters are active (their path takes oneDNN's lock for every
+  // GEMM); a device runs one engine.
   bool slot_steps_concurrent() const;
 
   // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
@@ -222,6 +223,8 @@ class DecoderModel {
   std::string unit_name(int unit) const;  // embedding, layer i, head
   Tensor positions_of(const Tensor& ids, const SequenceLayout& layout) const;
   Tensor on_device(const Tensor& host) const { return host.to(options_.device, MemoryCategory::activations); }
+  // What generation hands back (logits, for sampling) is on the host.
+  static Tensor on_host(const Tensor& t) { return t.to(Device::cpu(), MemoryCategory::activations); }
   void check_device_support() const;
   Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, const Tensor& doc_start,
                     int64_t batch, int64_t seq);

@@ -41,8 +41,9 @@ void init_value_head(DecoderModel& model, uint64_t seed) {
   const double bound = 1.0 / std::sqrt(double(model.config().hidden_size));
   for (const char* name : {"v_head.summary.weight", "v_head.summary.bias"}) {
     const ParamInfo& p = params.info(name);
-    for (int64_t i = 0; i < p.numel(); ++i)
-      params.values().data<float>()[p.offset + i] = float((2 * rng.uniform() - 1) * bound);
+    std::vector<float> values(size_t(p.numel()));
+    for (float& v : values) v = float((2 * rng.uniform() - 1) * bound);
+    params.set_values(p, values.data());
   }
 }
 
@@ -53,7 +54,7 @@ void save_value_head(const DecoderModel& model, const std::string& folder) {
   std::vector<NamedTensor> value_head;
   for (const char* name : {"v_head.summary.weight", "v_head.summary.bias"}) {
     const ParamInfo& p = params.info(name);
-    value_head.push_back({name, params.values().view(p.offset, p.shape)});
+    value_head.push_back({name, params.values_f32(p)});
   }
   save_safetensors((fs::path(folder) / kValueHeadFile).string(), value_head, {{"format", "pt"}});
 }
@@ -68,8 +69,7 @@ bool load_value_head(DecoderModel& model, const std::string& folder) {
     FAB_USER_CHECK(f.contains(name), "{}: missing tensor \"{}\"", file.string(), name);
     FAB_USER_CHECK(f.entries().at(name).shape == p.shape, "{}: tensor \"{}\" has shape {}, expected {}",
                    file.string(), name, shape_str(f.entries().at(name).shape), shape_str(p.shape));
-    Tensor t = f.as_f32(name);
-    std::memcpy(params.values().data<float>() + p.offset, t.data<float>(), t.bytes());
+    params.set_values(p, f.as_f32(name).data<float>());
   }
   return true;
 }

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/profiler.h"
 #include "core/rng.h"
+#include "kernels/counter_rng.h"
 #include "kernels/kernel_table.h"
 #include "nn/op_helpers.h"
 
@@ -17,32 +18,14 @@ Tensor activation(Shape shape, const Tensor& like) {
   return Tensor::empty(std::move(shape), DType::f32, MemoryCategory::activations, like.device());
 }
 
-// splitmix64's finaliser: a counter-based generator, so element i's draw depends only on
-// (seed, stream, i), whatever the thread count.
-uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// mask = keep / (1 - p), keep ~ Bernoulli(1 - p), from the pass's seed and the branch's stream.
+// mask = keep / (1 - p), keep ~ Bernoulli(1 - p), drawn by a counter-based generator
+// (kernels/counter_rng.h) from the pass's seed and the branch's stream: element i's draw depends
+// only on (seed, stream, i), whatever the thread count or backend.
 Tensor dropout_mask(int64_t n, const LoraPass& pass, uint64_t stream, const Tensor& like) {
   Tensor mask = activation({n}, like);
-  const uint64_t key = mix(pass.seed * 0x9e3779b97f4a7c15ull + stream);
-  const float keep_scale = 1.0f / (1.0f - pass.dropout);
-  const double p = double(pass.dropout);
-  float* m = mask.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const double u = double(mix(key + uint64_t(i) * 0x9e3779b97f4a7c15ull) >> 11) * 0x1.0p-53;  // [0, 1)
-    m[i] = u >= p ? keep_scale : 0.0f;
-  }
+  const uint64_t key = counter_mix(pass.seed * 0x9e3779b97f4a7c15ull + stream);
+  kernels_for(like).dropout_mask(mask.data<float>(), n, key, double(pass.dropout), 1.0f / (1.0f - pass.dropout));
   return mask;
-}
-
-void multiply(const float* x, const float* mask, float* out, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * mask[i];
 }
 
 }  // namespace
@@ -72,7 +55,7 @@ void add_lora(Tape& tape, const Var& x, const Var& y, const std::vector<LoraBran
     if (pass.dropout > 0 && tape.recording()) {
       mask = dropout_mask(rows * in, pass, br.stream, x->value);
       xd = activation({rows, in}, x->value);
-      multiply(x->value.data<float>(), mask.data<float>(), xd.data<float>(), rows * in);
+      k.multiply(x->value.data<float>(), mask.data<float>(), xd.data<float>(), rows * in);
     }
     Tensor us = activation({rows, r}, x->value), v = activation({rows, w}, x->value);
     gemm(k, xd, false, br.a->value, true, us.data<float>(), rows, r, in, false);
@@ -96,7 +79,7 @@ void add_lora(Tape& tape, const Var& x, const Var& y, const std::vector<LoraBran
       }
       Tensor dxd = activation({rows, in}, us);
       gemm(k, du, false, br.a->value, false, dxd.data<float>(), rows, in, r, false);
-      multiply(dxd.data<float>(), mask.data<float>(), dxd.data<float>(), rows * in);
+      k.multiply(dxd.data<float>(), mask.data<float>(), dxd.data<float>(), rows * in);
       k.accumulate(dxd.data<float>(), grad_of(x).data<float>(), rows * in);
     });
   }

@@ -2,7 +2,6 @@
 
 #include "core/backend.h"
 #include "core/error.h"
-#include "core/pages.h"
 #include "kernels/kernel_table.h"
 
 namespace fab {
@@ -20,9 +19,9 @@ void ParamBuffer::add(const std::string& name, Shape shape, bool packed_after_pr
 
 namespace {
 
-// Zeroed memory for a whole buffer: page mappings on the host, the backend's memory on a device.
+// Zeroed memory for a whole buffer, of which ZeRO-2/3 can hand parts back (Backend::decommit).
 Tensor buffer_zeros(int64_t n, DType dtype, MemoryCategory category, Device device) {
-  return device.is_host() ? mapped_zeros(n, dtype, category) : Tensor::zeros({n}, dtype, category, device);
+  return backend(device.kind).releasable_zeros(n, dtype, category);
 }
 
 }  // namespace

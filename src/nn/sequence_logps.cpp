@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/profiler.h"
 #include "nn/op_helpers.h"
@@ -145,25 +146,30 @@ TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const 
   out.logp.assign(size_t(rows), 0.0);
   if (with_entropy) out.entropy.assign(size_t(rows), 0.0);
   out.grad = std::make_shared<std::vector<float>>(size_t(rows), 0.0f);
+  FAB_CHECK(targets.device().is_host(), "token_logps takes its targets on the host");
   const int64_t* y = targets.data<int64_t>();
+  const Tensor targets_there = targets.to(w.device(), MemoryCategory::temporaries);  // what the kernels read
   {
     const Tensor h = hidden_compute();
     Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - r0);
       gemm(k, h.view(r0 * c, {n, c}), false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+      // The entropy is taken on the host, from the logits before the kernel overwrites them (a
+      // copy of the chunk where they live on a device).
+      const Tensor host_logits = with_entropy ? logits.to(Device::cpu(), MemoryCategory::temporaries) : Tensor();
       for (int64_t r = r0; r < r0 + n; ++r) {
         if (y[r] == -100) continue;
-        float* z = logits.data<float>() + (r - r0) * vocab;
-        if (with_entropy) out.entropy[size_t(r)] = row_entropy(z, vocab);
-        out.logp[size_t(r)] = -k.cross_entropy_chunk(z, y + r, 1, vocab, 0.0f, nullptr);
+        if (with_entropy) out.entropy[size_t(r)] = row_entropy(host_logits.data<float>() + (r - r0) * vocab, vocab);
+        out.logp[size_t(r)] = -k.cross_entropy_chunk(logits.data<float>() + (r - r0) * vocab,
+                                                     targets_there.data<int64_t>() + r, 1, vocab, 0.0f, nullptr);
       }
     }
   }
   if (!tape.recording()) return out;
-  tape.push([hidden, head, targets, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
+  tape.push([hidden, head, targets_there, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
     ProfileScope profile("token_logps backward");
-    logp_head_backward(hidden, head, hidden_compute(), w_compute, targets.data<int64_t>(), chunk_rows,
+    logp_head_backward(hidden, head, hidden_compute(), w_compute, targets_there.data<int64_t>(), chunk_rows,
                        [&](int64_t r0, int64_t n, auto&& piece) {
                          for (int64_t r = r0; r < r0 + n; ++r) piece(r, 1, (*grad)[size_t(r)]);
                        });
@@ -171,35 +177,56 @@ TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const 
   return out;
 }
 
+namespace {
+
+// n floats of `t` from element `offset`, on the host / written back: row_scores' few rows of C
+// floats go through copies, so it runs the same on any device.
+std::vector<float> read_floats(const Tensor& t, int64_t offset, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  backend(DeviceKind::cpu).copy(out.data(), Device::cpu(), t.data<float>() + offset, t.device(), size_t(n) * 4);
+  return out;
+}
+void write_floats(const Tensor& t, int64_t offset, const std::vector<float>& v) {
+  backend(DeviceKind::cpu).copy(const_cast<float*>(t.data<float>()) + offset, t.device(), v.data(), Device::cpu(),
+                                v.size() * 4);
+}
+
+}  // namespace
+
 // s_i = w · h[row_i] + b. Backward: dh[row_i] += g_i w, dw += g_i h[row_i], db += g_i. A handful
-// of dot products of length C: plain host loops.
+// of dot products of length C: host loops over copies of the rows.
 RowScores row_scores(Tape& tape, const Var& hidden, const Linear& head, const std::vector<int64_t>& rows) {
   const int64_t c = head.weight->value.dim(1);
   FAB_CHECK(head.weight->value.dim(0) == 1 && hidden->value.dim(-1) == c, "row_scores: a (1, {}) head", c);
-  const float* h = hidden->value.data<float>();
-  const float* w = head.weight->value.data<float>();
+  const std::vector<float> w = read_floats(head.weight->value, 0, c);
+  const double bias = head.bias ? double(read_floats(head.bias->value, 0, 1)[0]) : 0.0;
   RowScores out;
   out.grad = std::make_shared<std::vector<float>>(rows.size(), 0.0f);
   for (int64_t row : rows) {
     FAB_CHECK(row >= 0 && row < rows_of(hidden->value), "row {} of {}", row, rows_of(hidden->value));
-    double s = head.bias ? double(head.bias->value.data<float>()[0]) : 0.0;
-    for (int64_t j = 0; j < c; ++j) s += double(w[j]) * double(h[row * c + j]);
+    const std::vector<float> h = read_floats(hidden->value, row * c, c);
+    double s = bias;
+    for (int64_t j = 0; j < c; ++j) s += double(w[size_t(j)]) * double(h[size_t(j)]);
     out.value.push_back(s);
   }
   if (!tape.recording()) return out;
-  tape.push([hidden, head, rows, grad = out.grad, c] {
-    float* dh = grad_of(hidden).data<float>();
-    float* dw = head.weight->requires_grad ? grad_of(head.weight).data<float>() : nullptr;
-    const float* h = hidden->value.data<float>();
-    const float* w = head.weight->value.data<float>();
+  tape.push([hidden, head, rows, grad = out.grad, c, w] {
+    const bool weight_grad = head.weight->requires_grad, bias_grad = head.bias && head.bias->requires_grad;
+    std::vector<float> dw = weight_grad ? read_floats(grad_of(head.weight), 0, c) : std::vector<float>();
+    std::vector<float> db = bias_grad ? read_floats(grad_of(head.bias), 0, 1) : std::vector<float>();
     for (size_t i = 0; i < rows.size(); ++i) {
       const float g = (*grad)[i];
+      std::vector<float> dh = read_floats(grad_of(hidden), rows[i] * c, c);
+      const std::vector<float> h = weight_grad ? read_floats(hidden->value, rows[i] * c, c) : std::vector<float>();
       for (int64_t j = 0; j < c; ++j) {
-        dh[rows[i] * c + j] += g * w[j];
-        if (dw) dw[j] += g * h[rows[i] * c + j];
+        dh[size_t(j)] += g * w[size_t(j)];
+        if (weight_grad) dw[size_t(j)] += g * h[size_t(j)];
       }
-      if (head.bias && head.bias->requires_grad) grad_of(head.bias).data<float>()[0] += g;
+      write_floats(grad_of(hidden), rows[i] * c, dh);
+      if (bias_grad) db[0] += g;
     }
+    if (weight_grad) write_floats(grad_of(head.weight), 0, dw);
+    if (bias_grad) write_floats(grad_of(head.bias), 0, db);
   });
   return out;
 }

@@ -5,7 +5,6 @@
 
 #include "core/backend.h"
 #include "core/error.h"
-#include "core/pages.h"
 #include "core/profiler.h"
 #include "kernels/kernel_table.h"
 
@@ -33,12 +32,6 @@ DataParallel::DataParallel(DecoderModel& model, Communicator& group, const DataP
       options_(options) {
   FAB_USER_CHECK(options_.zero_stage >= 0 && options_.zero_stage <= 3, "zero_stage {}: expected 0, 1, 2 or 3",
                  options_.zero_stage);
-  // ZeRO-2/3 hand the pages of gradients and parameters outside this rank's shard back to the OS
-  // (core/pages.h); a device's memory has no such pages, and freeing and re-gathering whole
-  // buffers per unit is not written yet.
-  FAB_USER_CHECK(params_.device().is_host() || options_.zero_stage <= 1,
-                 "zero_stage {} on device {} is not implemented yet: use zero_stage 0 or 1 there", options_.zero_stage,
-                 params_.device().str());
   FAB_USER_CHECK(options_.bucket_bytes > 0, "ddp_bucket_size must be positive, got {}", options_.bucket_bytes);
   tied_ = model.config().tie_word_embeddings;
   make_buckets();
@@ -46,8 +39,9 @@ DataParallel::DataParallel(DecoderModel& model, Communicator& group, const DataP
   if (stage >= 2) {
     int64_t shard = 0;
     for (const Bucket& b : buckets_) shard = std::max(shard, b.shard_offset + b.own_end - b.own_begin);
-    shard_grads_ = Tensor::zeros({std::max<int64_t>(shard, 1)}, DType::f32, MemoryCategory::gradients);
-    zero_and_release(params_.grads().raw(), params_.grads().bytes());
+    shard_grads_ = Tensor::zeros({std::max<int64_t>(shard, 1)}, DType::f32, MemoryCategory::gradients,
+                                 params_.device());
+    memory().decommit(params_.grads().raw(), params_.grads().bytes());
   }
   if (stage == 0)
     optimizer_ = std::make_unique<AdamW>(params_, options_.adamw);
@@ -67,7 +61,18 @@ DataParallel::~DataParallel() {
   for (Bucket& b : buckets_) b.pending.wait();
 }
 
-const KernelTable& DataParallel::kernels() const { return backend(params_.grads().device().kind).kernels(); }
+const KernelTable& DataParallel::kernels() const { return backend(params_.device().kind).kernels(); }
+Backend& DataParallel::memory() const { return backend(params_.device().kind); }
+
+void DataParallel::commit_values(int64_t begin, int64_t end) {
+  memory().commit(params_.values().data<float>() + begin, size_t(end - begin) * sizeof(float));
+  if (params_.has_bf16()) memory().commit(params_.bf16_values().data<bf16>() + begin, size_t(end - begin) * 2);
+}
+
+void DataParallel::commit_gradients(int unit) {
+  const auto [begin, end] = model_.unit_range(unit);
+  memory().commit(params_.grads().data<float>() + begin, size_t(end - begin) * sizeof(float));
+}
 
 // Units in backward order (head, last layer, ..., embedding), cut into buckets of at least
 // bucket_bytes; consecutive units are neighbours in the flat buffers, so a bucket is one range.
@@ -146,7 +151,7 @@ void DataParallel::retire(Bucket& b) {
   b.needs_retire = false;
   kernels().accumulate(params_.grads().data<float>() + b.own_begin, shard_grads_.data<float>() + b.shard_offset,
                        b.own_end - b.own_begin);
-  zero_and_release(params_.grads().data<float>() + b.begin, size_t(b.end - b.begin) * sizeof(float));
+  memory().decommit(params_.grads().data<float>() + b.begin, size_t(b.end - b.begin) * sizeof(float));
 }
 
 void DataParallel::wait_all_buckets() {
@@ -224,6 +229,7 @@ void DataParallel::gather(int unit, bool wait) {
   const size_t u = size_t(unit);
   if (!gathered_[u] && !gathering_[u].valid()) {
     const Bucket& b = unit_bucket(unit);
+    commit_values(b.begin, b.end);
     gathering_[u] = buffers_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
                                         format("parameters of unit {}", unit));
   }
@@ -243,8 +249,8 @@ void DataParallel::release(int unit) {
   const Bucket& b = unit_bucket(unit);
   auto drop = [this](int64_t first, int64_t last) {
     if (last <= first) return;
-    zero_and_release(params_.values().data<float>() + first, size_t(last - first) * sizeof(float));
-    if (params_.has_bf16()) zero_and_release(params_.bf16_values().data<bf16>() + first, size_t(last - first) * 2);
+    memory().decommit(params_.values().data<float>() + first, size_t(last - first) * sizeof(float));
+    if (params_.has_bf16()) memory().decommit(params_.bf16_values().data<bf16>() + first, size_t(last - first) * 2);
   };
   drop(b.begin, b.own_begin);
   drop(b.own_end, b.end);
@@ -252,6 +258,12 @@ void DataParallel::release(int unit) {
 }
 
 void DataParallel::before_forward(int unit) {
+  // The head's weight gradient is accumulated in forward, chunk by chunk (lm_head_cross_entropy),
+  // into a tied embedding's gradient too: committed before it, not before its backward.
+  if (options_.zero_stage >= 2 && unit == model_.num_units() - 1) {
+    commit_gradients(unit);
+    if (tied_) commit_gradients(0);
+  }
   if (options_.zero_stage < 3) return;
   gather(unit, true);
   if (unit + 1 < model_.num_units()) gather(unit + 1, false);  // prefetch
@@ -265,6 +277,10 @@ void DataParallel::after_forward(int unit) {
 }
 
 void DataParallel::before_backward(int unit) {
+  if (options_.zero_stage < 2) return;
+  // ZeRO-2/3 decommitted the unit's gradients when its bucket was reduced; its backward writes
+  // them again.
+  commit_gradients(unit);
   if (options_.zero_stage < 3) return;
   gather(unit, true);
   if (unit > 0) gather(unit - 1, false);  // prefetch
@@ -287,6 +303,11 @@ void DataParallel::release_gathered_parameters() {
   for (int u = 0; u < model_.num_units(); ++u) release(u);
 }
 
+void DataParallel::commit_all_parameters() {
+  if (options_.zero_stage < 3) return;
+  commit_values(0, params_.numel());
+}
+
 void DataParallel::weights_loaded() {
   if (options_.zero_stage < 3) return;
   std::fill(gathered_.begin(), gathered_.end(), 1);
@@ -295,10 +316,8 @@ void DataParallel::weights_loaded() {
 
 ModelStateBytes DataParallel::state_bytes() const {
   ModelStateBytes s;
-  // Host buffers: their resident pages (ZeRO releases some); a device's: their size.
-  auto held = [](const Tensor& t) {
-    return int64_t(t.device().is_host() ? resident_bytes(t.raw(), t.bytes()) : t.bytes());
-  };
+  // What is resident of the releasable buffers (ZeRO-2/3 decommit parts of them).
+  auto held = [this](const Tensor& t) { return int64_t(memory().resident_bytes(t.raw(), t.bytes())); };
   s.parameters = held(params_.values());
   if (params_.has_bf16()) s.parameters += held(params_.bf16_values());
   s.gradients = held(params_.grads());

@@ -11,15 +11,18 @@
 //   stage 1: the same all-reduce, but each rank updates only its shard, holding AdamW state for
 //            that shard only; then the parameters are all-gathered.
 //   stage 2: every micro-batch reduce-scatters its bucket gradients into a shard accumulator and
-//            hands the full-size gradient pages back to the OS.
+//            hands the full-size gradient memory back (Backend::decommit: host pages to the OS,
+//            a GPU's granules unmapped).
 //   stage 3: a rank also keeps only its shard of the parameters resident; each unit is gathered
 //            just before it runs (the next one prefetched) and released after, in forward and
-//            again in backward.
+//            again in backward. The flat buffers keep their addresses throughout: released
+//            ranges are decommitted and committed again (zeros) before they are written.
 // Normalising the loss over the targets of the whole global batch is the trainer's job.
 #include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/backend.h"
 #include "models/decoder.h"
 #include "optim/adamw.h"
 
@@ -70,8 +73,10 @@ class DataParallel final : public ModelHooks {
   // forward-only pass or gather_all_parameters left gathered.
   void gather_all_parameters();
   void release_gathered_parameters();
-  // After the fp32 weights were overwritten on every rank (a checkpoint loaded): ZeRO-3 drops
-  // what is not this rank's shard again.
+  // Before the weights are overwritten on every rank (a checkpoint loaded): ZeRO-3 makes the
+  // released parts writable again (zeros). After: weights_loaded drops what is not this rank's
+  // shard again.
+  void commit_all_parameters();
   void weights_loaded();
 
   DecoderModel& model() { return model_; }
@@ -80,6 +85,7 @@ class DataParallel final : public ModelHooks {
   const AdamW& optimizer() const { return *optimizer_; }
   int zero_stage() const { return options_.zero_stage; }
   Communicator& group() { return group_; }
+  Communicator* device_group() const { return options_.device_group; }
   // What this rank's data-parallel collectives did: the host group's and, where it has one, the
   // device group's (the gradient buckets and parameter gathers), summed.
   CommStats comm_stats() const;
@@ -108,7 +114,12 @@ class DataParallel final : public ModelHooks {
   // Squares of the gradients of flat elements [begin, end), read from `g` (the gradient of
   // `begin`), leaving out what another rank of the model-parallel group counts.
   double sum_squares(const float* g, int64_t begin, int64_t end) const;
-  const KernelTable& kernels() const;  // the gradients' backend
+  const KernelTable& kernels() const;  // the parameters' backend
+  Backend& memory() const;
+  // Makes flat ranges usable again that ZeRO decommitted: the values (and bf16 copy) of
+  // [begin, end); the gradients of one unit.
+  void commit_values(int64_t begin, int64_t end);
+  void commit_gradients(int unit);
   // ZeRO-3 parameter units.
   void gather(int unit, bool wait);
   void release(int unit);

@@ -506,6 +506,7 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
+    dp.commit_all_parameters();
     load_trained_weights(dp.model(), dir);
     if (dp.model().options().value_head) load_value_head(dp.model(), dir);
     dp.weights_loaded();

@@ -13,6 +13,21 @@
 namespace fab {
 namespace {
 
+// Exchanges the contents of two tensors of one shape on one device, a slice at a time through a
+// scratch copy (no full-size temporary).
+void swap_contents(const Tensor& a, const Tensor& b) {
+  FAB_CHECK(a.numel() == b.numel() && a.dtype() == b.dtype() && a.device() == b.device(), "swap of unlike tensors");
+  constexpr int64_t kSlice = int64_t(1) << 22;
+  Tensor scratch = Tensor::empty({std::min(kSlice, a.numel())}, a.dtype(), MemoryCategory::temporaries, a.device());
+  for (int64_t at = 0; at < a.numel(); at += kSlice) {
+    const int64_t n = std::min(kSlice, a.numel() - at);
+    Tensor x = a.view(at, {n}), y = b.view(at, {n}), s = scratch.view(0, {n});
+    s.copy_from(x);
+    x.copy_from(y);
+    y.copy_from(s);
+  }
+}
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
@@ -228,8 +243,7 @@ void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t p
   const auto start = Clock::now();
   const bool lora = model_.lora().enabled();
   auto swap_weights = [&] {
-    float* now = model_.params().values().data<float>();
-    std::swap_ranges(now, now + reference_weights_.numel(), reference_weights_.data<float>());
+    swap_contents(model_.params().values(), reference_weights_);
     model_.weights_changed();
   };
   if (lora) model_.set_adapters_enabled(false);

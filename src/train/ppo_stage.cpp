@@ -42,7 +42,7 @@ void zero_value_head(DecoderModel& model) {
   ParamBuffer& params = model.params();
   for (const char* name : {"v_head.summary.weight", "v_head.summary.bias"}) {
     const ParamInfo& p = params.info(name);
-    std::memset(params.values().data<float>() + p.offset, 0, size_t(p.numel()) * sizeof(float));
+    params.set_values(p, std::vector<float>(size_t(p.numel()), 0.0f).data());
   }
   model.weights_changed();
 }
@@ -55,8 +55,10 @@ std::vector<int64_t> response_rows(const std::vector<const RolloutSequence*>& ro
   return out;
 }
 
-DataParallelOptions critic_parallel_options(const TrainConfig& c) {
+// The actor's data-parallel settings; on a device, its device collectives too.
+DataParallelOptions critic_parallel_options(const TrainConfig& c, const DataParallel& actor) {
   DataParallelOptions o;
+  o.device_group = actor.device_group();
   o.zero_stage = int(c.zero_stage);
   o.bucket_bytes = int64_t(c.ddp_bucket_size * double(1 << 20));
   o.adamw = AdamWConfig{float(c.adam_beta1), float(c.adam_beta2), float(c.adam_epsilon), float(c.weight_decay)};
@@ -149,7 +151,7 @@ PpoStage::PpoStage(const TrainConfig& config, DecoderModel& model, DataParallel&
                    const TokenSequences& train, GrpoEnvironment env, int32_t pad_id)
     : GrpoStage(config, model, dp, group, train, std::move(env), pad_id),
       critic_(make_critic(config, model)),
-      critic_dp_(std::make_unique<DataParallel>(*critic_, group, critic_parallel_options(config))),
+      critic_dp_(std::make_unique<DataParallel>(*critic_, group, critic_parallel_options(config, dp))),
       value_options_{config.cliprange_value, parse_loss_agg_mode(config.loss_agg_mode)},
       critic_means_(ppo_metric_names()) {
   needs_reference_ = needs_reference_ || config.use_kl_in_reward;

@@ -124,12 +124,6 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
     mesh = own_mesh_.get();
   }
   group_ = &mesh->group("dp");
-  const Device device = model_->options().device;
-  // grpo's and ppo's rollouts generate, and generation runs on the host only.
-  FAB_USER_CHECK(device.is_host() || (config_.stage != "grpo" && config_.stage != "ppo"),
-                 "device {}: stage {} is not implemented on a device yet (pt, sft, dpo and kto are; use device: "
-                 "cpu)",
-                 device.str(), config_.stage);
   ParallelModel parallel = parallelize(*model_, *mesh, config_);
   tp_ = parallel.tp;
   pipeline_ = std::move(parallel.pipeline);

@@ -50,5 +50,36 @@ TEST(CudaTraining, MemoryIsAccountedPerCategory) {
   EXPECT_GE(a.stats(MemoryCategory::optimizer_state).peak, before + (size_t(4) << 20));
 }
 
+// ZeRO-2/3's releasable buffers on CUDA (cuda_virtual_memory.h): decommitted granules are unmapped
+// and uncounted, come back as zeros when committed, and a kernel runs on committed memory.
+TEST(CudaTraining, ReleasableBuffersUnmapAndRemapGranules) {
+  Backend& b = backend(DeviceKind::cuda);
+  Allocator& a = b.allocator();
+  const int64_t n = int64_t(24) << 20;  // 96 MiB of fp32: many 2 MiB granules
+  const size_t before = a.stats(MemoryCategory::gradients).live;
+  Tensor t = b.releasable_zeros(n, DType::f32, MemoryCategory::gradients);
+  const size_t held = b.resident_bytes(t.raw(), t.bytes());
+  EXPECT_GE(held, t.bytes());
+  EXPECT_EQ(a.stats(MemoryCategory::gradients).live, before + held);
+  b.kernels().scale(t.data<float>(), n, 2.0f);  // on zeros: still zeros
+  Tensor ones = Tensor::empty({n}, DType::f32, MemoryCategory::temporaries);
+  for (int64_t i = 0; i < n; ++i) ones.data<float>()[i] = 1.0f;
+  t.copy_from(ones);
+  // Decommit [1 MiB + 12 bytes, 81 MiB): the granules wholly inside go, the ends are zeroed.
+  const int64_t first = (int64_t(1) << 18) + 3, last = int64_t(81) << 18;
+  b.decommit(t.data<float>() + first, size_t(last - first) * 4);
+  const size_t after = b.resident_bytes(t.raw(), t.bytes());
+  EXPECT_LE(after + (size_t(78) << 20), held);
+  EXPECT_EQ(a.stats(MemoryCategory::gradients).live, before + after);
+  b.commit(t.data<float>() + first, size_t(last - first) * 4);
+  EXPECT_EQ(b.resident_bytes(t.raw(), t.bytes()), held);
+  b.kernels().scale(t.data<float>(), n, 3.0f);
+  const Tensor h = to_host(t);
+  for (int64_t i = 0; i < n; i += 4099)
+    ASSERT_EQ(h.data<float>()[i], i >= first && i < last ? 0.0f : 3.0f) << i;
+  t = Tensor();
+  EXPECT_EQ(a.stats(MemoryCategory::gradients).live, before);
+}
+
 }  // namespace
 }  // namespace fab::test

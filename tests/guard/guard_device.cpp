@@ -18,7 +18,9 @@ namespace fab::test {
 namespace {
 
 // One reserved range: allocations are page-aligned pieces of it, first fit from a free list, and
-// the whole used part [base, base + top) changes protection at once.
+// the whole used part [base, base + top) changes protection at once -- except its decommitted
+// pages (Backend::decommit), which stay PROT_NONE even inside a window until they are committed:
+// a GPU's unmapped granules fault in its own kernels too.
 class GuardArena {
  public:
   static constexpr size_t kReserved = size_t(16) << 30;  // address space only (MAP_NORESERVE)
@@ -62,14 +64,46 @@ class GuardArena {
     const size_t size = it->second;
     sizes_.erase(it);
     ::madvise(base_ + at, size, MADV_DONTNEED);  // its pages go back; a reuse reads zeros
+    forget_decommitted(at, at + size);
     free_[at] = size;
-    merge_around(at);
+    merge_around(at, free_);
+  }
+
+  // The whole pages of [p, p + bytes) go back (reading zeros once committed) and stay closed;
+  // the partial pages at its ends are zeroed.
+  void decommit(void* p, size_t bytes) {
+    std::lock_guard lock(mutex_);
+    const size_t begin = offset(p), end = begin + bytes;
+    const size_t first = round_up(begin), last = end / page_ * page_;
+    if (first >= last) return zero(begin, end);
+    zero(begin, first);
+    zero(last, end);
+    ::madvise(base_ + first, last - first, MADV_DONTNEED);
+    decommitted_[first] = last - first;
+    merge_around(first, decommitted_);
+    if (open_) protect(first, last - first, PROT_NONE);
+  }
+
+  // The pages overlapping [p, p + bytes) are usable again.
+  void commit(void* p, size_t bytes) {
+    std::lock_guard lock(mutex_);
+    const size_t begin = offset(p) / page_ * page_, end = round_up(offset(p) + bytes);
+    forget_decommitted(begin, end);
+    if (open_) protect(begin, end - begin, PROT_READ | PROT_WRITE);
+  }
+
+  // Bytes of the pages overlapping [p, p + bytes) that are not decommitted.
+  size_t resident(const void* p, size_t bytes) {
+    std::lock_guard lock(mutex_);
+    return resident_unlocked(offset(p), offset(p) + bytes);
   }
 
   // The host may touch device memory while at least one window is open.
   void open() {
     std::lock_guard lock(mutex_);
-    if (open_++ == 0) protect(0, top_, PROT_READ | PROT_WRITE);
+    if (open_++ != 0) return;
+    protect(0, top_, PROT_READ | PROT_WRITE);
+    for (const auto& [at, size] : decommitted_) protect(at, size, PROT_NONE);
   }
   void close() {
     std::lock_guard lock(mutex_);
@@ -80,17 +114,51 @@ class GuardArena {
   void protect(size_t at, size_t size, int prot) {
     if (size) FAB_CHECK(::mprotect(base_ + at, size, prot) == 0, "guard device: mprotect failed");
   }
-  void merge_around(size_t at) {
-    auto it = free_.find(at);
-    if (auto next = std::next(it); next != free_.end() && it->first + it->second == next->first) {
-      it->second += next->second;
-      free_.erase(next);
+  size_t resident_unlocked(size_t from, size_t to) const {
+    const size_t begin = from / page_ * page_, end = round_up(to);
+    size_t held = end - begin;
+    for (const auto& [at, size] : decommitted_) held -= overlap(at, at + size, begin, end);
+    return held;
+  }
+  size_t offset(const void* p) const { return size_t(static_cast<const char*>(p) - base_); }
+  size_t round_up(size_t at) const { return (at + page_ - 1) / page_ * page_; }
+  static size_t overlap(size_t a, size_t b, size_t c, size_t d) {
+    return std::max(a, c) < std::min(b, d) ? std::min(b, d) - std::max(a, c) : 0;
+  }
+  // Zeroes [begin, end) inside one page, unless that page is decommitted (it reads zero already).
+  void zero(size_t begin, size_t end) {
+    if (begin >= end || resident_unlocked(begin, end) == 0) return;
+    if (!open_) protect(begin / page_ * page_, round_up(end) - begin / page_ * page_, PROT_READ | PROT_WRITE);
+    std::memset(base_ + begin, 0, end - begin);
+    if (!open_) protect(begin / page_ * page_, round_up(end) - begin / page_ * page_, PROT_NONE);
+  }
+  // Takes [begin, end) out of the decommitted runs (splitting those that stick out).
+  void forget_decommitted(size_t begin, size_t end) {
+    auto it = decommitted_.upper_bound(begin);
+    if (it != decommitted_.begin()) --it;
+    while (it != decommitted_.end() && it->first < end) {
+      const size_t at = it->first, stop = at + it->second;
+      if (stop <= begin) {
+        ++it;
+        continue;
+      }
+      it = decommitted_.erase(it);
+      if (at < begin) decommitted_[at] = begin - at;
+      if (stop > end) decommitted_[end] = stop - end;
     }
-    if (it != free_.begin()) {
+  }
+  // Joins the run starting at `at` with its neighbours in `runs` where they touch.
+  static void merge_around(size_t at, std::map<size_t, size_t>& runs) {
+    auto it = runs.find(at);
+    if (auto next = std::next(it); next != runs.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      runs.erase(next);
+    }
+    if (it != runs.begin()) {
       auto prev = std::prev(it);
       if (prev->first + prev->second == it->first) {
         prev->second += it->second;
-        free_.erase(it);
+        runs.erase(it);
       }
     }
   }
@@ -99,7 +167,7 @@ class GuardArena {
   char* base_ = nullptr;
   size_t page_ = 4096, top_ = 0;
   int open_ = 0;
-  std::map<size_t, size_t> free_, sizes_;  // offset -> bytes
+  std::map<size_t, size_t> free_, sizes_, decommitted_;  // offset -> bytes
 };
 
 GuardArena& arena() {
@@ -180,6 +248,16 @@ class GuardBackend final : public Backend {
     const Window open;
     std::memset(dst, 0, bytes);
   }
+  Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category) override {
+    const size_t bytes = std::max<size_t>(1, size_t(numel) * dtype_size(dtype));
+    void* p = allocator_.allocate(bytes, category);
+    fill_zero(p, bytes);
+    return Tensor::from_external(
+        p, {numel}, dtype, [this, p, bytes, category] { allocator_.release(p, bytes, category); }, Device::guard());
+  }
+  void decommit(void* data, size_t bytes) override { arena().decommit(data, bytes); }
+  void commit(void* data, size_t bytes) override { arena().commit(data, bytes); }
+  size_t resident_bytes(const void* data, size_t bytes) override { return arena().resident(data, bytes); }
   const KernelTable& kernels() const override { return table_; }
   size_t live() const { return allocator_.total().live; }
 

@@ -3,6 +3,7 @@
 // run bit for bit (the kernels are the CPU's), so every test compares with the same run on the CPU.
 // `ctest -R Guard` runs them; the data-parallel ones are in tests/mpi/guard_device_mpi_test.cpp.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -45,6 +46,37 @@ TEST(GuardDevice, HostAccessToDeviceMemoryFaults) {
   // ... the host does not reach it.
   EXPECT_DEATH({ volatile float x = t.data<float>()[5]; (void)x; }, "");
   EXPECT_DEATH(t.data<float>()[0] = 1.0f, "");
+}
+
+// ZeRO-2/3's releasable buffers: decommitted pages read zero once committed again, are not
+// resident meanwhile, and fault even in the device's own kernels until committed, as a GPU's
+// unmapped granules do; the partial pages at a range's ends are zeroed, not released.
+TEST(GuardDevice, DecommittedMemoryFaultsUntilCommittedAndComesBackAsZeros) {
+  const Device guard = test::guard_device();
+  Backend& b = backend(guard.kind);
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE)), floats_per_page = page / sizeof(float);
+  const int64_t n = int64_t(8 * floats_per_page);
+  Tensor t = b.releasable_zeros(n, DType::f32, MemoryCategory::parameters);
+  Tensor ones = Tensor::empty({n}, DType::f32, MemoryCategory::temporaries);
+  for (int64_t i = 0; i < n; ++i) ones.data<float>()[i] = 1.0f;
+  t.copy_from(ones);
+  EXPECT_EQ(b.resident_bytes(t.raw(), t.bytes()), 8 * page);
+  // From the middle of page 1 to the middle of page 6: pages 2..5 go, the two halves are zeroed.
+  float* from = t.data<float>() + floats_per_page + floats_per_page / 2;
+  const size_t bytes = 5 * page;
+  b.decommit(from, bytes);
+  EXPECT_EQ(b.resident_bytes(t.raw(), t.bytes()), 4 * page);
+  EXPECT_EQ(b.kernels().sum_squares(t.data<float>(), int64_t(floats_per_page + floats_per_page / 2)),
+            double(floats_per_page + floats_per_page / 2));  // what stays before the range
+  // A copy of the backend's own (a kernel would fault the same way, but its OpenMP threads do
+  // not survive the death test's fork).
+  std::vector<float> host(bytes / sizeof(float));
+  EXPECT_DEATH(b.copy(host.data(), Device::cpu(), from, guard, bytes), "");
+  b.commit(from, bytes);
+  EXPECT_EQ(b.resident_bytes(t.raw(), t.bytes()), 8 * page);
+  const std::vector<float> back = host_floats(t);
+  const int64_t first = int64_t(floats_per_page + floats_per_page / 2), last = first + int64_t(bytes / sizeof(float));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back[size_t(i)], i >= first && i < last ? 0.0f : 1.0f) << i;
 }
 
 ModelConfig tiny_config(bool qk_norm) {
@@ -128,6 +160,7 @@ TrainConfig config_for(const std::string& output, const std::string& extra = "")
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, Device device) {
   DecoderOptions o(c.bf16 ? Precision::bf16 : Precision::fp32, c.recompute_layers, 64);
   o.device = device;
+  o.value_head = c.stage == "rm";
   apply_finetuning(c, 2, o);  // lora / freeze, as train_command does
   auto model = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
   // Preference stages read sequences 2i and 2i + 1 as item i (kto: with a tag per item).
@@ -185,8 +218,9 @@ TEST(GuardDevice, Bf16RecomputedPackedRunEqualsTheCpuBitForBit) {
   expect_trainer_matches_cpu("bf16", "bf16: true\nrecompute_layers: true\nneat_packing: true\n");
 }
 
+// With dropout: its masks are drawn by the device's own kernel (dropout_mask), the same as the CPU's.
 TEST(GuardDevice, LoraRunEqualsTheCpuBitForBit) {
-  const std::string extra = "finetuning_type: lora\nlora_rank: 4\nlora_target: all\n";
+  const std::string extra = "finetuning_type: lora\nlora_rank: 4\nlora_target: all\nlora_dropout: 0.1\n";
   const std::string on_cpu = fresh_dir("lora-cpu"), on_guard = fresh_dir("lora-guard");
   auto cpu = make_trainer(config_for(on_cpu, extra), Device::cpu());
   ASSERT_TRUE(cpu->run());
@@ -207,6 +241,15 @@ TEST(GuardDevice, FreezeRunEqualsTheCpuBitForBit) {
 TEST(GuardDevice, PreferenceRunsEqualTheCpuBitForBit) {
   expect_trainer_matches_cpu("dpo", "stage: dpo\npref_beta: 0.2\n");
   expect_trainer_matches_cpu("kto", "stage: kto\nbf16: true\n");
+}
+
+// The reward model's value head: its scores and gradients go through host copies of a few rows.
+TEST(GuardDevice, RewardModelRunEqualsTheCpuBitForBit) {
+  expect_trainer_matches_cpu("rm", "stage: rm\n");
+  const SafetensorsFile a = SafetensorsFile::open(test::scratch_path("rm-cpu") + "/value_head.safetensors");
+  const SafetensorsFile b = SafetensorsFile::open(test::scratch_path("rm-guard") + "/value_head.safetensors");
+  for (const auto& [name, entry] : a.entries())
+    EXPECT_EQ(0, std::memcmp(a.as_f32(name).raw(), b.as_f32(name).raw(), a.as_f32(name).bytes())) << name;
 }
 
 TEST(GuardDevice, AsyncSaveAndResumeContinueTheRunBitForBit) {
@@ -234,12 +277,9 @@ TEST(GuardDevice, WhatIsNotImplementedOnADeviceIsRefusedByName) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
   };
-  refused("zero_stage: 2\n", {}, "zero_stage 2 on device guard:0");
-  DecoderOptions lora;
-  lora.lora.rank = 4;
-  lora.lora.dropout = 0.1;
-  lora.lora.targets = {"q_proj"};
-  refused("", lora, "lora_dropout > 0");
+  DecoderOptions stage;
+  stage.stage = PipelineStage{{{0, 1}}, true, false};  // the first of two pipeline stages
+  refused("", stage, "pipeline_parallel_size > 1");
 }
 
 TEST(GuardDevice, CudaWithoutAGpuIsAUserErrorNamingWhatIsMissing) {

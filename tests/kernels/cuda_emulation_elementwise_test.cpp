@@ -41,6 +41,24 @@ double scaled_diff(const std::vector<float>& got, const std::vector<float>& want
   return diff / scale;
 }
 
+// LoRA's dropout: the CUDA mask is the CPU's bit for bit (the same counter-based draws), on a
+// grid smaller than the data; the multiply it feeds is exact too.
+TEST(CudaEmulation, DropoutMaskAndMultiplyEqualTheCpu) {
+  const int64_t n = 10007;
+  std::vector<float> mask(static_cast<size_t>(n)), emask(static_cast<size_t>(n));
+  cpu().dropout_mask(mask.data(), n, 0x1234abcdull, 0.3, 1.0f / 0.7f);
+  emulate(ek::dropout_mask_kernel, {3, 1, 1}, 128, emask.data(), n, uint64_t(0x1234abcdull), 0.3, 1.0f / 0.7f);
+  EXPECT_EQ(emask, mask);
+  int64_t kept = 0;
+  for (float m : mask) kept += m != 0.0f;
+  EXPECT_NEAR(double(kept) / double(n), 0.7, 0.02);
+  const std::vector<float> x = randoms(static_cast<size_t>(n), 3);
+  std::vector<float> out(static_cast<size_t>(n)), eout(static_cast<size_t>(n));
+  cpu().multiply(x.data(), mask.data(), out.data(), n);
+  emulate(ek::multiply_kernel, {2, 1, 1}, 64, x.data(), static_cast<const float*>(mask.data()), eout.data(), n);
+  EXPECT_EQ(eout, out);
+}
+
 TEST(CudaEmulation, CrossEntropyRowsAndLossSum) {
   const int64_t rows = 5, vocab = 1000;
   const float scale = 0.25f;

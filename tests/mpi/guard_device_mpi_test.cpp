@@ -1,8 +1,11 @@
-// GuardDevice.* over several processes: data parallel (ZeRO-0 and ZeRO-1) on the guard device
+// GuardDevice.* over several processes: data parallel (ZeRO-0 to 3) on the guard device
 // (tests/guard/guard_device.h), whose gradient buckets and parameter gathers go through device
 // collectives (DeviceMesh::set_device_collectives; here host-staged copies, NCCL on CUDA) while
 // host values (the loss sums, the gradient norm's squares) take the host group. Every step's loss
 // and gradient norm, and the saved weights, equal the same data-parallel run on the CPU bit for bit.
+// ZeRO-2/3 decommit the gradient and parameter ranges a rank does not hold; the guard keeps those
+// pages closed even to its own kernels until they are committed again, as a GPU's unmapped
+// granules are, so a missing commit fails here.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -29,14 +32,15 @@ std::string model_folder() {
   return dir;
 }
 
-std::vector<StepRecord> train(const std::string& model, const std::string& output, int zero_stage, Device device) {
+std::vector<StepRecord> train(const std::string& model, const std::string& output, int zero_stage, Device device,
+                              const std::string& extra = "") {
   const TrainConfig c = parse_train_config(
       "model_name_or_path: " + model + "\nstage: sft\noutput_dir: " + output +
           "\nmax_steps: 8\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 2\nlearning_rate: 1.0e-2\n"
           "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\nsave_steps: 4\nseed: 5\nddp_bucket_size: 0.01\n"
           "max_grad_norm: 0.5\nzero_stage: " + std::to_string(zero_stage) + "\n",
-      "test.yaml");
-  DecoderOptions o(Precision::fp32, false, 64);
+      "test.yaml", test::as_overrides(extra));
+  DecoderOptions o(c.bf16 ? Precision::bf16 : Precision::fp32, false, 64);
   o.device = device;
   auto m = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
   DeviceMesh mesh(test::world(), ParallelSizes{.dp = test::world().size()});
@@ -48,12 +52,13 @@ std::vector<StepRecord> train(const std::string& model, const std::string& outpu
 
 TEST(GuardDevice, DataParallelEqualsTheCpuRunBitForBit) {
   const std::string model = model_folder();
-  for (int stage : {0, 1}) {
-    const std::string tag = "zero" + std::to_string(stage);
+  for (const auto& [stage, extra] : std::vector<std::pair<int, std::string>>{
+           {0, ""}, {1, ""}, {2, ""}, {3, ""}, {3, "bf16: true\n"}}) {
+    const std::string tag = "zero" + std::to_string(stage) + (extra.empty() ? "" : "-bf16");
     const std::string on_cpu = test::fresh_scratch_dir("guard-cpu-" + tag);
     const std::string on_guard = test::fresh_scratch_dir("guard-dev-" + tag);
-    const auto cpu = train(model, on_cpu, stage, Device::cpu());
-    const auto guard = train(model, on_guard, stage, test::guard_device());
+    const auto cpu = train(model, on_cpu, stage, Device::cpu(), extra);
+    const auto guard = train(model, on_guard, stage, test::guard_device(), extra);
     ASSERT_EQ(guard.size(), cpu.size());
     for (size_t i = 0; i < cpu.size(); ++i) {
       EXPECT_EQ(guard[i].loss, cpu[i].loss) << tag << " step " << i + 1;
@@ -64,6 +69,21 @@ TEST(GuardDevice, DataParallelEqualsTheCpuRunBitForBit) {
     const SafetensorsFile b = SafetensorsFile::open(on_guard + "/model.safetensors");
     for (const auto& [name, entry] : a.entries())
       EXPECT_EQ(0, std::memcmp(a.as_f32(name).raw(), b.as_f32(name).raw(), a.as_f32(name).bytes())) << tag << " " << name;
+  }
+}
+
+// ZeRO-3's resume writes the whole weights into a buffer whose other ranks' parts were
+// decommitted (DataParallel::commit_all_parameters first), then drops them again.
+TEST(GuardDevice, Zero3ResumeOnTheDeviceIsExact) {
+  const std::string model = model_folder();
+  const std::string full = test::fresh_scratch_dir("guard-zero3-full");
+  const std::string resumed = test::fresh_scratch_dir("guard-zero3-resumed");
+  const auto run = train(model, full, 3, test::guard_device());
+  const auto again = train(model, resumed, 3, test::guard_device(), "resume_from_checkpoint: " + full + "/checkpoint-4\n");
+  ASSERT_EQ(again.size(), 4u);  // steps 5..8
+  for (const StepRecord& r : again) {
+    EXPECT_EQ(r.loss, run[size_t(r.step - 1)].loss) << "step " << r.step;
+    EXPECT_EQ(r.grad_norm, run[size_t(r.step - 1)].grad_norm) << "step " << r.step;
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/pages.h"
 #include "kernels/kernel_table.h"
 
 namespace fab {
@@ -35,6 +36,13 @@ class CpuBackend final : public Backend {
       std::memset(static_cast<char*>(dst) + begin, 0, std::min(bytes - begin, chunk));
     }
   }
+  // Page mappings: a released page reads zero and comes back when it is touched.
+  Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category) override {
+    return mapped_zeros(numel, dtype, category);
+  }
+  void decommit(void* data, size_t bytes) override { zero_and_release(data, bytes); }
+  void commit(void*, size_t) override {}
+  size_t resident_bytes(const void* data, size_t bytes) override { return fab::resident_bytes(data, bytes); }
   const KernelTable& kernels() const override { return cpu_kernels(); }
 
  private:

@@ -26,9 +26,9 @@ namespace {
     .attention_backward = cpu::ns::attention_backward, .attention_decode = cpu::ns::attention_decode,          \
     .swiglu_forward = cpu::ns::swiglu_forward, .swiglu_backward = cpu::ns::swiglu_backward,                    \
     .cross_entropy_chunk = cpu::ns::cross_entropy_chunk, .copy_2d = cpu::ns::copy_2d, .add = cpu::ns::add,     \
-    .accumulate = cpu::ns::accumulate, .add_bias = cpu::ns::add_bias, .bias_backward = cpu::ns::bias_backward, \
+    .multiply = cpu::ns::multiply, .accumulate = cpu::ns::accumulate, .add_bias = cpu::ns::add_bias, .bias_backward = cpu::ns::bias_backward, \
     .scale = cpu::ns::scale, .sum_squares = cpu::ns::sum_squares, .to_bf16 = cpu::ns::to_bf16,                 \
-    .adamw_step = cpu::ns::adamw_step}
+    .dropout_mask = cpu::ns::dropout_mask, .adamw_step = cpu::ns::adamw_step}
 
 bool cpu_has_avx512() {
   __builtin_cpu_init();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <bit>
 
+#include "kernels/counter_rng.h"
 #include "kernels/cpu/isa_kernels.h"
 #include "kernels/cpu/scratch.h"
 #include "kernels/cpu/vec_math.h"
@@ -139,6 +140,16 @@ void copy_2d(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64
 void add(const float* a, const float* b, float* out, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];
+}
+
+void multiply(const float* a, const float* b, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t j = 0; j < n; ++j) out[j] = a[j] * b[j];
+}
+
+void dropout_mask(float* mask, int64_t n, uint64_t key, double p, float keep_scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) mask[i] = dropout_factor(key, i, p, keep_scale);
 }
 
 void accumulate(const float* x, float* out, int64_t n) {

@@ -10,6 +10,7 @@
 #include "core/backend.h"
 #include "kernels/cuda/cuda_allocator.h"
 #include "kernels/cuda/cuda_util.h"
+#include "kernels/cuda/cuda_virtual_memory.h"
 #include "kernels/cuda/kernels.h"
 
 namespace fab {
@@ -79,6 +80,12 @@ class CudaBackend final : public Backend {
   void fill_zero(void* dst, size_t bytes) override {
     if (bytes) FAB_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
   }
+  Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category) override {
+    return cuda::releasable_zeros(numel, dtype, category, allocator());
+  }
+  void decommit(void* data, size_t bytes) override { cuda::decommit(data, bytes); }
+  void commit(void* data, size_t bytes) override { cuda::commit(data, bytes); }
+  size_t resident_bytes(const void* data, size_t bytes) override { return cuda::resident_bytes(data, bytes); }
   const KernelTable& kernels() const override {
     require();
     return cuda_kernels();
@@ -146,9 +153,10 @@ const KernelTable& cuda_kernels() {
       .rope_backward = rope_backward, .attention_forward = attention_forward,
       .attention_backward = attention_backward, .attention_decode = attention_decode,
       .swiglu_forward = swiglu_forward, .swiglu_backward = swiglu_backward,
-      .cross_entropy_chunk = cross_entropy_chunk, .copy_2d = copy_2d, .add = add, .accumulate = accumulate,
+      .cross_entropy_chunk = cross_entropy_chunk, .copy_2d = copy_2d, .add = add, .multiply = multiply,
+      .accumulate = accumulate,
       .add_bias = add_bias, .bias_backward = bias_backward, .scale = scale, .sum_squares = sum_squares,
-      .to_bf16 = to_bf16, .adamw_step = adamw_step};
+      .to_bf16 = to_bf16, .dropout_mask = dropout_mask, .adamw_step = adamw_step};
   static_assert(empty_kernel_slot(table) == nullptr, "the CUDA kernel table leaves a slot empty");
   return table;
 }

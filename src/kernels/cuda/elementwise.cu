@@ -63,7 +63,13 @@ void copy_2d(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64
   launch("copy_2d", copy_2d_kernel, rows * cols, src, src_ld, dst, dst_ld, rows, cols, accumulate);
 }
 void add(const float* a, const float* b, float* out, int64_t n) { launch("add", add_kernel, n, a, b, out, n); }
+void multiply(const float* a, const float* b, float* out, int64_t n) {
+  launch("multiply", multiply_kernel, n, a, b, out, n);
+}
 void accumulate(const float* x, float* out, int64_t n) { launch("accumulate", accumulate_kernel, n, x, out, n); }
+void dropout_mask(float* mask, int64_t n, uint64_t key, double p, float keep_scale) {
+  launch("dropout_mask", dropout_mask_kernel, n, mask, n, key, p, keep_scale);
+}
 void add_bias(float* y, const float* bias, int64_t rows, int64_t n) {
   launch("add_bias", add_bias_kernel, rows * n, y, bias, rows, n);
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/counter_rng.h"
 #include "kernels/cuda/block_reduce.cuh"
 
 namespace fab::cuda::elementwise_kernels {
@@ -106,7 +107,13 @@ __global__ void copy_2d_kernel(const float* src, int64_t src_ld, float* dst, int
 }
 
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) { FAB_FOR_EACH(j, n) out[j] = a[j] + b[j]; }
+__global__ void multiply_kernel(const float* a, const float* b, float* out, int64_t n) {
+  FAB_FOR_EACH(j, n) out[j] = a[j] * b[j];
+}
 __global__ void accumulate_kernel(const float* x, float* out, int64_t n) { FAB_FOR_EACH(j, n) out[j] += x[j]; }
+__global__ void dropout_mask_kernel(float* mask, int64_t n, uint64_t key, double p, float keep_scale) {
+  FAB_FOR_EACH(i, n) mask[i] = dropout_factor(key, i, p, keep_scale);
+}
 __global__ void scale_kernel(float* x, int64_t n, float s) { FAB_FOR_EACH(j, n) x[j] *= s; }
 __global__ void add_bias_kernel(float* y, const float* bias, int64_t rows, int64_t n) {
   FAB_FOR_EACH(e, rows * n) y[e] += bias[e % n];

@@ -1,0 +1,29 @@
+#pragma once
+// Releasable device memory (Backend::releasable_zeros, decommit, commit) for the flat parameter
+// and gradient buffers: one reserved virtual address range per buffer, backed by physical
+// granules (2 MiB on current GPUs) that commit maps and decommit unmaps, through CUDA's virtual
+// memory management (cuMemAddressReserve / cuMemCreate / cuMemMap). The addresses never change,
+// so the model's views into a buffer stay valid while ZeRO-2/3 hand parts of it back -- what page
+// mappings do on the host. The driver functions are looked up at run time
+// (cudaGetDriverEntryPointByVersion), so the binary does not link libcuda and still starts on a
+// machine without a driver.
+//
+// Mapped granules are counted in the allocator's live bytes (category of the buffer), so the
+// device peak memory the trainer reports includes what ZeRO released.
+#include <cstddef>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+
+namespace fab::cuda {
+
+// A zero-filled buffer, every granule mapped.
+Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category, Allocator& accounting);
+// The whole granules inside [data, data + bytes) are unmapped (after the stream's queued work
+// is done), the partial ones at its ends zeroed in place.
+void decommit(void* data, size_t bytes);
+// Maps and zero-fills the unmapped granules overlapping [data, data + bytes).
+void commit(void* data, size_t bytes);
+size_t resident_bytes(const void* data, size_t bytes);
+
+}  // namespace fab::cuda
