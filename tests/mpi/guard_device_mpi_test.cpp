@@ -10,6 +10,8 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "guard/guard_device.h"
 #include "io/safetensors.h"
@@ -50,8 +52,21 @@ std::vector<StepRecord> train(const std::string& model, const std::string& outpu
   return trainer.history();
 }
 
+// What rank 0 held of parameters and gradients on the device, in the last line of metrics.jsonl.
+std::pair<int64_t, int64_t> held_bytes(const std::string& output) {
+  std::ifstream in(output + "/metrics.jsonl");
+  nlohmann::json last;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("memory_parameters_bytes")) last = j;
+  }
+  if (last.is_null()) return {-1, -1};
+  return {last["memory_parameters_bytes"][0].get<int64_t>(), last["memory_gradients_bytes"][0].get<int64_t>()};
+}
+
 TEST(GuardDevice, DataParallelEqualsTheCpuRunBitForBit) {
   const std::string model = model_folder();
+  std::map<std::string, std::pair<int64_t, int64_t>> held;
   for (const auto& [stage, extra] : std::vector<std::pair<int, std::string>>{
            {0, ""}, {1, ""}, {2, ""}, {3, ""}, {3, "bf16: true\n"}}) {
     const std::string tag = "zero" + std::to_string(stage) + (extra.empty() ? "" : "-bf16");
@@ -65,11 +80,19 @@ TEST(GuardDevice, DataParallelEqualsTheCpuRunBitForBit) {
       EXPECT_EQ(guard[i].grad_norm, cpu[i].grad_norm) << tag << " step " << i + 1;
     }
     if (test::world().rank() != 0) continue;
+    held[tag] = held_bytes(on_guard);
     const SafetensorsFile a = SafetensorsFile::open(on_cpu + "/model.safetensors");
     const SafetensorsFile b = SafetensorsFile::open(on_guard + "/model.safetensors");
     for (const auto& [name, entry] : a.entries())
       EXPECT_EQ(0, std::memcmp(a.as_f32(name).raw(), b.as_f32(name).raw(), a.as_f32(name).bytes())) << tag << " " << name;
   }
+  if (test::world().rank() != 0) return;
+  // The device's memory was handed back: ZeRO-2/3 hold fewer gradient pages, ZeRO-3 fewer
+  // parameter pages, than ZeRO-0 (the guard counts what is not decommitted).
+  EXPECT_LT(held["zero2"].second, held["zero0"].second);
+  EXPECT_LT(held["zero3"].second, held["zero0"].second);
+  EXPECT_LT(held["zero3"].first, held["zero0"].first);
+  EXPECT_GT(held["zero3"].first, 0);
 }
 
 // ZeRO-3's resume writes the whole weights into a buffer whose other ranks' parts were
