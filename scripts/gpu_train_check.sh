@@ -73,6 +73,9 @@ for precision in fp32 bf16; do
   [ "$precision" = bf16 ] && tolerance=2e-2
   compare "cpu-$precision" "cuda-$precision" "$tolerance"
 done
+echo "== the flat buffers without CUDA virtual memory (FAB_CUDA_VMM=0): the same run bit for bit"
+FAB_CUDA_VMM=0 train cuda-fp32-novmm device=$gpu
+compare cuda-fp32 cuda-fp32-novmm 0
 echo "== exact resume on the GPU (from checkpoint-10 of cuda-fp32)"
 mkdir -p "$work/resumed" && cp -r "$work/cuda-fp32/checkpoint-10" "$work/resumed/"
 train resumed device=$gpu resume_from_checkpoint=true

@@ -11,6 +11,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/file_write.h"
 #include "dataset/template.h"
@@ -77,11 +78,13 @@ SamplingOptions sampling_from(const Args& args, const Tokenizer& tokenizer) {
 
 // The model of `dir`, with the PEFT adapter of `adapter` on it when that is not empty; bf16
 // computes with bf16 weights (as bf16 training does).
+// `device`: a `device:` setting (cpu, cuda, auto).
 std::unique_ptr<DecoderModel> model_for_generation(const std::string& dir, const std::string& adapter = "",
-                                                   bool bf16 = false) {
+                                                   bool bf16 = false, const std::string& device = "cpu") {
   FAB_USER_CHECK(HfWeights::present(dir), "{}: no weights to generate with (config.json only)", dir);
   const ModelConfig config = load_model_config((fs::path(dir) / "config.json").string());
   DecoderOptions options(bf16 ? Precision::bf16 : Precision::fp32, false, config.max_position_embeddings);
+  options.device = resolve_device(device);
   if (!adapter.empty()) use_lora(read_adapter_config(adapter), options);
   auto model = load_model_folder(dir, options);
   if (!adapter.empty()) load_adapter(*model, adapter);
@@ -107,7 +110,7 @@ std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const 
 }
 
 const std::set<std::string> kSamplingFlags = {"model", "adapter", "template", "system", "max-new-tokens",
-                                              "temperature", "top-p", "top-k", "seed"};
+                                              "temperature", "top-p", "top-k", "seed", "device"};
 
 // A user turn through --template, or the text as it is.
 std::vector<int32_t> prompt_tokens(const Args& args, const Tokenizer& tokenizer, const std::string& text,
@@ -149,7 +152,8 @@ int generate_batched(const Args& args, const Tokenizer& tokenizer, const Samplin
   std::vector<RolloutRequest> requests;
   for (size_t i = 0; i < lines.size(); ++i)
     requests.push_back({prompt_tokens(args, tokenizer, lines[i].prompt, lines[i].system), o.seed + i});
-  auto model = model_for_generation(args.get("model"), args.get("adapter", ""), args.flag("bf16"));
+  auto model = model_for_generation(args.get("model"), args.get("adapter", ""), args.flag("bf16"),
+                                    args.get("device", "cpu"));
   RolloutStats stats;
   const std::vector<RolloutOutput> outputs = rollout(*model, requests, o, batch, &stats);
   std::string text;
@@ -177,14 +181,14 @@ int run_generate(int argc, char** argv) {
   FAB_USER_CHECK(args.has("model") && args.has("prompt") != args.has("prompts"),
                  "usage: fabrica generate --model DIR (--prompt TEXT | --prompts FILE.jsonl --output OUT.jsonl "
                  "[--batch N]) [--adapter PEFT_DIR] [--template NAME] [--system TEXT] [--bf16] "
-                 "[--max-new-tokens N] [--temperature T --top-p P --top-k K --seed S]\n"
+                 "[--max-new-tokens N] [--temperature T --top-p P --top-k K --seed S] [--device cpu|cuda|auto]\n"
                  "example: fabrica generate --model saves/qwen3-sft --template qwen3_nothink --prompt 'Hi'");
   const std::string dir = args.get("model");
   const Tokenizer tokenizer = Tokenizer::load(dir);
   const SamplingOptions o = sampling_from(args, tokenizer);
   if (args.has("prompts")) return generate_batched(args, tokenizer, o);
   const std::vector<int32_t> prompt = prompt_tokens(args, tokenizer, args.get("prompt"), args.get("system"));
-  auto model = model_for_generation(dir, args.get("adapter", ""), args.flag("bf16"));
+  auto model = model_for_generation(dir, args.get("adapter", ""), args.flag("bf16"), args.get("device", "cpu"));
   stream_reply(*model, tokenizer, prompt, o);
   return 0;
 }
@@ -194,13 +198,13 @@ int run_chat(int argc, char** argv) {
   Args args(argc, argv, 2, kSamplingFlags, {});
   FAB_USER_CHECK(args.has("model") && args.has("template"),
                  "usage: fabrica chat --model DIR --template NAME [--system TEXT] [--max-new-tokens N] "
-                 "[--temperature T --top-p P --top-k K --seed S]\n"
+                 "[--temperature T --top-p P --top-k K --seed S] [--device cpu|cuda|auto]\n"
                  "example: fabrica chat --model saves/qwen3-sft --template qwen3_nothink   (/clear resets, "
                  "an empty line or end of input quits)");
   const std::string dir = args.get("model");
   const Tokenizer tokenizer = Tokenizer::load(dir);
   const SamplingOptions o = sampling_from(args, tokenizer);
-  auto model = model_for_generation(dir, args.get("adapter", ""));
+  auto model = model_for_generation(dir, args.get("adapter", ""), false, args.get("device", "cpu"));
   get_template(args.get("template"));  // an unknown name fails before the first prompt
   std::vector<Message> history;
   for (std::string line;;) {

@@ -134,6 +134,8 @@ expect_exit2 "device tpu" "$fabrica" train run.yaml output_dir=out-bad device=tp
 if "$fabrica" env 2>/dev/null | grep -q -E "^cuda: .*(unavailable|not built)"; then  # no GPU here
   expect_exit2 "device cuda without a GPU" "$fabrica" train run.yaml output_dir=out-bad device=cuda
   grep -q -E "GPU|CUDA" err.txt || fail "device cuda: the message does not name the missing GPU or CUDA: $(cat err.txt)"
+  expect_exit2 "generate --device cuda without a GPU" "$fabrica" generate --model exported --prompt Hi --device cuda
+  grep -q -E "GPU|CUDA" err.txt || fail "generate --device cuda: the message names no GPU or CUDA: $(cat err.txt)"
 fi
 expect_exit2 "cutoff_len 1" "$fabrica" train run.yaml output_dir=out-bad cutoff_len=1
 expect_exit2 "missing model folder" "$fabrica" train run.yaml output_dir=out-bad model_name_or_path=nowhere

@@ -63,3 +63,31 @@ lr_scheduler_type: cosine
 logging_steps: 1
 YAML
 }
+
+# rl_task N: prompts.jsonl, the first N of a fixed list of "What is a+b?" prompts with their
+# answers, and score.py, a command reward (JSON lines in, one score per line out): a response's
+# length modulo 3, so the scores within a group differ.
+rl_task() {
+  /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+pairs = [(3, 4), (10, 22), (7, 8), (41, 1), (5, 5), (60, 9), (2, 2), (13, 8)]
+with open("prompts.jsonl", "w") as f:
+    for a, b in pairs[:int(sys.argv[1])]:
+        f.write(json.dumps({"prompt": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n")
+PY
+  cat > score.py <<'PY'
+import json, sys
+for line in sys.stdin:
+    print(len(json.loads(line)["response"]) % 3)
+PY
+}
+
+# rl_three_runs STAGE: run.yaml trained into out, again into again (the same seed), and resumed
+# into resumed from out's checkpoint-2; each run's log in NAME.log.
+rl_three_runs() {
+  "$fabrica" train run.yaml >train.log 2>&1 || { cat train.log; fail "$1 run"; }
+  "$fabrica" train run.yaml output_dir=again >again.log 2>&1 || { cat again.log; fail "second $1 run"; }
+  mkdir resumed && cp -r out/checkpoint-2 resumed/
+  "$fabrica" train run.yaml output_dir=resumed resume_from_checkpoint=true >resume.log 2>&1 \
+    || { cat resume.log; fail "resumed $1 run"; }
+}

@@ -11,18 +11,7 @@ source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
 e2e_workdir
 tiny_model model
-/usr/bin/python3 - <<'PY'
-import json
-with open("prompts.jsonl", "w") as f:
-    for a, b in [(3, 4), (10, 22), (7, 8), (41, 1), (5, 5), (60, 9)]:
-        f.write(json.dumps({"prompt": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n")
-PY
-# The command reward: a response's length modulo 3, so the scores within a group differ.
-cat > score.py <<'PY'
-import json, sys
-for line in sys.stdin:
-    print(len(json.loads(line)["response"]) % 3)
-PY
+rl_task 6
 cat > run.yaml <<YAML
 model_name_or_path: model
 stage: grpo
@@ -46,12 +35,8 @@ seed: 3
 output_dir: out
 YAML
 
-"$fabrica" train run.yaml >train.log 2>&1 || { cat train.log; fail "grpo run"; }
+rl_three_runs grpo
 [ -f out/model.safetensors ] && [ -d out/checkpoint-2 ] || fail "no final model or checkpoint-2"
-"$fabrica" train run.yaml output_dir=again >again.log 2>&1 || { cat again.log; fail "second grpo run"; }
-mkdir resumed && cp -r out/checkpoint-2 resumed/
-"$fabrica" train run.yaml output_dir=resumed resume_from_checkpoint=true >resume.log 2>&1 \
-  || { cat resume.log; fail "resumed grpo run"; }
 /usr/bin/python3 - <<'PY' || fail "grpo metrics"
 import json
 def rows(d):

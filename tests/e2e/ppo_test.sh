@@ -13,17 +13,7 @@ reference=$(realpath "$(dirname "$0")/../reference")  # safetensors_io.py
 e2e_begin "$@"
 e2e_workdir
 tiny_model model
-/usr/bin/python3 - <<'PY'
-import json
-with open("prompts.jsonl", "w") as f:
-    for a, b in [(3, 4), (10, 22), (7, 8), (41, 1), (5, 5), (60, 9), (2, 2), (13, 8)]:
-        f.write(json.dumps({"prompt": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n")
-PY
-cat > score.py <<'PY'
-import json, sys
-for line in sys.stdin:
-    print(len(json.loads(line)["response"]) % 3)
-PY
+rl_task 8
 cat > run.yaml <<YAML
 model_name_or_path: model
 stage: ppo
@@ -53,13 +43,9 @@ seed: 5
 output_dir: out
 YAML
 
-"$fabrica" train run.yaml >train.log 2>&1 || { cat train.log; fail "ppo run"; }
+rl_three_runs ppo
 [ -f out/model.safetensors ] && [ -f out/critic/value_head.safetensors ] || fail "no final actor or critic"
 ls out/checkpoint-2/critic/optimizer-rank-0-of-1.safetensors >/dev/null || fail "checkpoint-2 has no critic optimizer"
-"$fabrica" train run.yaml output_dir=again >again.log 2>&1 || { cat again.log; fail "second ppo run"; }
-mkdir resumed && cp -r out/checkpoint-2 resumed/
-"$fabrica" train run.yaml output_dir=resumed resume_from_checkpoint=true >resume.log 2>&1 \
-  || { cat resume.log; fail "resumed ppo run"; }
 /usr/bin/python3 - <<'PY' || fail "ppo metrics"
 import json
 def rows(d):

@@ -3,6 +3,9 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,13 +40,18 @@ struct Driver {
     look_up(error_string, "cuGetErrorString");
   }
 
+  bool complete = true;  // every function found
+
   template <typename F>
-  static void look_up(F& f, const char* name) {
+  void look_up(F& f, const char* name) {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    FAB_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found));
-    FAB_CHECK(found == cudaDriverEntryPointSuccess && p, "the CUDA driver has no {} (virtual memory management)",
-              name);
+    if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess || !p) {
+      cudaGetLastError();
+      complete = false;
+      return;
+    }
     f = reinterpret_cast<F>(p);
   }
 
@@ -58,6 +66,19 @@ struct Driver {
 const Driver& driver() {
   static const Driver d;
   return d;
+}
+
+// Whether the buffers map granules (else: plain allocator memory).
+bool use_virtual_memory() {
+  static const bool use = [] {
+    const char* env = std::getenv("FAB_CUDA_VMM");
+    if (env && std::strcmp(env, "0") == 0) return false;
+    if (driver().complete) return true;
+    std::fprintf(stderr, "note: the CUDA driver lacks virtual memory management; ZeRO-2/3 release no device "
+                         "memory\n");
+    return false;
+  }();
+  return use;
 }
 
 // One reserved range and the physical granule mapped at each of its slots (0: none).
@@ -201,10 +222,19 @@ Buffers& buffers() {
 }  // namespace
 
 Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category, Allocator& accounting) {
-  return buffers().make(numel, dtype, category, accounting);
+  if (use_virtual_memory()) return buffers().make(numel, dtype, category, accounting);
+  (void)accounting;  // Tensor::zeros accounts through the backend's allocator
+  return Tensor::zeros({numel}, dtype, category, Device::cuda(0));
 }
-void decommit(void* data, size_t bytes) { buffers().decommit(data, bytes); }
-void commit(void* data, size_t bytes) { buffers().commit(data, bytes); }
-size_t resident_bytes(const void* data, size_t bytes) { return buffers().resident(data, bytes); }
+void decommit(void* data, size_t bytes) {
+  if (use_virtual_memory()) return buffers().decommit(data, bytes);
+  FAB_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream()));
+}
+void commit(void* data, size_t bytes) {
+  if (use_virtual_memory()) buffers().commit(data, bytes);
+}
+size_t resident_bytes(const void* data, size_t bytes) {
+  return use_virtual_memory() ? buffers().resident(data, bytes) : bytes;
+}
 
 }  // namespace fab::cuda

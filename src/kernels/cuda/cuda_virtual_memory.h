@@ -10,6 +10,9 @@
 //
 // Mapped granules are counted in the allocator's live bytes (category of the buffer), so the
 // device peak memory the trainer reports includes what ZeRO released.
+//
+// FAB_CUDA_VMM=0 (or a driver without these functions, said once on stderr) makes the buffers
+// plain allocator memory: decommit then only zeroes, so ZeRO-2/3 stay right but release nothing.
 #include <cstddef>
 
 #include "core/allocator.h"
