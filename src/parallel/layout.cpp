@@ -4,6 +4,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace fab {
@@ -150,6 +151,13 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "implemented in Fabrica yet: rollouts run on whole weights, so {} runs data parallel with "
                  "zero_stage 0, 1 or 2",
                  c.stage, l.tp, l.pp, c.zero_stage, c.stage);
+  // Here, so that parallel: auto never picks them for a device run (`fabrica plan` of a cuda run
+  // plans on a machine without one too: the setting counts, not this machine's GPU).
+  const bool on_host = c.device == "cpu" || (c.device == "auto" && !cuda_backend().available());
+  FAB_USER_CHECK(on_host || (l.tp == 1 && l.pp == 1),
+                 "device {} with tensor_parallel_size {} and pipeline_parallel_size {} is not implemented in Fabrica "
+                 "yet: on a device a run is data parallel (with ZeRO-0 to 3)",
+                 c.device, l.tp, l.pp);
   const bool preference = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";
   FAB_USER_CHECK(!preference || (l.tp == 1 && l.pp == 1),
                  "stage {} with tensor_parallel_size {} and pipeline_parallel_size {} is not implemented in Fabrica "

@@ -68,8 +68,8 @@ TEST(GuardDevice, DataParallelEqualsTheCpuRunBitForBit) {
   const std::string model = model_folder();
   std::map<std::string, std::pair<int64_t, int64_t>> held;
   for (const auto& [stage, extra] : std::vector<std::pair<int, std::string>>{
-           {0, ""}, {1, ""}, {2, ""}, {3, ""}, {3, "bf16: true\n"}}) {
-    const std::string tag = "zero" + std::to_string(stage) + (extra.empty() ? "" : "-bf16");
+           {0, ""}, {1, ""}, {2, ""}, {3, ""}, {3, "bf16: true\n"}, {3, "async_save: true\n"}}) {
+    const std::string tag = "zero" + std::to_string(stage) + (extra.empty() ? "" : "-" + extra.substr(0, extra.find(':')));
     const std::string on_cpu = test::fresh_scratch_dir("guard-cpu-" + tag);
     const std::string on_guard = test::fresh_scratch_dir("guard-dev-" + tag);
     const auto cpu = train(model, on_cpu, stage, Device::cpu(), extra);
