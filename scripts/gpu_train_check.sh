@@ -87,12 +87,14 @@ grep -q '"reward_mean"' "$work/cuda-grpo/metrics.jsonl" 2>/dev/null || { echo " 
 echo "== ZeRO-2 on one GPU: the gradient granules unmapped after each bucket, mapped again for backward"
 train cuda-zero2 device=$gpu zero_stage=2
 compare cuda-fp32 cuda-zero2 2e-3
-echo "== data parallel on CUDA, 2 processes (if the machine has 2 GPUs): ZeRO-1 and ZeRO-3"
+echo "== 2 processes on CUDA (if the machine has 2 GPUs): data parallel with ZeRO-1 and ZeRO-3, tensor parallel"
 if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
   train cuda-dp2 device=$gpu nproc_per_node=2 per_device_train_batch_size=16
   compare cuda-fp32 cuda-dp2 2e-3
   train cuda-dp2-zero3 device=$gpu nproc_per_node=2 per_device_train_batch_size=16 zero_stage=3
   compare cuda-fp32 cuda-dp2-zero3 2e-3
+  train cuda-tp2 device=$gpu nproc_per_node=2 tensor_parallel_size=2 sequence_parallel=true
+  compare cuda-fp32 cuda-tp2 2e-3
 else
   echo "   one GPU: skipped"
 fi

@@ -393,7 +393,7 @@
   /* Fabrica's own keys */                                                                                            \
   X(shuffle, shuffle, bool, true, Own, "Shuffle samples each epoch (false keeps dataset order)")                                \
   X(threads, threads, int64_t, 0, Own, "Compute threads (0: every core)")                                               \
-  X(device, device, std::string, "cpu", Own, "Where the model, optimizer and every tensor of a step live: cpu, cuda (an NVIDIA GPU; a user error naming the missing GPU or driver where there is none) or auto (cuda when a GPU is present, else cpu). cuda trains every stage (full, freeze or lora) with data parallel and ZeRO-0 to 3; tensor and pipeline parallel are cpu only") \
+  X(device, device, std::string, "cpu", Own, "Where the model, optimizer and every tensor of a step live: cpu, cuda (an NVIDIA GPU; a user error naming the missing GPU or driver where there is none) or auto (cuda when a GPU is present, else cpu). cuda trains every stage (full, freeze or lora) with data and tensor parallel and ZeRO-0 to 3; pipeline parallel is cpu only") \
   X(cache_dir, cache_dir, std::string, "", Own, "Tokenized-data cache (default $FABRICA_CACHE or ~/.cache/fabrica). LLaMA-Factory's cache_dir is its hub download cache; Fabrica downloads nothing")                                                       \
   X(recompute_layers, recompute_layers, bool, false, Own, "Recompute each decoder layer in backward (saves activation memory)") \
   /* distributed (Fabrica's own keys) */                                                                            \

@@ -45,8 +45,13 @@ struct KernelTable {
   void (*matmul)(const MatmulArgs& args);
 
   // out[i, :] = table[ids[i], :]
-  void (*embedding_forward)(const int64_t* ids, int64_t n, const float* table, int64_t c, float* out);
-  void (*embedding_backward)(const int64_t* ids, int64_t n, const float* dout, int64_t c, float* dtable);
+  // The table holds the rows of ids [first, first + rows) (the whole vocabulary, or a tensor-
+  // parallel rank's slice): out[i] = table[ids[i] - first], zeros for an id outside it;
+  // dtable[ids[i] - first] += dout[i], nothing for one outside.
+  void (*embedding_forward)(const int64_t* ids, int64_t n, const float* table, int64_t first, int64_t rows,
+                            int64_t c, float* out);
+  void (*embedding_backward)(const int64_t* ids, int64_t n, const float* dout, int64_t first, int64_t rows,
+                             int64_t c, float* dtable);
 
   // y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) per row (fp32 statistics)
   void (*rmsnorm_forward)(const float* x, const float* w, int64_t rows, int64_t c, float eps, float* y, float* rstd);
@@ -86,6 +91,21 @@ struct KernelTable {
   double (*cross_entropy_chunk)(float* logits, const int64_t* labels, int64_t rows, int64_t vocab, float scale,
                                 bf16* grad_bf16);
 
+  // The vocabulary-parallel cross-entropy over one rank's slice z (n, slice) of the logits, whose
+  // first `valid` columns are real vocabulary (ids vocab_begin ...), in three passes around the
+  // collectives (parallel/tensor_parallel.cpp):
+  //   vocab_slice_max:  row_max[i] = the slice's row maximum (-FLT_MAX when valid is 0);
+  //   vocab_slice_exp:  given M (row_max, over every rank), z <- exp(z - M) on the valid columns,
+  //                     sums[i] = the row's sum (double), sums[n + i] = the target's logit where
+  //                     the slice holds it (else 0);
+  //   vocab_slice_grad: given S (sums[i], over every rank), z <- scale (z / S - onehot(target)),
+  //                     zeros on the padding columns and on rows labelled -100.
+  void (*vocab_slice_max)(const float* z, int64_t n, int64_t slice, int64_t valid, float* row_max);
+  void (*vocab_slice_exp)(float* z, const int64_t* labels, int64_t n, int64_t slice, int64_t valid,
+                          int64_t vocab_begin, const float* row_max, double* sums);
+  void (*vocab_slice_grad)(float* z, const int64_t* labels, int64_t n, int64_t slice, int64_t valid,
+                           int64_t vocab_begin, const double* sums, float scale);
+
   // dst[r, 0:cols] (+)= src[r, 0:cols] with leading dimensions src_ld / dst_ld
   void (*copy_2d)(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols,
                   bool accumulate);
@@ -110,7 +130,8 @@ struct KernelTable {
 // Every slot of KernelTable by name, in order; the static_assert below keeps the list complete.
 #define FAB_KERNEL_SLOTS(X) X(isa) X(matmul) X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) \
   X(rmsnorm_backward) X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) \
-  X(attention_decode) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_chunk) X(copy_2d) X(add) X(multiply) \
+  X(attention_decode) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_chunk) X(vocab_slice_max) \
+  X(vocab_slice_exp) X(vocab_slice_grad) X(copy_2d) X(add) X(multiply) \
   X(accumulate) X(add_bias) X(bias_backward) X(scale) X(sum_squares) X(to_bf16) X(dropout_mask) X(adamw_step)
 
 #define FAB_COUNT_SLOT(slot) +1

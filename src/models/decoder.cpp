@@ -98,9 +98,10 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
 
 void DecoderModel::check_device_support() const {
   if (options_.device.is_host()) return;
-  const char* missing = options_.tp ? "tensor_parallel_size > 1" : !is_whole() ? "pipeline_parallel_size > 1" : nullptr;
-  FAB_USER_CHECK(!missing, "device {}: training with {} is not implemented on a device yet (use device: cpu)",
-                 options_.device.str(), missing);
+  FAB_USER_CHECK(is_whole(),
+                 "device {}: training with pipeline_parallel_size > 1 is not implemented on a device yet (use device: "
+                 "cpu)",
+                 options_.device.str());
 }
 
 // Trainable parameters go to params_, in unit order (so each unit is one range of it), as this
@@ -878,7 +879,7 @@ Tensor DecoderModel::logits_slot_rows(const Tensor& ids, const Tensor& positions
   std::vector<int64_t> first_row(spans.size() + 1, 0);
   for (size_t s = 0; s < spans.size(); ++s) first_row[s + 1] = first_row[s] + spans[s].count;
   SlotRowBuffers b(c, ids.numel());
-  kt.embedding_forward(ids.data<int64_t>(), b.rows, embed_->value.data<float>(), C, b.x.data());
+  kt.embedding_forward(ids.data<int64_t>(), b.rows, embed_->value.data<float>(), 0, c.vocab_size, C, b.x.data());
   for (size_t i = 0; i < layers_.size(); ++i)
     slot_layer_rows(layers_[i], i, positions.data<int64_t>(), spans, first_row, cache, b);
   for (int64_t s = 0; s < n_spans; ++s)  // each span's last row

@@ -67,16 +67,16 @@ RopeTable RopeTable::make(const std::vector<float>& inv_freq, float attention_sc
   return t;
 }
 
-Var embedding(Tape& tape, const Tensor& ids, const Var& table) {
+Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t first) {
   ProfileScope profile("embedding");
-  const int64_t n = ids.numel(), c = table->value.dim(1);
+  const int64_t n = ids.numel(), rows = table->value.dim(0), c = table->value.dim(1);
   Var out = make_var(new_activation({n, c}, table->value.device()));
-  kernels_for(table->value).embedding_forward(ids.data<int64_t>(), n, table->value.data<float>(), c,
+  kernels_for(table->value).embedding_forward(ids.data<int64_t>(), n, table->value.data<float>(), first, rows, c,
                                               out->value.data<float>());
   if (!table->requires_grad) return out;  // a frozen table: nothing to back-propagate into
-  tape.push([ids, table, out, n, c] {
+  tape.push([ids, table, out, n, first, rows, c] {
     ProfileScope profile("embedding backward");
-    kernels_for(ids).embedding_backward(ids.data<int64_t>(), n, grad_of(out).data<float>(), c,
+    kernels_for(ids).embedding_backward(ids.data<int64_t>(), n, grad_of(out).data<float>(), first, rows, c,
                                         grad_of(table).data<float>());
   });
   return out;

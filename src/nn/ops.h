@@ -31,7 +31,9 @@ struct RopeTable {
   static std::vector<float> default_inv_freq(int64_t head_dim, double theta);
 };
 
-Var embedding(Tape& tape, const Tensor& ids, const Var& table);
+// out[i] = table[ids[i] - first]: the table holds the ids [first, first + rows) -- the whole
+// vocabulary, or a tensor-parallel rank's slice, whose other ids give zero rows.
+Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t first = 0);
 Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps);
 Var linear(Tape& tape, const Var& x, const Linear& layer);
 Var add(Tape& tape, const Var& a, const Var& b);

@@ -154,10 +154,10 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
   // Here, so that parallel: auto never picks them for a device run (`fabrica plan` of a cuda run
   // plans on a machine without one too: the setting counts, not this machine's GPU).
   const bool on_host = c.device == "cpu" || (c.device == "auto" && !cuda_backend().available());
-  FAB_USER_CHECK(on_host || (l.tp == 1 && l.pp == 1),
-                 "device {} with tensor_parallel_size {} and pipeline_parallel_size {} is not implemented in Fabrica "
-                 "yet: on a device a run is data parallel (with ZeRO-0 to 3)",
-                 c.device, l.tp, l.pp);
+  FAB_USER_CHECK(on_host || l.pp == 1,
+                 "device {} with pipeline_parallel_size {} is not implemented in Fabrica yet: on a device a run is "
+                 "data and tensor parallel (with ZeRO-0 to 3)",
+                 c.device, l.pp);
   const bool preference = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";
   FAB_USER_CHECK(!preference || (l.tp == 1 && l.pp == 1),
                  "stage {} with tensor_parallel_size {} and pipeline_parallel_size {} is not implemented in Fabrica "

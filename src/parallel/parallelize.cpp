@@ -9,7 +9,7 @@ ModelShare model_share(DecoderOptions base, const ParallelLayout& layout, Device
   ModelShare share;
   share.options = std::move(base);
   if (layout.tp > 1) {  // 1. tensor parallel
-    share.tp = std::make_unique<TensorParallel>(mesh.group("tp"), layout.sequence_parallel);
+    share.tp = std::make_unique<TensorParallel>(mesh.group("tp"), layout.sequence_parallel, mesh.device_group("tp"));
     share.options.tp = share.tp.get();
   }
   if (layout.pp > 1)  // 2. pipeline parallel

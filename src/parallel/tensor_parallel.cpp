@@ -14,8 +14,8 @@
 namespace fab {
 namespace {
 
-Tensor new_activation(Shape shape, DType dtype = DType::f32) {
-  return Tensor::empty(std::move(shape), dtype, MemoryCategory::activations);
+Tensor new_activation(Shape shape, Device device) {
+  return Tensor::empty(std::move(shape), DType::f32, MemoryCategory::activations, device);
 }
 
 // Hands `g` to v as its gradient when it has none yet, else adds it.
@@ -32,9 +32,9 @@ void all_reduce(Communicator& group, Tensor& t, const char* what) { group.all_re
 // (rows, C) into a zeroed (padded, C) buffer; the ring collectives then work on whole rows.
 Tensor padded_copy(const Tensor& x, const RowShard& s) {
   const int64_t c = x.dim(-1);
-  Tensor buf = new_activation({s.padded, c});
-  std::memcpy(buf.data<float>(), x.data<float>(), size_t(s.rows * c) * sizeof(float));
-  std::memset(buf.data<float>() + s.rows * c, 0, size_t((s.padded - s.rows) * c) * sizeof(float));
+  Tensor buf = new_activation({s.padded, c}, x.device());
+  buf.view(0, {s.rows, c}).copy_from(x.reshape({s.rows, c}));
+  buf.view(s.rows * c, {s.padded - s.rows, c}).zero_();
   return buf;
 }
 
@@ -44,8 +44,8 @@ Tensor to_bf16(const Tensor& x) { return fab::to_bf16(x, MemoryCategory::tempora
 Tensor all_gather_rows(const Tensor& local, const RowShard& s, Communicator& group) {
   const int64_t c = local.dim(-1);
   FAB_CHECK(rows_of(local) == s.local, "{} local rows, expected {}", rows_of(local), s.local);
-  Tensor buf = new_activation({s.padded, c});
-  std::memcpy(buf.data<float>() + group.rank() * s.local * c, local.data<float>(), local.bytes());
+  Tensor buf = new_activation({s.padded, c}, local.device());
+  buf.view(group.rank() * s.local * c, {s.local, c}).copy_from(local.reshape({s.local, c}));
   group.all_gather(buf.data<float>(), buf.numel(), "sequence parallel: all-gather of rows").wait();
   return buf.view(0, {s.rows, c});
 }
@@ -89,8 +89,7 @@ Var copy_to_region(Tape& tape, const Var& x, Communicator& group) {
 // so every rank's partial gets dy itself (identity backward).
 Var reduce_from_region(Tape& tape, const Var& partial, Communicator& group) {
   ProfileScope profile("reduce_from_region");
-  Tensor sum = new_activation(partial->value.shape());
-  std::memcpy(sum.data<float>(), partial->value.data<float>(), partial->value.bytes());
+  Tensor sum = partial->value.clone(MemoryCategory::activations);
   all_reduce(group, sum, "tensor parallel: partial sums out of the region");
   release_value(partial);
   Var y = make_var(sum);
@@ -153,7 +152,7 @@ Var gathered_linear(Tape& tape, const Var& local, const Linear& layer, int64_t r
     Tensor x = all_gather_rows(local->value, s, group);
     return bf16 ? to_bf16(x) : x;
   };
-  Var y = make_var(new_activation({rows, out_features}));
+  Var y = make_var(new_activation({rows, out_features}, w.device()));
   gemm(k, gathered(), false, w_compute, true, y->value.data<float>(), rows, out_features, in, false);
   if (layer.bias) k.add_bias(y->value.data<float>(), layer.bias->value.data<float>(), rows, out_features);
   tape.push([local, layer, y, w_compute, gathered, s, rows, in, out_features, bf16, &group] {
@@ -163,7 +162,7 @@ Var gathered_linear(Tape& tape, const Var& local, const Linear& layer, int64_t r
     if (layer.bias) k.bias_backward(dy.data<float>(), rows, out_features, grad_of(layer.bias).data<float>());
     const Tensor dy_compute = bf16 ? to_bf16(dy) : dy;
     gemm(k, dy_compute, true, gathered(), false, grad_of(layer.weight).data<float>(), out_features, in, rows, true);
-    Tensor dx = new_activation({rows, in});
+    Tensor dx = new_activation({rows, in}, dy.device());
     gemm(k, dy_compute, false, w_compute, false, dx.data<float>(), rows, in, out_features, false);
     accumulate_grad(local, reduce_scatter_of(dx, s, group));
   });
@@ -177,10 +176,10 @@ namespace {
 // group's slot (the parts are small: K/V rows).
 void sum_over_replicas(Tensor& g, int64_t first, int replicas, Communicator& group) {
   const int64_t n = g.numel() - first, slot = group.rank() / replicas;
-  Tensor buf = Tensor::zeros({n * (group.size() / replicas)}, DType::f32, MemoryCategory::temporaries);
-  std::memcpy(buf.data<float>() + slot * n, g.data<float>() + first, size_t(n) * sizeof(float));
+  Tensor buf = Tensor::zeros({n * (group.size() / replicas)}, DType::f32, MemoryCategory::temporaries, g.device());
+  buf.view(slot * n, {n}).copy_from(g.view(first, {n}));
   all_reduce(group, buf, "tensor parallel: gradient of shared key/value heads");
-  std::memcpy(g.data<float>() + first, buf.data<float>() + slot * n, size_t(n) * sizeof(float));
+  g.view(first, {n}).copy_from(buf.view(slot * n, {n}));
 }
 
 }  // namespace
@@ -203,86 +202,41 @@ Linear replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int r
   return fresh;
 }
 
-// out[i] = table[ids[i] - vocab_begin] for ids in the slice, else 0;  dtable[id - begin] += dout[i].
-Var embedding_slice(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin) {
-  ProfileScope profile("embedding_slice");
-  const int64_t n = ids.numel(), slice = table->value.dim(0), c = table->value.dim(1);
-  Var out = make_var(new_activation({n, c}));
-  const int64_t* id = ids.data<int64_t>();
-  const float* t = table->value.data<float>();
-  float* o = out->value.data<float>();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = id[i] - vocab_begin;
-    if (row >= 0 && row < slice)
-      std::memcpy(o + i * c, t + row * c, size_t(c) * sizeof(float));
-    else
-      std::memset(o + i * c, 0, size_t(c) * sizeof(float));
-  }
-  tape.push([ids, table, out, n, slice, c, vocab_begin] {
-    ProfileScope profile("embedding_slice backward");
-    const int64_t* id = ids.data<int64_t>();
-    const float* g = grad_of(out).data<float>();
-    float* dt = grad_of(table).data<float>();
-    for (int64_t i = 0; i < n; ++i) {  // in order: a repeated id adds up as the plain embedding does
-      const int64_t row = id[i] - vocab_begin;
-      if (row < 0 || row >= slice) continue;
-      for (int64_t j = 0; j < c; ++j) dt[row * c + j] += g[i * c + j];
-    }
-  });
-  return out;
-}
-
 namespace {
 
 // One chunk of rows of the vocabulary-parallel cross-entropy. z (n, slice): this rank's logits,
 // of which the first `valid` columns are real vocabulary. With M the row max over all ranks,
 // S = sum over all ranks of exp(z - M) and z_t the target's logit (on the rank that holds it):
 //   loss = log S + M - z_t;   dz = scale (exp(z - M) / S - onehot(t)) on the real columns, 0 on padding.
-// z is overwritten by dz. Returns the chunk's loss sum (the same on every rank).
-double cross_entropy_slice(float* z, const int64_t* labels, int64_t n, int64_t slice, int64_t valid,
-                           int64_t vocab_begin, float scale, Communicator& group) {
+// z is overwritten by dz (the kernels' three passes, kernel_table.h); the row maxima and sums
+// cross the host group, a few numbers per row. Returns the chunk's loss sum (the same on every rank).
+double cross_entropy_slice(float* z, const Tensor& labels_there, const int64_t* labels, int64_t n, int64_t slice,
+                           int64_t valid, int64_t vocab_begin, float scale, const KernelTable& k, Device device,
+                           Communicator& group) {
   const int ranks = group.size(), rank = group.rank();
+  Tensor maxes_there = Tensor::empty({n}, DType::f32, MemoryCategory::temporaries, device);
+  k.vocab_slice_max(z, n, slice, valid, maxes_there.data<float>());
   std::vector<float> maxes(size_t(n * ranks), -FLT_MAX);
-  for (int64_t i = 0; i < n; ++i) {
-    float m = -FLT_MAX;
-    for (int64_t j = 0; j < valid; ++j) m = std::max(m, z[i * slice + j]);
-    maxes[size_t(rank * n + i)] = m;
-  }
+  backend(DeviceKind::cpu).copy(maxes.data() + rank * n, Device::cpu(), maxes_there.data<float>(), device,
+                                size_t(n) * sizeof(float));
   group.all_gather(maxes.data(), int64_t(maxes.size()), "vocab parallel: row maxima").wait();
   std::vector<float> row_max(size_t(n), -FLT_MAX);
   for (int r = 0; r < ranks; ++r)
     for (int64_t i = 0; i < n; ++i) row_max[size_t(i)] = std::max(row_max[size_t(i)], maxes[size_t(r * n + i)]);
-  std::vector<double> sums(size_t(2 * n), 0.0);  // [sum of exp (n), target logit (n)]
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float m = row_max[size_t(i)];
-    const int64_t t = labels[i] - vocab_begin;
-    if (labels[i] != -100 && t >= 0 && t < valid) sums[size_t(n + i)] = z[i * slice + t];
-    double s = 0;
-    for (int64_t j = 0; j < valid; ++j) {
-      const float e = std::exp(z[i * slice + j] - m);
-      z[i * slice + j] = e;
-      s += e;
-    }
-    sums[size_t(i)] = s;
-  }
+  backend(DeviceKind::cpu).copy(maxes_there.data<float>(), device, row_max.data(), Device::cpu(),
+                                size_t(n) * sizeof(float));
+  Tensor sums_slots = Tensor::empty({2 * n}, DType::i64, MemoryCategory::temporaries, device);  // 8-byte slots
+  double* sums_there = static_cast<double*>(sums_slots.raw());
+  k.vocab_slice_exp(z, labels_there.data<int64_t>(), n, slice, valid, vocab_begin, maxes_there.data<float>(),
+                    sums_there);
+  std::vector<double> sums(size_t(2 * n));  // [sum of exp (n), target logit (n)]
+  backend(DeviceKind::cpu).copy(sums.data(), Device::cpu(), sums_there, device, sums.size() * 8);
   group.all_reduce(sums.data(), int64_t(sums.size()), "vocab parallel: sums of exponentials").wait();
+  backend(DeviceKind::cpu).copy(sums_there, device, sums.data(), Device::cpu(), sums.size() * 8);
+  k.vocab_slice_grad(z, labels_there.data<int64_t>(), n, slice, valid, vocab_begin, sums_there, scale);
   double loss = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = z + i * slice;
-    if (labels[i] == -100) {
-      std::fill(row, row + slice, 0.0f);
-      continue;
-    }
-    const double s = sums[size_t(i)];
-    loss += std::log(s) + double(row_max[size_t(i)]) - sums[size_t(n + i)];
-    const float inv = float(1.0 / s);
-    for (int64_t j = 0; j < valid; ++j) row[j] = scale * row[j] * inv;
-    std::fill(row + valid, row + slice, 0.0f);
-    const int64_t t = labels[i] - vocab_begin;
-    if (t >= 0 && t < valid) row[t] -= scale;
-  }
+  for (int64_t i = 0; i < n; ++i)
+    if (labels[i] != -100) loss += std::log(sums[size_t(i)]) + double(row_max[size_t(i)]) - sums[size_t(n + i)];
   return loss;
 }
 
@@ -302,16 +256,19 @@ double vocab_parallel_cross_entropy(Tape& tape, const Var& hidden, const Linear&
   const Tensor& w_compute = bf16 ? head.weight_bf16 : w;
   const Tensor h_compute = bf16 ? to_bf16(hidden->value.reshape({rows, c})) : hidden->value.reshape({rows, c});
   const bool need_grads = tape.recording();
-  Tensor dh = need_grads ? new_activation({rows, c}) : Tensor();
+  Tensor dh = need_grads ? new_activation({rows, c}, w.device()) : Tensor();
   chunk_rows = std::max<int64_t>(1, std::min(chunk_rows, rows));
-  Tensor logits = Tensor::empty({chunk_rows, slice}, DType::f32, MemoryCategory::temporaries);
+  Tensor logits = Tensor::empty({chunk_rows, slice}, DType::f32, MemoryCategory::temporaries, w.device());
+  // The kernels read the labels where the head lives; the loss is summed on the host.
+  const Tensor labels_there = labels.to(w.device(), MemoryCategory::temporaries);
+  const Tensor labels_host = labels.to(Device::cpu(), MemoryCategory::temporaries);
   double loss_sum = 0;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - r0);
     const Tensor h_chunk = h_compute.view(r0 * c, {n, c});
     gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, slice, c, false);
-    loss_sum += cross_entropy_slice(logits.data<float>(), labels.data<int64_t>() + r0, n, slice, valid, vocab_begin,
-                                    loss_scale, group);
+    loss_sum += cross_entropy_slice(logits.data<float>(), labels_there.view(r0, {n}), labels_host.data<int64_t>() + r0, n,
+                                    slice, valid, vocab_begin, loss_scale, k, w.device(), group);
     if (!need_grads) continue;
     const Tensor dz32 = logits.view(0, {n, slice});
     const Tensor dz = bf16 ? to_bf16(dz32) : dz32;
@@ -325,28 +282,29 @@ double vocab_parallel_cross_entropy(Tape& tape, const Var& hidden, const Linear&
 // TensorParallel: the decoder's calls, as the pairs above ----------------------------------------
 
 Var TensorParallel::column_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) {
-  return sp_ ? gathered_linear(tape, x, layer, rows, group_) : linear(tape, copy_to_region(tape, x, group_), layer);
+  return sp_ ? gathered_linear(tape, x, layer, rows, buffers_) : linear(tape, copy_to_region(tape, x, buffers_), layer);
 }
 
 Var TensorParallel::row_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t rows) {
   Var partial = linear(tape, x, layer);
-  return sp_ ? reduce_scatter_rows(tape, partial, rows, group_) : reduce_from_region(tape, partial, group_);
+  return sp_ ? reduce_scatter_rows(tape, partial, rows, buffers_) : reduce_from_region(tape, partial, buffers_);
 }
 
-Var TensorParallel::shared_weight(Tape& tape, const Var& weight) { return sum_gradient_over(tape, weight, group_); }
+Var TensorParallel::shared_weight(Tape& tape, const Var& weight) { return sum_gradient_over(tape, weight, buffers_); }
 
 Linear TensorParallel::replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas) {
-  return fab::replicated_rows(tape, layer, first_row, replicas, group_);
+  return fab::replicated_rows(tape, layer, first_row, replicas, buffers_);
 }
 
 Var TensorParallel::embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin) {
-  Var partial = embedding_slice(tape, ids, table, vocab_begin);
-  return sp_ ? reduce_scatter_rows(tape, partial, ids.numel(), group_) : reduce_from_region(tape, partial, group_);
+  // This rank's vocabulary slice: zero rows for the others' ids, the partial sums of the embedding.
+  Var partial = fab::embedding(tape, ids, table, vocab_begin);
+  return sp_ ? reduce_scatter_rows(tape, partial, ids.numel(), buffers_) : reduce_from_region(tape, partial, buffers_);
 }
 
 double TensorParallel::lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
                                              float loss_scale, int64_t vocab_begin, int64_t vocab, int64_t rows) {
-  Var full = sp_ ? gather_rows(tape, hidden, rows, group_) : copy_to_region(tape, hidden, group_);
+  Var full = sp_ ? gather_rows(tape, hidden, rows, buffers_) : copy_to_region(tape, hidden, buffers_);
   return vocab_parallel_cross_entropy(tape, full, head, labels, loss_scale, vocab_begin, vocab, group_);
 }
 
@@ -360,7 +318,7 @@ std::vector<NamedTensor> gather_full_tensors(const DecoderModel& model, Communic
   for (size_t i = 0; i < params.params().size(); ++i) {
     const ParamInfo& p = params.params()[i];
     const ShardSpec& s = model.shard(i);
-    const Tensor local = flat.view(p.offset, p.shape);
+    const Tensor local = flat.view(p.offset, p.shape).to(Device::cpu(), MemoryCategory::temporaries);
     Tensor full = Tensor::empty(s.full_shape, DType::f32, MemoryCategory::temporaries);
     if (s.split_dim < 0) {
       std::memcpy(full.data<float>(), local.data<float>(), local.bytes());

@@ -52,17 +52,19 @@ Linear replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int r
 // Sequence parallel's column-parallel linear: gather_rows then linear, but the gathered rows are
 // not kept for backward (all-gathered again there), so a layer's saved activations are 1/tp.
 Var gathered_linear(Tape& tape, const Var& local, const Linear& layer, int64_t rows, Communicator& group);
-// Rows of table (this rank's vocabulary slice, first id vocab_begin) for ids in the slice, zero
-// rows for the others: each rank's partial sum of the embedding.
-Var embedding_slice(Tape& tape, const Tensor& ids, const Var& table, int64_t vocab_begin);
 // The fused head + cross-entropy over this rank's vocabulary slice, hidden (rows, C) on every rank.
+// `group`: the host group (the row maxima and sums are host values).
 double vocab_parallel_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
                                     float loss_scale, int64_t vocab_begin, int64_t vocab, Communicator& group,
                                     int64_t chunk_rows = 1024);
 
 class TensorParallel final : public TensorParallelOps {
  public:
-  TensorParallel(Communicator& group, bool sequence_parallel) : group_(group), sp_(sequence_parallel) {}
+  // `device_group`: the same group's collectives over a device's memory (NCCL on CUDA), for the
+  // activations and gradients; nullptr: `group` itself. The vocabulary-parallel cross-entropy's
+  // row maxima and sums, host values, always take `group`.
+  TensorParallel(Communicator& group, bool sequence_parallel, Communicator* device_group = nullptr)
+      : group_(group), buffers_(device_group ? *device_group : group), sp_(sequence_parallel) {}
   int size() const override { return group_.size(); }
   int rank() const override { return group_.rank(); }
   bool sequence_parallel() const override { return sp_; }
@@ -78,6 +80,7 @@ class TensorParallel final : public TensorParallelOps {
 
  private:
   Communicator& group_;
+  Communicator& buffers_;
   bool sp_;
 };
 

@@ -64,12 +64,16 @@ TEST(CudaKernels, EmbeddingForwardBackwardWithRepeatedIds) {
   Tensor dout = random_tensor({n, c}, 7), dtable = random_tensor({vocab, c}, 8);
   Tensor d_ids = to_device(ids), d_table = to_device(table), d_out = to_device(out), d_dout = to_device(dout),
          d_dtable = to_device(dtable);
-  cpu_table().embedding_forward(ids.data<int64_t>(), n, table.data<float>(), c, out.data<float>());
-  gpu_table().embedding_forward(d_ids.data<int64_t>(), n, d_table.data<float>(), c, d_out.data<float>());
-  expect_device_close(d_out, out, 0, "embedding forward");
-  cpu_table().embedding_backward(ids.data<int64_t>(), n, dout.data<float>(), c, dtable.data<float>());
-  gpu_table().embedding_backward(d_ids.data<int64_t>(), n, d_dout.data<float>(), c, d_dtable.data<float>());
-  expect_device_close(d_dtable, dtable, 1e-6, "embedding backward (accumulated)");
+  // The rows [5, 45) of the vocabulary, as a tensor-parallel rank holds them: ids 3, 49 and 0 fall outside.
+  for (const auto [first, rows] : {std::pair<int64_t, int64_t>{0, vocab}, {5, 40}}) {
+    cpu_table().embedding_forward(ids.data<int64_t>(), n, table.data<float>(), first, rows, c, out.data<float>());
+    gpu_table().embedding_forward(d_ids.data<int64_t>(), n, d_table.data<float>(), first, rows, c, d_out.data<float>());
+    expect_device_close(d_out, out, 0, "embedding forward");
+    cpu_table().embedding_backward(ids.data<int64_t>(), n, dout.data<float>(), first, rows, c, dtable.data<float>());
+    gpu_table().embedding_backward(d_ids.data<int64_t>(), n, d_dout.data<float>(), first, rows, c,
+                                   d_dtable.data<float>());
+    expect_device_close(d_dtable, dtable, 1e-6, "embedding backward (accumulated)");
+  }
 }
 
 TEST(CudaKernels, RmsNormForwardBackward) {
@@ -133,6 +137,37 @@ TEST(CudaKernels, SwigluForwardBackwardBothModes) {
 }
 
 // ---- Cross-entropy -----------------------------------------------------------------------------
+
+// Tensor parallel's vocabulary-slice cross-entropy: the three passes on a slice of 3001 columns
+// (2990 real), ids from 10000, rows ignored, targets in and outside the slice.
+TEST(CudaKernels, VocabSliceCrossEntropyPasses) {
+  const int64_t n = 9, slice = 3001, valid = 2990, begin = 10000;
+  std::vector<int64_t> lab;
+  for (int64_t r = 0; r < n; ++r) lab.push_back(r % 4 == 1 ? -100 : r % 4 == 2 ? 5 : begin + (r * 331) % valid);
+  Tensor labels = ids_tensor(lab), d_labels = to_device(labels);
+  Tensor z = random_tensor({n, slice}, 31, 3.0), d_z = to_device(z);
+  Tensor m = host_tensor({n}), d_m = to_device(m);
+  cpu_table().vocab_slice_max(z.data<float>(), n, slice, valid, m.data<float>());
+  gpu_table().vocab_slice_max(d_z.data<float>(), n, slice, valid, d_m.data<float>());
+  expect_device_close(d_m, m, 0, "row maxima");
+  Tensor sums = host_tensor({2 * n}, DType::i64), d_sums = to_device(sums);  // doubles in 8-byte slots
+  cpu_table().vocab_slice_exp(z.data<float>(), labels.data<int64_t>(), n, slice, valid, begin, m.data<float>(),
+                              static_cast<double*>(sums.raw()));
+  gpu_table().vocab_slice_exp(d_z.data<float>(), d_labels.data<int64_t>(), n, slice, valid, begin, d_m.data<float>(),
+                              static_cast<double*>(d_sums.raw()));
+  expect_device_close(d_z, z, 1e-6, "exponentials");
+  const Tensor got = to_host(d_sums);
+  for (int64_t i = 0; i < 2 * n; ++i) {
+    const double want = static_cast<const double*>(sums.raw())[i], have = static_cast<const double*>(got.raw())[i];
+    EXPECT_NEAR(have, want, 1e-9 * std::fabs(want)) << "sums " << i;
+  }
+  cpu_table().vocab_slice_grad(z.data<float>(), labels.data<int64_t>(), n, slice, valid, begin,
+                               static_cast<const double*>(sums.raw()), 0.5f);
+  Tensor d_cpu_sums = to_device(sums);  // the same S on both sides
+  gpu_table().vocab_slice_grad(d_z.data<float>(), d_labels.data<int64_t>(), n, slice, valid, begin,
+                               static_cast<const double*>(d_cpu_sums.raw()), 0.5f);
+  expect_device_close(d_z, z, 1e-5, "gradient");
+}
 
 TEST(CudaKernels, CrossEntropyChunkF32AndBf16Gradients) {
   const int64_t rows = 21, vocab = 3001;

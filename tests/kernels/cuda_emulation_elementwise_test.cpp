@@ -59,6 +59,33 @@ TEST(CudaEmulation, DropoutMaskAndMultiplyEqualTheCpu) {
   EXPECT_EQ(eout, out);
 }
 
+// Tensor parallel's vocabulary-slice cross-entropy passes: a block per row, against the CPU's.
+TEST(CudaEmulation, VocabSliceCrossEntropyPassesEqualTheCpu) {
+  const int64_t n = 4, slice = 300, valid = 291, begin = 1000;
+  const std::vector<int64_t> labels{1005, -100, 1290, 77};  // in the slice, ignored, its last real id, elsewhere
+  const std::vector<float> z = randoms(static_cast<size_t>(n * slice), 21, 3.0);
+  std::vector<float> row_max(static_cast<size_t>(n)), erow_max = row_max;
+  cpu().vocab_slice_max(z.data(), n, slice, valid, row_max.data());
+  emulate(ek::vocab_slice_max_kernel, {unsigned(n), 1, 1}, 128, z.data(), slice, valid, erow_max.data());
+  EXPECT_EQ(erow_max, row_max);
+  for (float& m : row_max) m += 0.5f;  // as if another rank held a larger logit
+  std::vector<float> a = z, b = z;
+  std::vector<double> sums(static_cast<size_t>(2 * n)), esums = sums;
+  cpu().vocab_slice_exp(a.data(), labels.data(), n, slice, valid, begin, row_max.data(), sums.data());
+  emulate(ek::vocab_slice_exp_kernel, {unsigned(n), 1, 1}, 128, b.data(), labels.data(), n, slice, valid, begin,
+          static_cast<const float*>(row_max.data()), esums.data());
+  EXPECT_EQ(b, a);
+  for (size_t i = 0; i < sums.size(); ++i) EXPECT_NEAR(esums[i], sums[i], 1e-12 * std::fabs(sums[i])) << i;
+  EXPECT_EQ(sums[n + 0], double(z[5])) << "the target's logit, read before the exponentials";
+  EXPECT_EQ(sums[n + 3], 0.0) << "a target another rank holds";
+  cpu().vocab_slice_grad(a.data(), labels.data(), n, slice, valid, begin, sums.data(), 0.25f);
+  emulate(ek::vocab_slice_grad_kernel, {unsigned(n), 1, 1}, 128, b.data(), labels.data(), slice, valid, begin,
+          static_cast<const double*>(sums.data()), 0.25f);
+  EXPECT_EQ(b, a);
+  for (int64_t j = 0; j < slice; ++j) EXPECT_EQ(a[static_cast<size_t>(slice + j)], 0.0f) << "the ignored row";
+  for (int64_t j = valid; j < slice; ++j) EXPECT_EQ(a[static_cast<size_t>(j)], 0.0f) << "padding";
+}
+
 TEST(CudaEmulation, CrossEntropyRowsAndLossSum) {
   const int64_t rows = 5, vocab = 1000;
   const float scale = 0.25f;
@@ -120,9 +147,22 @@ TEST(CudaEmulation, GridStrideKernelsAndColumnSums) {
   }
   const std::vector<int64_t> ids{4, 1, 4, 0};
   std::vector<float> table = randoms(static_cast<size_t>(5 * n), 12), etable = table;
-  cpu().embedding_backward(ids.data(), 4, a.data(), n, table.data());
-  emulate(ek::embedding_backward_kernel, {2, 1, 1}, 64, ids.data(), int64_t(4), a.data(), n, etable.data());
+  cpu().embedding_backward(ids.data(), 4, a.data(), 0, 5, n, table.data());
+  emulate(ek::embedding_backward_kernel, {2, 1, 1}, 64, ids.data(), int64_t(4), a.data(), int64_t(0), int64_t(5), n,
+          etable.data());
   EXPECT_EQ(etable, table) << "the rows of each column added in the CPU kernel's order";
+  // A tensor-parallel slice: rows [1, 4) of the vocabulary; ids 4 and 0 fall outside it.
+  std::vector<float> slice(static_cast<size_t>(3 * n), 0.0f), eslice = slice, out(static_cast<size_t>(4 * n)), eout = out;
+  cpu().embedding_backward(ids.data(), 4, a.data(), 1, 3, n, slice.data());
+  emulate(ek::embedding_backward_kernel, {2, 1, 1}, 64, ids.data(), int64_t(4), a.data(), int64_t(1), int64_t(3), n,
+          eslice.data());
+  EXPECT_EQ(eslice, slice);
+  for (int64_t j = 0; j < n; ++j) EXPECT_EQ(slice[static_cast<size_t>(j)], a[static_cast<size_t>(n + j)]);  // id 1
+  cpu().embedding_forward(ids.data(), 4, table.data(), 1, 3, n, out.data());
+  emulate(ek::embedding_forward_kernel, {2, 1, 1}, 64, ids.data(), int64_t(4), static_cast<const float*>(table.data()),
+          int64_t(1), int64_t(3), n, eout.data());
+  EXPECT_EQ(eout, out);
+  EXPECT_EQ(out[0], 0.0f);  // id 4: another rank's row
   std::vector<double> partial(3);
   emulate(ek::sum_squares_kernel, {3, 1, 1}, 64, a.data(), rows * n, partial.data());
   EXPECT_NEAR(partial[0] + partial[1] + partial[2], cpu().sum_squares(a.data(), rows * n), 1e-4);

@@ -309,11 +309,11 @@ TEST_P(Ops, EmbeddingBackwardSumsRepeatedIds) {
   std::vector<int64_t> ids = {3, 1, 3, 3, 0};
   Floats table = random_floats(vocab * c, 1), dout = random_floats(int64_t(ids.size()) * c, 2);
   Floats out(ids.size() * size_t(c));
-  k_->embedding_forward(ids.data(), int64_t(ids.size()), table.data(), c, out.data());
+  k_->embedding_forward(ids.data(), int64_t(ids.size()), table.data(), 0, vocab, c, out.data());
   for (size_t i = 0; i < ids.size(); ++i)
     for (int64_t j = 0; j < c; ++j) ASSERT_EQ(out[i * size_t(c) + size_t(j)], table[size_t(ids[i] * c + j)]);
   Floats dtable(table.size(), 0.0f);
-  k_->embedding_backward(ids.data(), int64_t(ids.size()), dout.data(), c, dtable.data());
+  k_->embedding_backward(ids.data(), int64_t(ids.size()), dout.data(), 0, vocab, c, dtable.data());
   for (int64_t j = 0; j < c; ++j) {
     EXPECT_FLOAT_EQ(dtable[size_t(3 * c + j)], dout[size_t(0 * c + j)] + dout[size_t(2 * c + j)] + dout[size_t(3 * c + j)]);
     EXPECT_FLOAT_EQ(dtable[size_t(2 * c + j)], 0.0f);

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "models/hf_model.h"
 #include "mpi/mpi_world.h"
+#include "parallel/tensor_parallel.h"
 #include "train/synthetic_data.h"
 #include "train/trainer.h"
 #include "test_util.h"
@@ -24,12 +25,13 @@
 namespace fab {
 namespace {
 
-std::string model_folder() {
-  const std::string dir = test::fresh_scratch_dir("guard-model");
+// `kv_heads` 1 at tensor parallel 2: the key/value rows are replicated, their gradients summed.
+std::string model_folder(int kv_heads = 2) {
+  const std::string dir = test::fresh_scratch_dir("guard-model-" + std::to_string(kv_heads));
   if (test::world().rank() == 0)
     std::ofstream(dir + "/config.json") << R"({"model_type":"llama","vocab_size":64,"hidden_size":32,
-      "intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
-      "max_position_embeddings":64,"tie_word_embeddings":true})";
+      "intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":)"
+                                        << kv_heads << R"(,"max_position_embeddings":64,"tie_word_embeddings":true})";
   test::world().barrier("model folder");
   return dir;
 }
@@ -93,6 +95,45 @@ TEST(GuardDevice, DataParallelEqualsTheCpuRunBitForBit) {
   EXPECT_LT(held["zero3"].second, held["zero0"].second);
   EXPECT_LT(held["zero3"].first, held["zero0"].first);
   EXPECT_GT(held["zero3"].first, 0);
+}
+
+// Tensor parallel at 2 (and sequence parallel with ZeRO-3) on the guard device: activations and
+// gradients through the tp group's device collectives, the vocabulary-parallel cross-entropy's
+// passes as kernels, its row maxima and sums through the host group; the same bits as on the CPU.
+std::vector<StepRecord> train_tp(const std::string& model, const std::string& output, bool sp, Device device) {
+  const TrainConfig c = parse_train_config(
+      "model_name_or_path: " + model + "\nstage: sft\noutput_dir: " + output +
+          "\nmax_steps: 6\nper_device_train_batch_size: 2\ngradient_accumulation_steps: 2\nlearning_rate: 1.0e-2\n"
+          "warmup_steps: 2\nlogging_steps: 1\nsave_steps: 3\nseed: 5\nddp_bucket_size: 0.01\nmax_grad_norm: 0.5\n"
+          "tensor_parallel_size: 2\nzero_stage: " + std::string(sp ? "3" : "1") + "\n",
+      "test.yaml");
+  ParallelSizes sizes;
+  sizes.tp = 2;
+  sizes.dp = test::world().size() / 2;
+  DeviceMesh mesh(test::world(), sizes);
+  if (!device.is_host()) mesh.set_device_collectives(test::guard_collectives);
+  TensorParallel tp(mesh.group("tp"), sp, mesh.device_group("tp"));
+  DecoderOptions o(Precision::fp32, false, 64, &tp);
+  o.device = device;
+  auto m = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
+  Trainer trainer(c, std::move(m), TrainData{test::synthetic_samples(24, 1), {}, 0}, &mesh);
+  EXPECT_TRUE(trainer.run());
+  return trainer.history();
+}
+
+TEST(GuardDevice, TensorParallelEqualsTheCpuRunBitForBit) {
+  if (test::world().size() % 2) GTEST_SKIP() << "tensor parallel at 2 needs an even world";
+  for (const auto& [sp, kv_heads] : std::vector<std::pair<bool, int>>{{false, 2}, {true, 2}, {false, 1}}) {
+    const std::string model = model_folder(kv_heads);
+    const std::string tag = std::string(sp ? "sp" : "tp") + "-kv" + std::to_string(kv_heads);
+    const auto cpu = train_tp(model, test::fresh_scratch_dir("guard-cpu-" + tag), sp, Device::cpu());
+    const auto guard = train_tp(model, test::fresh_scratch_dir("guard-dev-" + tag), sp, test::guard_device());
+    ASSERT_EQ(guard.size(), cpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      EXPECT_EQ(guard[i].loss, cpu[i].loss) << tag << " step " << i + 1;
+      EXPECT_EQ(guard[i].grad_norm, cpu[i].grad_norm) << tag << " step " << i + 1;
+    }
+  }
 }
 
 // ZeRO-3's resume writes the whole weights into a buffer whose other ranks' parts were

@@ -25,7 +25,8 @@ namespace {
     .rope_backward = cpu::ns::rope_backward, .attention_forward = cpu::ns::attention_forward,                  \
     .attention_backward = cpu::ns::attention_backward, .attention_decode = cpu::ns::attention_decode,          \
     .swiglu_forward = cpu::ns::swiglu_forward, .swiglu_backward = cpu::ns::swiglu_backward,                    \
-    .cross_entropy_chunk = cpu::ns::cross_entropy_chunk, .copy_2d = cpu::ns::copy_2d, .add = cpu::ns::add,     \
+    .cross_entropy_chunk = cpu::ns::cross_entropy_chunk, .vocab_slice_max = cpu::ns::vocab_slice_max,         \
+    .vocab_slice_exp = cpu::ns::vocab_slice_exp, .vocab_slice_grad = cpu::ns::vocab_slice_grad, .copy_2d = cpu::ns::copy_2d, .add = cpu::ns::add,     \
     .multiply = cpu::ns::multiply, .accumulate = cpu::ns::accumulate, .add_bias = cpu::ns::add_bias, .bias_backward = cpu::ns::bias_backward, \
     .scale = cpu::ns::scale, .sum_squares = cpu::ns::sum_squares, .to_bf16 = cpu::ns::to_bf16,                 \
     .dropout_mask = cpu::ns::dropout_mask, .adamw_step = cpu::ns::adamw_step}

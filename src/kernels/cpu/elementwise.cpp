@@ -1,6 +1,8 @@
 // Embedding, SwiGLU, residual and bias helpers, cross-entropy, AdamW: the memory-bound kernels.
 #include <omp.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <bit>
 
@@ -11,24 +13,33 @@
 
 namespace fab::cpu::FAB_ISA {
 
-void embedding_forward(const int64_t* ids, int64_t n, const float* table, int64_t c, float* out) {
+void embedding_forward(const int64_t* ids, int64_t n, const float* table, int64_t first, int64_t rows, int64_t c,
+                       float* out) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float* src = table + ids[i] * c;
+    const int64_t row = ids[i] - first;
     float* dst = out + i * c;
+    if (row < 0 || row >= rows) {
+      std::fill(dst, dst + c, 0.0f);
+      continue;
+    }
+    const float* src = table + row * c;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) dst[j] = src[j];
   }
 }
 
-// dtable[ids[i], :] += dout[i, :]. Each thread owns a slice of columns, so repeated ids never
-// race and the sum order is fixed.
-void embedding_backward(const int64_t* ids, int64_t n, const float* dout, int64_t c, float* dtable) {
+// dtable[ids[i] - first, :] += dout[i, :]. Each thread owns a slice of columns, so repeated ids
+// never race and the sum order is fixed.
+void embedding_backward(const int64_t* ids, int64_t n, const float* dout, int64_t first, int64_t rows, int64_t c,
+                        float* dtable) {
 #pragma omp parallel
   {
     Range cols = split_range(c, omp_get_num_threads(), omp_get_thread_num());
     for (int64_t i = 0; i < n; ++i) {
-      float* dst = dtable + ids[i] * c;
+      const int64_t row = ids[i] - first;
+      if (row < 0 || row >= rows) continue;
+      float* dst = dtable + row * c;
       const float* src = dout + i * c;
 #pragma omp simd
       for (int64_t j = cols.begin; j < cols.end; ++j) dst[j] += src[j];
@@ -140,6 +151,50 @@ void copy_2d(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64
 void add(const float* a, const float* b, float* out, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t j = 0; j < n; ++j) out[j] = a[j] + b[j];
+}
+
+void vocab_slice_max(const float* z, int64_t n, int64_t slice, int64_t valid, float* row_max) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float m = -FLT_MAX;
+    for (int64_t j = 0; j < valid; ++j) m = std::max(m, z[i * slice + j]);
+    row_max[i] = m;
+  }
+}
+
+void vocab_slice_exp(float* z, const int64_t* labels, int64_t n, int64_t slice, int64_t valid, int64_t vocab_begin,
+                     const float* row_max, double* sums) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = z + i * slice;
+    const int64_t t = labels[i] - vocab_begin;
+    sums[n + i] = labels[i] != -100 && t >= 0 && t < valid ? row[t] : 0.0;
+    const float m = row_max[i];
+    double s = 0;
+    for (int64_t j = 0; j < valid; ++j) {
+      const float e = std::exp(row[j] - m);
+      row[j] = e;
+      s += e;
+    }
+    sums[i] = s;
+  }
+}
+
+void vocab_slice_grad(float* z, const int64_t* labels, int64_t n, int64_t slice, int64_t valid, int64_t vocab_begin,
+                      const double* sums, float scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = z + i * slice;
+    if (labels[i] == -100) {
+      std::fill(row, row + slice, 0.0f);
+      continue;
+    }
+    const float inv = float(1.0 / sums[i]);
+    for (int64_t j = 0; j < valid; ++j) row[j] = scale * row[j] * inv;
+    std::fill(row + valid, row + slice, 0.0f);
+    const int64_t t = labels[i] - vocab_begin;
+    if (t >= 0 && t < valid) row[t] -= scale;
+  }
 }
 
 void multiply(const float* a, const float* b, float* out, int64_t n) {

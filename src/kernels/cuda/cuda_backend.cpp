@@ -153,7 +153,8 @@ const KernelTable& cuda_kernels() {
       .rope_backward = rope_backward, .attention_forward = attention_forward,
       .attention_backward = attention_backward, .attention_decode = attention_decode,
       .swiglu_forward = swiglu_forward, .swiglu_backward = swiglu_backward,
-      .cross_entropy_chunk = cross_entropy_chunk, .copy_2d = copy_2d, .add = add, .multiply = multiply,
+      .cross_entropy_chunk = cross_entropy_chunk, .vocab_slice_max = vocab_slice_max,
+      .vocab_slice_exp = vocab_slice_exp, .vocab_slice_grad = vocab_slice_grad, .copy_2d = copy_2d, .add = add, .multiply = multiply,
       .accumulate = accumulate,
       .add_bias = add_bias, .bias_backward = bias_backward, .scale = scale, .sum_squares = sum_squares,
       .to_bf16 = to_bf16, .dropout_mask = dropout_mask, .adamw_step = adamw_step};

@@ -32,11 +32,13 @@ double fetch_double(const double* device_value) {
 
 }  // namespace
 
-void embedding_forward(const int64_t* ids, int64_t n, const float* table, int64_t c, float* out) {
-  launch("embedding_forward", embedding_forward_kernel, n * c, ids, n, table, c, out);
+void embedding_forward(const int64_t* ids, int64_t n, const float* table, int64_t first, int64_t rows, int64_t c,
+                       float* out) {
+  launch("embedding_forward", embedding_forward_kernel, n * c, ids, n, table, first, rows, c, out);
 }
-void embedding_backward(const int64_t* ids, int64_t n, const float* dout, int64_t c, float* dtable) {
-  launch("embedding_backward", embedding_backward_kernel, c, ids, n, dout, c, dtable);
+void embedding_backward(const int64_t* ids, int64_t n, const float* dout, int64_t first, int64_t rows, int64_t c,
+                        float* dtable) {
+  launch("embedding_backward", embedding_backward_kernel, c, ids, n, dout, first, rows, c, dtable);
 }
 void swiglu_forward(const float* gate_up, int64_t rows, int64_t i, float* h) {
   launch("swiglu_forward", swiglu_forward_kernel, rows * i, gate_up, rows, i, h);
@@ -56,6 +58,24 @@ double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, i
   sum_doubles_kernel<<<1, 512, 0, stream()>>>(row_loss, rows, row_loss + rows);
   FAB_CUDA_LAUNCHED("cross_entropy_chunk (sum)");
   return fetch_double(row_loss + rows);
+}
+
+void vocab_slice_max(const float* z, int64_t n, int64_t slice, int64_t valid, float* row_max) {
+  if (n == 0) return;
+  vocab_slice_max_kernel<<<unsigned(n), 512, 0, stream()>>>(z, slice, valid, row_max);
+  FAB_CUDA_LAUNCHED("vocab_slice_max");
+}
+void vocab_slice_exp(float* z, const int64_t* labels, int64_t n, int64_t slice, int64_t valid, int64_t vocab_begin,
+                     const float* row_max, double* sums) {
+  if (n == 0) return;
+  vocab_slice_exp_kernel<<<unsigned(n), 512, 0, stream()>>>(z, labels, n, slice, valid, vocab_begin, row_max, sums);
+  FAB_CUDA_LAUNCHED("vocab_slice_exp");
+}
+void vocab_slice_grad(float* z, const int64_t* labels, int64_t n, int64_t slice, int64_t valid, int64_t vocab_begin,
+                      const double* sums, float scale) {
+  if (n == 0) return;
+  vocab_slice_grad_kernel<<<unsigned(n), 512, 0, stream()>>>(z, labels, slice, valid, vocab_begin, sums, scale);
+  FAB_CUDA_LAUNCHED("vocab_slice_grad");
 }
 
 void copy_2d(const float* src, int64_t src_ld, float* dst, int64_t dst_ld, int64_t rows, int64_t cols,

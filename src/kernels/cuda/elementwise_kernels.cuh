@@ -4,6 +4,7 @@
 // can compile them for the CPU with CUDA's built-ins emulated. Include <cuda_bf16.h> first (the
 // emulation supplies its own __float2bfloat16_rn / __bfloat16_as_ushort).
 #include <cmath>
+#include <cfloat>
 #include <cstdint>
 
 #include "kernels/counter_rng.h"
@@ -23,16 +24,24 @@ __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(
 #define FAB_FOR_EACH(j, n) \
   for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < (n); j += int64_t(gridDim.x) * blockDim.x)
 
-__global__ void embedding_forward_kernel(const int64_t* ids, int64_t n, const float* table, int64_t c, float* out) {
-  FAB_FOR_EACH(e, n * c) out[e] = table[ids[e / c] * c + e % c];
+__global__ void embedding_forward_kernel(const int64_t* ids, int64_t n, const float* table, int64_t first,
+                                         int64_t rows, int64_t c, float* out) {
+  FAB_FOR_EACH(e, n * c) {
+    const int64_t row = ids[e / c] - first;
+    out[e] = row >= 0 && row < rows ? table[row * c + e % c] : 0.0f;
+  }
 }
 
-// dtable[ids[i], :] += dout[i, :]. A thread per column adds the rows in order, as the CPU kernel
-// does: no atomics, so the sums (and a resumed run) are the same bits every time, and the CPU's.
-// Reads and writes are coalesced across a warp's consecutive columns.
-__global__ void embedding_backward_kernel(const int64_t* ids, int64_t n, const float* dout, int64_t c, float* dtable) {
+// dtable[ids[i] - first, :] += dout[i, :]. A thread per column adds the rows in order, as the CPU
+// kernel does: no atomics, so the sums (and a resumed run) are the same bits every time, and the
+// CPU's. Reads and writes are coalesced across a warp's consecutive columns.
+__global__ void embedding_backward_kernel(const int64_t* ids, int64_t n, const float* dout, int64_t first,
+                                          int64_t rows, int64_t c, float* dtable) {
   FAB_FOR_EACH(j, c)
-  for (int64_t i = 0; i < n; ++i) dtable[ids[i] * c + j] += dout[i * c + j];
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = ids[i] - first;
+    if (row >= 0 && row < rows) dtable[row * c + j] += dout[i * c + j];
+  }
 }
 
 __global__ void swiglu_forward_kernel(const float* gate_up, int64_t rows, int64_t i, float* h) {
@@ -86,6 +95,45 @@ __global__ void cross_entropy_kernel(float* logits, const int64_t* labels, int64
     else z[j] = g;
   }
   if (threadIdx.x == 0) row_loss[r] = double(logf(sum)) - double(target_shifted);
+}
+
+// The vocabulary-parallel cross-entropy's passes (kernel_table.h), a block per row.
+__global__ void vocab_slice_max_kernel(const float* z, int64_t slice, int64_t valid, float* row_max) {
+  const float* row = z + int64_t(blockIdx.x) * slice;
+  float m = -FLT_MAX;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, row[j]);
+  m = block_max(m);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+__global__ void vocab_slice_exp_kernel(float* z, const int64_t* labels, int64_t n, int64_t slice, int64_t valid,
+                                       int64_t vocab_begin, const float* row_max, double* sums) {
+  const int64_t i = blockIdx.x, t = labels[i] - vocab_begin;
+  float* row = z + i * slice;
+  if (threadIdx.x == 0) sums[n + i] = labels[i] != -100 && t >= 0 && t < valid ? double(row[t]) : 0.0;
+  __syncthreads();  // the target's logit is read before the row turns into exponentials
+  const float m = row_max[i];
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) {
+    const float e = expf(row[j] - m);
+    row[j] = e;
+    s += e;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) sums[i] = s;
+}
+
+__global__ void vocab_slice_grad_kernel(float* z, const int64_t* labels, int64_t slice, int64_t valid,
+                                        int64_t vocab_begin, const double* sums, float scale) {
+  const int64_t i = blockIdx.x, t = labels[i] - vocab_begin;
+  float* row = z + i * slice;
+  const bool ignored = labels[i] == -100;
+  const float inv = ignored ? 0.0f : float(1.0 / sums[i]);
+  for (int64_t j = threadIdx.x; j < slice; j += blockDim.x) {
+    float g = ignored || j >= valid ? 0.0f : scale * row[j] * inv;
+    if (!ignored && j == t) g -= scale;
+    row[j] = g;
+  }
 }
 
 // Sums `n` doubles in a fixed order (one block): deterministic losses.
