@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <vector>
 
 #include "core/error.h"
 #include "core/file_write.h"
@@ -16,7 +17,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // This rank's slice of a whole HF tensor (rows or columns [begin, begin + length), those past the
-// tensor's end left zero: the padding of a vocabulary tensor parallel does not divide).
+// tensor's end left as they are, zero: the padding of a vocabulary tensor parallel does not divide).
 void copy_slice(const Tensor& full, const ShardSpec& s, float* dst) {
   const int64_t rows = s.full_shape[0], cols = s.full_shape.size() > 1 ? s.full_shape[1] : 1;
   const float* src = full.data<float>();
@@ -91,10 +92,13 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
     FAB_USER_CHECK(e.shape == s.full_shape, "{}: tensor \"{}\" has shape {} but config.json implies {}", file.path(),
                    p->name, shape_str(e.shape), shape_str(s.full_shape));
     const Tensor t = file.as_f32(p->name);
-    if (s.split_dim < 0)
+    if (s.split_dim < 0) {
       buffer->set_values(*p, t.data<float>());
-    else
-      copy_slice(t, s, model.params().values().data<float>() + p->offset);
+    } else {  // this rank's slice, on the host first (the buffer may be a device's)
+      std::vector<float> slice(static_cast<size_t>(p->numel()), 0.0f);
+      copy_slice(t, s, slice.data());
+      buffer->set_values(*p, slice.data());
+    }
   }
   for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;

@@ -25,13 +25,16 @@
 namespace fab {
 namespace {
 
+// A seeded model with its weights (loading them slices each tensor under tensor parallel).
 // `kv_heads` 1 at tensor parallel 2: the key/value rows are replicated, their gradients summed.
 std::string model_folder(int kv_heads = 2) {
   const std::string dir = test::fresh_scratch_dir("guard-model-" + std::to_string(kv_heads));
-  if (test::world().rank() == 0)
+  if (test::world().rank() == 0) {
     std::ofstream(dir + "/config.json") << R"({"model_type":"llama","vocab_size":64,"hidden_size":32,
       "intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":)"
                                         << kv_heads << R"(,"max_position_embeddings":64,"tie_word_embeddings":true})";
+    save_model_folder(*load_model_folder(dir, DecoderOptions(Precision::fp32, false, 64), 17), dir);
+  }
   test::world().barrier("model folder");
   return dir;
 }

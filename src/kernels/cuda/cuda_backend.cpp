@@ -81,7 +81,8 @@ class CudaBackend final : public Backend {
     if (bytes) FAB_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
   }
   Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category) override {
-    return cuda::releasable_zeros(numel, dtype, category, allocator());
+    require();
+    return cuda::releasable_zeros(numel, dtype, category, allocator_);
   }
   void decommit(void* data, size_t bytes) override { cuda::decommit(data, bytes); }
   void commit(void* data, size_t bytes) override { cuda::commit(data, bytes); }
@@ -91,6 +92,7 @@ class CudaBackend final : public Backend {
     return cuda_kernels();
   }
 
+  int device_index() const { return probe_.device; }
   cudaStream_t stream() {
     std::call_once(init_, [this] {
       require();
@@ -144,6 +146,7 @@ CudaBackend& instance() {
 }  // namespace
 
 cudaStream_t stream() { return instance().stream(); }
+int device_index() { return instance().device_index(); }
 void* scratch(size_t bytes) { return instance().scratch(bytes); }
 
 const KernelTable& cuda_kernels() {

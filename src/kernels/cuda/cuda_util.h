@@ -27,6 +27,8 @@ namespace fab::cuda {
 
 // The stream of this process's device (made on first use; the CUDA backend must be available).
 cudaStream_t stream();
+// This process's device (the probed index: the node-local rank modulo the visible devices).
+int device_index();
 // A device buffer of at least `bytes`, reused by later calls: valid until the next call. Callers
 // use it only within one call that synchronises before it returns.
 void* scratch(size_t bytes);

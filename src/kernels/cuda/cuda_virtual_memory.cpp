@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kernels/cuda/cuda_allocator.h"
 #include "kernels/cuda/cuda_util.h"
 
 namespace fab::cuda {
@@ -27,6 +28,8 @@ struct Driver {
   decltype(&::cuMemSetAccess) set_access = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&::cuGetErrorString) error_string = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetAttribute) attribute = nullptr;
 
   Driver() {
     look_up(address_reserve, "cuMemAddressReserve");
@@ -38,6 +41,8 @@ struct Driver {
     look_up(set_access, "cuMemSetAccess");
     look_up(granularity, "cuMemGetAllocationGranularity");
     look_up(error_string, "cuGetErrorString");
+    look_up(device_get, "cuDeviceGet");
+    look_up(attribute, "cuDeviceGetAttribute");
   }
 
   bool complete = true;  // every function found
@@ -68,14 +73,22 @@ const Driver& driver() {
   return d;
 }
 
-// Whether the buffers map granules (else: plain allocator memory).
+// Whether the buffers map granules (else: plain allocator memory): not with FAB_CUDA_VMM=0, nor
+// where the driver or the device lacks virtual memory management (some virtual GPUs).
 bool use_virtual_memory() {
   static const bool use = [] {
     const char* env = std::getenv("FAB_CUDA_VMM");
     if (env && std::strcmp(env, "0") == 0) return false;
-    if (driver().complete) return true;
-    std::fprintf(stderr, "note: the CUDA driver lacks virtual memory management; ZeRO-2/3 release no device "
-                         "memory\n");
+    const Driver& d = driver();
+    int supported = 0;
+    CUdevice device = 0;
+    stream();  // selects this process's device (and makes its context)
+    if (d.complete && d.device_get(&device, device_index()) == CUDA_SUCCESS &&
+        d.attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device) == CUDA_SUCCESS &&
+        supported)
+      return true;
+    std::fprintf(stderr, "note: this CUDA driver or device lacks virtual memory management; ZeRO-2/3 release no "
+                         "device memory\n");
     return false;
   }();
   return use;
@@ -87,18 +100,15 @@ struct Buffer {
   size_t granule = 0;
   std::vector<CUmemGenericAllocationHandle> mapped;
   MemoryCategory category = MemoryCategory::parameters;
-  Allocator* accounting = nullptr;
+  CudaAllocator* accounting = nullptr;
 };
 
 class Buffers {
  public:
-  Tensor make(int64_t numel, DType dtype, MemoryCategory category, Allocator& accounting) {
-    stream();  // selects this process's device
-    int device = 0;
-    FAB_CUDA_CHECK(cudaGetDevice(&device));
+  Tensor make(int64_t numel, DType dtype, MemoryCategory category, CudaAllocator& accounting) {
     prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop_.location.id = device;
+    prop_.location.id = device_index();
     size_t granule = 0;
     driver().check(driver().granularity(&granule, &prop_, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
                    "cuMemGetAllocationGranularity");
@@ -115,19 +125,29 @@ class Buffers {
       std::lock_guard lock(mutex_);
       buffers_[b->base] = std::move(b);
     }
-    commit(data, bytes);
+    try {
+      commit(data, bytes);
+    } catch (...) {
+      free(data);
+      throw;
+    }
     // Device 0 as resolve_device names it: the backend has picked this process's GPU.
     return Tensor::from_external(data, {numel}, dtype, [this, data] { free(data); }, Device::cuda(0));
   }
 
   void decommit(void* data, size_t bytes) {
+    if (bytes == 0) return;
     std::lock_guard lock(mutex_);
     auto [b, begin] = find(data);
     const size_t end = begin + bytes, g = b.granule;
     const size_t first = (begin + g - 1) / g, last = end / g;  // the whole granules inside
-    auto zero = [&](size_t from, size_t to) {
-      if (from < to && b.mapped[from / g])
-        FAB_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<char*>(b.base) + from, 0, to - from, stream()));
+    auto zero = [&](size_t from, size_t to) {  // granule by granule: an unmapped one reads zero already
+      for (size_t at = from; at < to;) {
+        const size_t stop = std::min(to, (at / g + 1) * g);
+        if (b.mapped[at / g])
+          FAB_CUDA_CHECK(cudaMemsetAsync(reinterpret_cast<char*>(b.base) + at, 0, stop - at, stream()));
+        at = stop;
+      }
     };
     if (first >= last) return zero(begin, end);
     zero(begin, first * g);
@@ -142,6 +162,7 @@ class Buffers {
   }
 
   void commit(void* data, size_t bytes) {
+    if (bytes == 0) return;
     std::lock_guard lock(mutex_);
     auto [b, begin] = find(data);
     const size_t g = b.granule, end = begin + bytes;
@@ -150,6 +171,7 @@ class Buffers {
   }
 
   size_t resident(const void* data, size_t bytes) {
+    if (bytes == 0) return 0;
     std::lock_guard lock(mutex_);
     auto [b, begin] = find(data);
     const size_t g = b.granule, end = begin + bytes;
@@ -173,7 +195,12 @@ class Buffers {
     const Driver& d = driver();
     const CUdeviceptr at = b.base + i * b.granule;
     CUmemGenericAllocationHandle handle = 0;
-    d.check(d.create(&handle, b.granule, &prop_, 0), "cuMemCreate");
+    CUresult made = d.create(&handle, b.granule, &prop_, 0);
+    if (made == CUDA_ERROR_OUT_OF_MEMORY) {  // the allocator's cached blocks back to the device, once
+      b.accounting->release_cached();
+      made = d.create(&handle, b.granule, &prop_, 0);
+    }
+    d.check(made, "cuMemCreate");
     d.check(d.map(at, b.granule, 0, handle, 0), "cuMemMap");
     CUmemAccessDesc access{};
     access.location = prop_.location;
@@ -221,14 +248,14 @@ Buffers& buffers() {
 
 }  // namespace
 
-Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category, Allocator& accounting) {
+Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category, CudaAllocator& accounting) {
   if (use_virtual_memory()) return buffers().make(numel, dtype, category, accounting);
   (void)accounting;  // Tensor::zeros accounts through the backend's allocator
   return Tensor::zeros({numel}, dtype, category, Device::cuda(0));
 }
 void decommit(void* data, size_t bytes) {
   if (use_virtual_memory()) return buffers().decommit(data, bytes);
-  FAB_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream()));
+  if (bytes) FAB_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream()));
 }
 void commit(void* data, size_t bytes) {
   if (use_virtual_memory()) buffers().commit(data, bytes);

@@ -15,13 +15,14 @@
 // plain allocator memory: decommit then only zeroes, so ZeRO-2/3 stay right but release nothing.
 #include <cstddef>
 
-#include "core/allocator.h"
 #include "core/tensor.h"
+#include "kernels/cuda/cuda_allocator.h"
 
 namespace fab::cuda {
 
 // A zero-filled buffer, every granule mapped.
-Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category, Allocator& accounting);
+// `accounting` counts the mapped granules, and gives its cached blocks back when the device is full.
+Tensor releasable_zeros(int64_t numel, DType dtype, MemoryCategory category, CudaAllocator& accounting);
 // The whole granules inside [data, data + bytes) are unmapped (after the stream's queued work
 // is done), the partial ones at its ends zeroed in place.
 void decommit(void* data, size_t bytes);
