@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/safetensors.h"
 
 namespace fab::test {
 
@@ -70,6 +72,18 @@ inline std::vector<std::string> as_overrides(const std::string& yaml_lines) {
     if (colon != std::string::npos) out.push_back(line.substr(0, colon) + "=" + line.substr(colon + 2));
   }
   return out;
+}
+
+// Every tensor of safetensors file `a` equals the one of that name in `b` bit for bit (as f32).
+// Returns how many it compared.
+inline size_t expect_same_tensors(const std::string& a, const std::string& b, const std::string& what = "") {
+  const SafetensorsFile fa = SafetensorsFile::open(a), fb = SafetensorsFile::open(b);
+  for (const auto& [name, entry] : fa.entries()) {
+    const Tensor ta = fa.as_f32(name), tb = fb.as_f32(name);
+    EXPECT_EQ(ta.bytes(), tb.bytes()) << what << " " << name;
+    if (ta.bytes() == tb.bytes()) EXPECT_EQ(0, std::memcmp(ta.raw(), tb.raw(), ta.bytes())) << what << " " << name;
+  }
+  return fa.entries().size();
 }
 
 inline void expect_close(const Tensor& actual, const Tensor& expected, double tolerance, const std::string& what) {

@@ -35,8 +35,8 @@ struct DecoderOptions {
   Precision precision = Precision::fp32;
   // Where parameters, gradients and every tensor of a step live. The inputs of forward_backward,
   // loss_sum and forward_with_head stay host tensors: the model checks them there and copies them
-  // over once per call. A device other than the CPU holds the whole model (no tensor or pipeline
-  // parallel: those are refused by name).
+  // over once per call. A device other than the CPU holds the whole model or a tensor-parallel
+  // slice of it, not a pipeline stage (refused by name).
   Device device = Device::cpu();
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings

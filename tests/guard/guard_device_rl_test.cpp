@@ -147,10 +147,7 @@ TEST_P(GuardDeviceRl, RunEqualsTheCpuBitForBit) {
     EXPECT_EQ(guard[i].loss, cpu[i].loss) << stage << " step " << i + 1;
     EXPECT_EQ(guard[i].grad_norm, cpu[i].grad_norm) << stage << " step " << i + 1;
   }
-  const SafetensorsFile a = SafetensorsFile::open(on_cpu + "/adapter_model.safetensors");
-  const SafetensorsFile b = SafetensorsFile::open(on_guard + "/adapter_model.safetensors");
-  for (const auto& [name, entry] : a.entries())
-    EXPECT_EQ(0, std::memcmp(a.as_f32(name).raw(), b.as_f32(name).raw(), a.as_f32(name).bytes())) << name;
+  test::expect_same_tensors(on_cpu + "/adapter_model.safetensors", on_guard + "/adapter_model.safetensors", stage);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, GuardDeviceRl, ::testing::Values("grpo", "ppo"));

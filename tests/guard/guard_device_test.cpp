@@ -178,12 +178,7 @@ void expect_same_history(const Trainer& got, const Trainer& want) {
 }
 
 void expect_same_weights(const std::string& a, const std::string& b) {
-  const SafetensorsFile fa = SafetensorsFile::open(a + "/model.safetensors");
-  const SafetensorsFile fb = SafetensorsFile::open(b + "/model.safetensors");
-  for (const auto& [name, entry] : fa.entries()) {
-    const Tensor ta = fa.as_f32(name), tb = fb.as_f32(name);
-    EXPECT_EQ(0, std::memcmp(ta.raw(), tb.raw(), ta.bytes())) << name;
-  }
+  test::expect_same_tensors(a + "/model.safetensors", b + "/model.safetensors");
 }
 
 // The trainer, its optimizer, evaluation, checkpoints and the final save on the guard device.
@@ -227,11 +222,8 @@ TEST(GuardDevice, LoraRunEqualsTheCpuBitForBit) {
   auto guard = make_trainer(config_for(on_guard, extra), test::guard_device());
   ASSERT_TRUE(guard->run());
   expect_same_history(*guard, *cpu);
-  const SafetensorsFile a = SafetensorsFile::open(on_cpu + "/adapter_model.safetensors");
-  const SafetensorsFile b = SafetensorsFile::open(on_guard + "/adapter_model.safetensors");
-  ASSERT_FALSE(a.entries().empty());
-  for (const auto& [name, entry] : a.entries())
-    EXPECT_EQ(0, std::memcmp(a.as_f32(name).raw(), b.as_f32(name).raw(), a.as_f32(name).bytes())) << name;
+  EXPECT_GT(test::expect_same_tensors(on_cpu + "/adapter_model.safetensors", on_guard + "/adapter_model.safetensors"),
+            0u);
 }
 
 TEST(GuardDevice, FreezeRunEqualsTheCpuBitForBit) {
@@ -246,10 +238,8 @@ TEST(GuardDevice, PreferenceRunsEqualTheCpuBitForBit) {
 // The reward model's value head: its scores and gradients go through host copies of a few rows.
 TEST(GuardDevice, RewardModelRunEqualsTheCpuBitForBit) {
   expect_trainer_matches_cpu("rm", "stage: rm\n");
-  const SafetensorsFile a = SafetensorsFile::open(test::scratch_path("rm-cpu") + "/value_head.safetensors");
-  const SafetensorsFile b = SafetensorsFile::open(test::scratch_path("rm-guard") + "/value_head.safetensors");
-  for (const auto& [name, entry] : a.entries())
-    EXPECT_EQ(0, std::memcmp(a.as_f32(name).raw(), b.as_f32(name).raw(), a.as_f32(name).bytes())) << name;
+  test::expect_same_tensors(test::scratch_path("rm-cpu") + "/value_head.safetensors",
+                            test::scratch_path("rm-guard") + "/value_head.safetensors");
 }
 
 TEST(GuardDevice, AsyncSaveAndResumeContinueTheRunBitForBit) {
