@@ -235,7 +235,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<TensorParallel> tp;
   if (flags.tensor_parallel) {
     tp = std::make_unique<TensorParallel>(*world, flags.sequence_parallel);
-    options.tp = tp.get();
+    options.sharding = tp.get();
   }
   LocalCommunicator alone;  // the data-parallel group under tensor parallel
   Communicator& dp_group = tp ? static_cast<Communicator&>(alone) : *world;

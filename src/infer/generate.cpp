@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "infer/rollout.h"
-#include "kernels/cpu/decode_kernels.h"
+#include "core/backend.h"
 
 namespace fab {
 
@@ -43,7 +43,7 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
     return int32_t(std::max_element(logits, logits + vocab) - logits);
   // exp((logit - max) / temperature) in fp32, vectorised; the sums are in double.
   std::vector<float> weight(static_cast<size_t>(vocab));
-  const double total = cpu_decode_kernels().sampling_weights(logits, vocab, float(1.0 / o.temperature), weight.data());
+  const double total = backend(DeviceKind::cpu).kernels().sampling_weights(logits, vocab, float(1.0 / o.temperature), weight.data());
   const bool top_k = o.top_k > 0 && o.top_k < vocab;
   if (!top_k && o.top_p >= 1.0) return draw(weight, total, rng);
   std::vector<int32_t> order(static_cast<size_t>(vocab));

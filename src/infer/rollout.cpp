@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/profiler.h"
 #include "core/rng.h"
+#include "infer/kv_cache.h"
 
 namespace fab {
 namespace {
@@ -111,7 +112,7 @@ class Engine {
     }
     Tensor id_tensor = Tensor::empty({int64_t(ids.size())}, DType::i64, MemoryCategory::activations);
     std::copy(ids.begin(), ids.end(), id_tensor.data<int64_t>());
-    const Tensor logits = model_.logits_slots(id_tensor, spans, shared_.cache);
+    const Tensor logits = logits_slots(model_, id_tensor, spans, shared_.cache);
     const int64_t vocab = model_.config().vocab_size;
     std::vector<int32_t> sampled(spans.size());
     ProfileScope profile("sample");
@@ -148,7 +149,7 @@ class Engine {
 // (and there are slots for two threads at least); else one engine whose kernels use every thread.
 void run_engines(DecoderModel& model, Shared& shared, const RolloutTokenCallback& on_token, RolloutStats& stats) {
   const int64_t slots = shared.cache.slots;
-  const int threads = model.slot_steps_concurrent() ? int(std::min<int64_t>(omp_get_max_threads(), slots)) : 1;
+  const int threads = model.decode_concurrent() ? int(std::min<int64_t>(omp_get_max_threads(), slots)) : 1;
   std::vector<RolloutStats> per_thread(static_cast<size_t>(threads));
   if (threads == 1) {
     Engine(model, shared, 0, size_t(slots), on_token).run(per_thread[0]);
@@ -194,7 +195,7 @@ std::vector<RolloutOutput> rollout_streamed(DecoderModel& model, const std::vect
   if (requests.empty()) return {};
   const auto start = std::chrono::steady_clock::now();
   const int64_t slots = std::min<int64_t>(max_batch, int64_t(requests.size()));
-  Shared shared{requests, options, model.make_slot_cache(slots, slot_capacity(requests, options)),
+  Shared shared{requests, options, make_slot_cache(model, slots, slot_capacity(requests, options)),
                 std::vector<RolloutOutput>(requests.size())};
   shared.next = size_t(slots);
   RolloutStats run_stats;

@@ -77,6 +77,14 @@ struct KernelTable {
   // k_cache / v_cache (B, capacity, KVH, D) already hold keys and values 0 .. past+n-1.
   void (*attention_decode)(const float* q, const float* k_cache, const float* v_cache, const AttentionShape& s,
                            int64_t past, int64_t capacity, float* out);
+  // The GEMM of generation: C (M, N) (+)= A (M, K) x B^T, B stored (N, K) (trans_b set, trans_a
+  // not), M small (a decode step's rows). Every output is one sum in one fixed order whatever M,
+  // the row's place or the thread count, so a sequence's logits do not depend on its batch; on the
+  // CPU it holds no lock and no shared buffer, so threads may run it at once (each single-threaded
+  // inside a parallel region).
+  void (*decode_matmul)(const MatmulArgs& args);
+  // weight[i] = exp((logits[i] - max logit) * inverse_temperature) for i < n; returns their sum.
+  double (*sampling_weights)(const float* logits, int64_t n, float inverse_temperature, float* weight);
 
   // gate_up rows are [gate (i), up (i)]; h = silu(gate) * up
   void (*swiglu_forward)(const float* gate_up, int64_t rows, int64_t i, float* h);
@@ -130,7 +138,7 @@ struct KernelTable {
 // Every slot of KernelTable by name, in order; the static_assert below keeps the list complete.
 #define FAB_KERNEL_SLOTS(X) X(isa) X(matmul) X(embedding_forward) X(embedding_backward) X(rmsnorm_forward) \
   X(rmsnorm_backward) X(rope_forward) X(rope_backward) X(attention_forward) X(attention_backward) \
-  X(attention_decode) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_chunk) X(vocab_slice_max) \
+  X(attention_decode) X(decode_matmul) X(sampling_weights) X(swiglu_forward) X(swiglu_backward) X(cross_entropy_chunk) X(vocab_slice_max) \
   X(vocab_slice_exp) X(vocab_slice_grad) X(copy_2d) X(add) X(multiply) \
   X(accumulate) X(add_bias) X(bias_backward) X(scale) X(sum_squares) X(to_bf16) X(dropout_mask) X(adamw_step)
 

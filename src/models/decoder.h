@@ -1,15 +1,14 @@
 #pragma once
 // The Llama / Mistral / Qwen2 / Qwen3 decoder, written for one device. Parameters carry Hugging
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
-#include <array>
-#include <functional>
 #include <chrono>
-#include <optional>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "models/decoder_layer.h"
 #include "models/lora.h"
 #include "models/model_config.h"
 #include "models/param_buffer.h"
@@ -30,8 +29,8 @@ struct PipelineStage {
 
 struct DecoderOptions {
   DecoderOptions(Precision precision_ = Precision::fp32, bool recompute = false, int64_t max_seq = 0,
-                 TensorParallelOps* tp_ops = nullptr)
-      : precision(precision_), recompute_layers(recompute), max_seq_len(max_seq), tp(tp_ops) {}
+                 Sharding* sharding_ = nullptr)
+      : precision(precision_), recompute_layers(recompute), max_seq_len(max_seq), sharding(sharding_) {}
   Precision precision = Precision::fp32;
   // Where parameters, gradients and every tensor of a step live. The inputs of forward_backward,
   // loss_sum and forward_with_head stay host tensors: the model checks them there and copies them
@@ -40,9 +39,10 @@ struct DecoderOptions {
   Device device = Device::cpu();
   bool recompute_layers = false;  // activation checkpointing, one decoder layer at a time
   int64_t max_seq_len = 0;        // RoPE table length; 0 = max_position_embeddings
-  // Tensor parallel (parallel/tensor_parallel.h); nullptr: this process holds every parameter.
-  // The model registers only this rank's slices (ShardSpec) and calls it where they meet.
-  TensorParallelOps* tp = nullptr;
+  // How the parameters are split (models/sharding.h): tensor parallel's (parallel/tensor_parallel.h),
+  // or nullptr: this process holds every parameter (the model's own SingleDevice). The model
+  // registers only this rank's slices (ShardSpec) and calls it where they meet.
+  Sharding* sharding = nullptr;
   // The reward model's scalar head (TRL's ValueHead): v_head.summary.weight (1, C) and .bias (1),
   // in the last unit after lm_head.
   bool value_head = false;
@@ -59,25 +59,6 @@ struct DecoderOptions {
 struct SequenceLayout {
   Tensor positions;  // (B, T) i64
   Tensor doc_start;  // (B, T) i32, doc_start[t] <= t
-};
-
-// Keys and values of every layer for generation: (B, capacity, KVH, D) each, filled up to length.
-struct KvCache {
-  std::vector<Tensor> k, v;
-  int64_t batch = 0, capacity = 0, length = 0;
-};
-
-// Continuous batching (infer/rollout.cpp): `slots` sequences side by side in one cache, each with
-// its own length, so sequences of different ages share a step. (slots, capacity, KVH, D) each.
-struct SlotKvCache {
-  std::vector<Tensor> k, v;
-  int64_t slots = 0, capacity = 0;
-  std::vector<int64_t> length;  // the tokens each slot holds
-};
-
-// The new tokens of one slot in a batched step: `count` consecutive rows of the step's ids.
-struct SlotSpan {
-  int64_t slot = 0, count = 0;
 };
 
 // Called around each unit of parameters — 0: the embedding, 1..L: the decoder layers, L + 1: the
@@ -150,20 +131,20 @@ class DecoderModel {
   // (B, T, vocab) logits.
   Tensor logits(const Tensor& ids, const SequenceLayout& layout = {});
 
-  // Generation: a cache for `batch` sequences of up to `capacity` tokens, and the logits of the
-  // next positions given `ids` (B, n) that follow the cache's contents (which they extend).
-  KvCache make_cache(int64_t batch, int64_t capacity) const;
-  Tensor logits_cached(const Tensor& ids, KvCache& cache);
-  // Continuous batching: one forward over the new tokens of several slots, `ids` (sum of counts)
-  // i64 in the order of `spans` (one span per slot at most). A slot's tokens take its positions
-  // length .. length + count - 1 and attend to that slot's cache only. Returns (spans, vocab):
-  // the logits of each span's last token (the head runs on those rows only).
-  SlotKvCache make_slot_cache(int64_t slots, int64_t capacity) const;
-  Tensor logits_slots(const Tensor& ids, const std::vector<SlotSpan>& spans, SlotKvCache& cache);
-  // Whether threads may run logits_slots at once over disjoint slots of one cache (each on its own
-  // thread): on the host, unless LoRA adapters are active (their path takes oneDNN's lock for every
-  // GEMM); a device runs one engine.
-  bool slot_steps_concurrent() const;
+  // Generation (infer/kv_cache.h runs it): the layers without a tape over `ids` (rows) i64 at
+  // `positions` (rows) i64, both on the host, with `attention` reading and extending a KV cache,
+  // and the backend's decode GEMM (its sums do not depend on the batch). Returns the last layer's
+  // output (rows, C) where the model lives. The whole model on one device only.
+  Var decode_layers(const Tensor& ids, const Tensor& positions, const std::shared_ptr<AttentionCore>& attention);
+  // The final norm and the head over rows of decode_layers' output: (rows, vocab) logits on the host.
+  Tensor decode_logits(const Var& hidden);
+  // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host.
+  bool decode_concurrent() const { return options_.device.is_host(); }
+  // ids (B, T) i64 on the host that start at `first_position`: in the vocabulary, within the RoPE
+  // table and mistral's sliding window.
+  void check_ids(const Tensor& ids, int64_t first_position) const;
+  // What a generation cache holds per layer and row: KVH * D keys (and as many values).
+  int64_t kv_row() const { return config_.num_key_value_heads * config_.head_dim; }
 
   // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
   // micro-batch on `tape`. `input` is the previous virtual stage's hidden states (B * T, C),
@@ -186,32 +167,31 @@ class DecoderModel {
   // How parameter i (of params().params()) is sliced under tensor parallel; split_dim -1 when
   // this rank holds it whole.
   const ShardSpec& shard(size_t i) const { return shards_[i]; }
+  // The split of the parameters: SingleDevice, or tensor parallel's.
+  Sharding& sharding() const { return *sharding_; }
 
   // Targets that count in the loss: labels[b, t + 1] != -100.
   static int64_t count_targets(const Tensor& labels);
 
  private:
-  struct Layer {
-    Var input_norm, post_norm, q_norm, k_norm;
-    Linear qkv, o_proj, gate_up, down;
-    std::vector<LoraBranch> qkv_lora, o_lora, gate_up_lora, down_lora;
-  };
   void register_parameters();
   void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false, int replicas = 1);
-  int tp_size() const { return options_.tp ? options_.tp->size() : 1; }
-  Var shared(Tape& tape, const Var& weight) const;  // a replicated weight seen on part of the data
+  int tp_size() const { return sharding_->size(); }
   void add_trainable_whole(const std::string& name, Shape shape);  // a trainable parameter no rank splits
   void add_adapters(const std::string& prefix, int64_t in, const std::vector<std::pair<std::string, int64_t>>& outs);
   ParamBuffer& buffer_of(const std::string& name);
   const ParamBuffer& buffer_of(const std::string& name) const;
   std::vector<LoraBranch> adapters_of(const std::string& prefix,
                                       const std::vector<std::pair<std::string, int64_t>>& projections) const;
-  Var project(Tape& tape, const Var& x, const Linear& linear, const std::vector<LoraBranch>& adapters);
+  Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
   void bind_parameters();
   void bind_layer(int64_t index);
+  // A pass over the layers with `attention`, this model's sharding and adapters.
+  LayerContext context(std::shared_ptr<AttentionCore> attention, Tensor positions, int64_t rows,
+                       Sharding& sharding) const;
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
   Var embed(Tape& tape, const Tensor& ids);
-  // layers_[first, last) on x.
+  // layers_[first, last) on x: training's attention over (batch, seq) rows.
   Var run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions, const Tensor& doc_start,
                  int64_t batch, int64_t seq);
   int layer_unit(size_t local_layer) const { return int(local_layer) + (stage_.has_embedding ? 1 : 0); }
@@ -226,24 +206,6 @@ class DecoderModel {
   // What generation hands back (logits, for sampling) is on the host.
   static Tensor on_host(const Tensor& t) { return t.to(Device::cpu(), MemoryCategory::activations); }
   void check_device_support() const;
-  Var layer_forward(Tape& tape, const Layer& layer, const Var& x, const Tensor& positions, const Tensor& doc_start,
-                    int64_t batch, int64_t seq);
-  std::array<Var, 3> decode_qkv(const Layer& layer, const Var& x, const Tensor& positions);
-  Var decode_layer_output(const Layer& layer, const Var& x, const Var& attn);
-  Var layer_forward_cached(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
-                           KvCache& cache, int64_t n);
-  Var layer_forward_slots(const Layer& layer, size_t index, const Var& x, const Tensor& positions,
-                          const std::vector<SlotSpan>& spans, SlotKvCache& cache);
-  Tensor slot_positions(const Tensor& ids, const std::vector<SlotSpan>& spans, const SlotKvCache& cache) const;
-  Tensor logits_slots_layered(const Tensor& ids, const Tensor& positions, const std::vector<SlotSpan>& spans,
-                              SlotKvCache& cache);
-  Tensor logits_slot_rows(const Tensor& ids, const Tensor& positions, const std::vector<SlotSpan>& spans,
-                          SlotKvCache& cache);
-  struct SlotRowBuffers;
-  void slot_layer_rows(const Layer& layer, size_t index, const int64_t* positions, const std::vector<SlotSpan>& spans,
-                       const std::vector<int64_t>& first_row, SlotKvCache& cache, SlotRowBuffers& buffers);
-  void check_ids(const Tensor& ids, int64_t first_position) const;
-  Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
 
   ModelConfig config_;
   DecoderOptions options_;
@@ -256,7 +218,10 @@ class DecoderModel {
   RopeTable rope_;
   Var embed_, final_norm_;
   Linear lm_head_, value_head_;
-  std::vector<Layer> layers_;       // the layers this stage holds, chunk after chunk
+  SingleDevice single_device_;                        // the sharding without options.sharding
+  SingleDevice decoding_{GemmKind::decode};           // generation's
+  Sharding* sharding_ = nullptr;                      // options.sharding or &single_device_
+  std::vector<DecoderLayer> layers_;  // the layers this stage holds, chunk after chunk
   std::vector<size_t> chunk_first_;  // index into layers_ where each chunk starts (and one past the end)
   PipelineStage stage_;              // the whole model: one chunk of every layer, embedding and head
   int num_units_ = 0;  // embedding, layers and head this stage holds

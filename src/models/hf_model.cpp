@@ -128,7 +128,7 @@ std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const
 
 void save_model_folder(const DecoderModel& model, const std::string& folder, size_t max_shard_bytes) {
   FAB_CHECK(model.is_whole(), "a pipeline stage's weights are saved through PipelineParallel::gather_weights");
-  FAB_CHECK(!model.options().tp, "a tensor-parallel model is saved from its gathered tensors");
+  FAB_CHECK(model.sharding().size() == 1, "a tensor-parallel model is saved from its gathered tensors");
   std::vector<NamedTensor> tensors;
   for (const auto& [p, buffer] : model.base_parameters()) tensors.push_back({p->name, buffer->values_f32(*p)});
   save_model_folder(model.config(), tensors, folder, max_shard_bytes);

@@ -58,9 +58,9 @@ void add_lora(Tape& tape, const Var& x, const Var& y, const std::vector<LoraBran
       k.multiply(x->value.data<float>(), mask.data<float>(), xd.data<float>(), rows * in);
     }
     Tensor us = activation({rows, r}, x->value), v = activation({rows, w}, x->value);
-    gemm(k, xd, false, br.a->value, true, us.data<float>(), rows, r, in, false);
+    gemm(k, xd, false, br.a->value, true, us.data<float>(), rows, r, in, false, pass.gemm);
     k.scale(us.data<float>(), rows * r, pass.scaling);
-    gemm(k, us, false, br.b->value, true, v.data<float>(), rows, w, r, false);
+    gemm(k, us, false, br.b->value, true, v.data<float>(), rows, w, r, false, pass.gemm);
     k.copy_2d(v.data<float>(), w, y->value.data<float>() + br.column, out, rows, w, true);
     const float scaling = pass.scaling;
     tape.push([x, y, br, xd, us, mask, rows, in, out, r, w, scaling] {

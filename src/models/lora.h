@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "nn/ops.h"
 
 namespace fab {
 
@@ -43,6 +44,7 @@ struct LoraPass {
   float scaling = 1;
   float dropout = 0;
   uint64_t seed = 0;
+  GemmKind gemm = GemmKind::standard;  // the base projection's
 };
 
 // y (rows, out) += scaling * dropout(x) A^T B^T for every branch, in place; x (rows, in).

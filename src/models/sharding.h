@@ -1,7 +1,8 @@
 #pragma once
-// How a tensor-parallel model holds its parameters and reaches its peers, as the single-device
-// decoder sees it. The decoder only asks; parallel/tensor_parallel.{h,cpp} answers over the
-// tensor-parallel group (this layer knows no communicator).
+// How the decoder's parameters are split and where the split needs communication. Every model
+// has one Sharding: SingleDevice (below) when one process holds every parameter, or
+// parallel/tensor_parallel.{h,cpp}'s TensorParallel, which answers over the tensor-parallel group
+// (this layer knows no communicator). The decoder asks it and never branches on which.
 #include <cstdint>
 
 #include "nn/ops.h"
@@ -22,11 +23,11 @@ struct ShardSpec {
   int replicas = 1;
 };
 
-// The tensor-parallel group: the decoder calls these where Megatron's split needs communication.
-// Each is a differentiable op; the derivative sits beside it in tensor_parallel.cpp.
-class TensorParallelOps {
+// The decoder calls these where Megatron's split needs communication. Each is a differentiable
+// op; for tensor parallel the derivative sits beside it in tensor_parallel.cpp.
+class Sharding {
  public:
-  virtual ~TensorParallelOps() = default;
+  virtual ~Sharding() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
   virtual bool sequence_parallel() const = 0;
@@ -42,8 +43,12 @@ class TensorParallelOps {
   // A replicated weight applied to this rank's part of the data (the norms under sp, qwen3's
   // q/k norms on this rank's heads): the same value, its gradient summed over the group.
   virtual Var shared_weight(Tape& tape, const Var& weight) = 0;
+  // A weight applied to the residual stream's rows (the layer norms): shared_weight under sp,
+  // where each rank holds its share of the rows, else the weight itself.
+  Var rows_weight(Tape& tape, const Var& weight) { return sequence_parallel() ? shared_weight(tape, weight) : weight; }
   // `layer` whose rows from `first_row` on are replicated over groups of `replicas` neighbouring
-  // ranks (the K/V heads a group shares): the same values; those rows' gradients summed over the group.
+  // ranks (the K/V heads a group shares): the same values; those rows' gradients summed over the
+  // group. `layer` itself when replicas is 1.
   virtual Linear replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas) = 0;
   // The vocabulary-parallel embedding: `table` holds rows [vocab_begin, vocab_begin + rows) of
   // the (padded) vocabulary. Returns the residual stream (all rows, or this rank's under sp).
@@ -53,6 +58,34 @@ class TensorParallelOps {
   // below `vocab` are real. Returns the sum of the token losses, the same on every rank.
   virtual double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
                                        float loss_scale, int64_t vocab_begin, int64_t vocab, int64_t rows) = 0;
+};
+
+// One process holds every parameter: the plain ops, no communication. Generation passes run with
+// GemmKind::decode (their batch-independent GEMM).
+class SingleDevice final : public Sharding {
+ public:
+  explicit SingleDevice(GemmKind gemm = GemmKind::standard) : gemm_(gemm) {}
+  int size() const override { return 1; }
+  int rank() const override { return 0; }
+  bool sequence_parallel() const override { return false; }
+  Var column_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t) override {
+    return linear(tape, x, layer, gemm_);
+  }
+  Var row_parallel_linear(Tape& tape, const Var& x, const Linear& layer, int64_t) override {
+    return linear(tape, x, layer, gemm_);
+  }
+  Var shared_weight(Tape&, const Var& weight) override { return weight; }
+  Linear replicated_rows(Tape&, const Linear& layer, int64_t, int) override { return layer; }
+  Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t) override {
+    return fab::embedding(tape, ids, table);
+  }
+  double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
+                               float loss_scale, int64_t, int64_t, int64_t) override {
+    return fab::lm_head_cross_entropy(tape, hidden, head, labels, loss_scale);
+  }
+
+ private:
+  GemmKind gemm_;
 };
 
 }  // namespace fab

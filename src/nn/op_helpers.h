@@ -3,14 +3,16 @@
 // bf16 conversion.
 #include "core/tensor.h"
 #include "kernels/kernel_table.h"
+#include "nn/ops.h"
 
 namespace fab {
 
 const KernelTable& kernels_for(const Tensor& t);
 int64_t rows_of(const Tensor& x);  // elements / last dimension
 Tensor to_bf16(const Tensor& x, MemoryCategory category);
-// C (M, N) (+)= op(A) op(B) where A/B are tensors of the same dtype.
+// C (M, N) (+)= op(A) op(B) where A/B are tensors of the same dtype; GemmKind::decode runs the
+// table's decode_matmul (B transposed, A not).
 void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float* c, int64_t m,
-          int64_t n, int64_t kdim, bool accumulate);
+          int64_t n, int64_t kdim, bool accumulate, GemmKind kind = GemmKind::standard);
 
 }  // namespace fab

@@ -27,7 +27,7 @@ Tensor to_bf16(const Tensor& x, MemoryCategory category) {
 }
 
 void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float* c, int64_t m,
-          int64_t n, int64_t kdim, bool accumulate) {
+          int64_t n, int64_t kdim, bool accumulate, GemmKind kind) {
   MatmulArgs args;
   FAB_CHECK(a.dtype() == b.dtype(), "gemm: A is {} and B is {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
   args.a = a.raw();
@@ -40,7 +40,9 @@ void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, 
   args.trans_b = trans_b;
   args.accumulate = accumulate;
   args.dtype = a.dtype();
-  k.matmul(args);
+  if (kind == GemmKind::standard) return k.matmul(args);
+  FAB_CHECK(trans_b && !trans_a, "the decode GEMM takes A (M, K) and B stored (N, K)");
+  k.decode_matmul(args);
 }
 
 
@@ -99,7 +101,7 @@ Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps) {
 }
 
 // y = x W^T + b:   dx += dy W;   dW += dy^T x;   db += sum_rows dy
-Var linear(Tape& tape, const Var& x, const Linear& layer) {
+Var linear(Tape& tape, const Var& x, const Linear& layer, GemmKind kind) {
   ProfileScope profile("linear");
   const Tensor& w = layer.weight->value;
   const int64_t rows = rows_of(x->value), in = w.dim(1), out_features = w.dim(0);
@@ -112,7 +114,7 @@ Var linear(Tape& tape, const Var& x, const Linear& layer) {
   Shape out_shape = x->value.shape();
   out_shape.back() = out_features;
   Var y = make_var(new_activation(out_shape, w.device()));
-  gemm(k, saved_x, false, w_compute, true, y->value.data<float>(), rows, out_features, in, false);
+  gemm(k, saved_x, false, w_compute, true, y->value.data<float>(), rows, out_features, in, false, kind);
   if (layer.bias) k.add_bias(y->value.data<float>(), layer.bias->value.data<float>(), rows, out_features);
   tape.push([x, layer, y, saved_x, w_compute, rows, in, out_features, bf16] {
     ProfileScope profile("linear backward");
@@ -277,14 +279,15 @@ double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, 
   return loss_sum;
 }
 
-Tensor lm_head_logits(const Var& hidden, const Linear& head) {
+Tensor lm_head_logits(const Var& hidden, const Linear& head, GemmKind kind) {
   const Tensor& w = head.weight->value;
   const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
   Tensor logits = Tensor::empty({rows, vocab}, DType::f32, MemoryCategory::activations, w.device());
   const bool bf16 = head.weight_bf16.defined();
   const Tensor h = bf16 ? to_bf16(hidden->value.reshape({rows, c}), MemoryCategory::temporaries)
                         : hidden->value.reshape({rows, c});
-  gemm(kernels_for(w), h, false, bf16 ? head.weight_bf16 : w, true, logits.data<float>(), rows, vocab, c, false);
+  gemm(kernels_for(w), h, false, bf16 ? head.weight_bf16 : w, true, logits.data<float>(), rows, vocab, c, false,
+       kind);
   return logits;
 }
 

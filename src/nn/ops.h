@@ -12,6 +12,10 @@ namespace fab {
 
 enum class Precision { fp32, bf16 };
 
+// Which GEMM a linear runs: the backend's matmul (training, evaluation), or its decode_matmul
+// (generation: one fixed summation order per output whatever the batch; lock-free on the CPU).
+enum class GemmKind { standard, decode };
+
 // A linear layer's parameters: y = x W^T (+ b), W (out, in). In bf16 mode `weight_bf16` is the
 // compute copy of W (refreshed from the fp32 master after each optimizer step). A frozen W
 // (requires_grad false) gets no gradient; frozen in bf16, `weight` holds the bf16 values too.
@@ -35,7 +39,7 @@ struct RopeTable {
 // vocabulary, or a tensor-parallel rank's slice, whose other ids give zero rows.
 Var embedding(Tape& tape, const Tensor& ids, const Var& table, int64_t first = 0);
 Var rmsnorm(Tape& tape, const Var& x, const Var& weight, float eps);
-Var linear(Tape& tape, const Var& x, const Linear& layer);
+Var linear(Tape& tape, const Var& x, const Linear& layer, GemmKind kind = GemmKind::standard);
 Var add(Tape& tape, const Var& a, const Var& b);
 // Splits x (rows, sum(widths)) into contiguous column blocks.
 std::vector<Var> split_columns(Tape& tape, const Var& x, const std::vector<int64_t>& widths);
@@ -52,6 +56,6 @@ Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate);
 double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, const Tensor& labels,
                              float loss_scale, int64_t chunk_rows = 1024);
 // Plain logits (rows, vocab) for evaluation and generation.
-Tensor lm_head_logits(const Var& hidden, const Linear& head);
+Tensor lm_head_logits(const Var& hidden, const Linear& head, GemmKind kind = GemmKind::standard);
 
 }  // namespace fab

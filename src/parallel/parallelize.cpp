@@ -10,7 +10,7 @@ ModelShare model_share(DecoderOptions base, const ParallelLayout& layout, Device
   share.options = std::move(base);
   if (layout.tp > 1) {  // 1. tensor parallel
     share.tp = std::make_unique<TensorParallel>(mesh.group("tp"), layout.sequence_parallel, mesh.device_group("tp"));
-    share.options.tp = share.tp.get();
+    share.options.sharding = share.tp.get();
   }
   if (layout.pp > 1)  // 2. pipeline parallel
     share.options.stage = pipeline_stage(layout.chunk_layers, layout.pp, mesh.coordinate("pp"));
@@ -21,7 +21,7 @@ ModelShare model_share(DecoderOptions base, const ParallelLayout& layout, Device
 ParallelModel parallelize(DecoderModel& model, DeviceMesh& mesh, const TrainConfig& config) {
   ParallelModel out;
   const ParallelSizes& sizes = mesh.sizes();
-  FAB_CHECK((sizes.tp > 1) == (model.options().tp != nullptr), "the model and the mesh disagree on tensor parallel");
+  FAB_CHECK((sizes.tp > 1) == (model.sharding().size() > 1), "the model and the mesh disagree on tensor parallel");
   FAB_CHECK((sizes.pp > 1) == !model.is_whole(), "the model and the mesh disagree on pipeline stages");
   DataParallelOptions dp;
   dp.zero_stage = int(config.zero_stage);

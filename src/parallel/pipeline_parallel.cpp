@@ -61,8 +61,7 @@ int PipelineParallel::tag(bool gradient, int receiving_virtual_stage) const {
 // (B * T, H), or under sequence parallel this tensor-parallel rank's rows of it: each tp rank
 // exchanges its own share with the same tp rank of the neighbouring stage.
 Tensor PipelineParallel::hidden_buffer(const PipelineMicroBatch& b) const {
-  const TensorParallelOps* tp = model_.options().tp;
-  const int64_t rows = tp ? tp->local_rows(b.ids.numel()) : b.ids.numel();
+  const int64_t rows = model_.sharding().local_rows(b.ids.numel());
   return Tensor::empty({rows, model_.config().hidden_size}, DType::f32, MemoryCategory::activations);
 }
 

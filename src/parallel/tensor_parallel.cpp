@@ -293,6 +293,7 @@ Var TensorParallel::row_parallel_linear(Tape& tape, const Var& x, const Linear& 
 Var TensorParallel::shared_weight(Tape& tape, const Var& weight) { return sum_gradient_over(tape, weight, buffers_); }
 
 Linear TensorParallel::replicated_rows(Tape& tape, const Linear& layer, int64_t first_row, int replicas) {
+  if (replicas == 1) return layer;
   return fab::replicated_rows(tape, layer, first_row, replicas, buffers_);
 }
 
@@ -349,7 +350,7 @@ std::vector<NamedTensor> gather_full_tensors(const DecoderModel& model, Communic
 
 std::vector<std::pair<int64_t, int64_t>> ranges_counted_elsewhere(const DecoderModel& model) {
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  const int rank = model.options().tp ? model.options().tp->rank() : 0;
+  const int rank = model.sharding().rank();
   const auto& infos = model.params().params();
   for (size_t i = 0; i < infos.size(); ++i) {
     const ShardSpec& s = model.shard(i);

@@ -1,6 +1,6 @@
 #pragma once
 // Tensor parallelism (Megatron-LM's split) and sequence parallelism over one group of ranks,
-// applied to the single-device DecoderModel from outside through TensorParallelOps.
+// applied to the single-device DecoderModel from outside through Sharding.
 //
 // The split: q/k/v column-parallel by heads (K/V heads split, or when tp is a multiple of them,
 // each shared by a group of tp / num_key_value_heads neighbouring ranks), o_proj
@@ -58,7 +58,7 @@ double vocab_parallel_cross_entropy(Tape& tape, const Var& hidden, const Linear&
                                     float loss_scale, int64_t vocab_begin, int64_t vocab, Communicator& group,
                                     int64_t chunk_rows = 1024);
 
-class TensorParallel final : public TensorParallelOps {
+class TensorParallel final : public Sharding {
  public:
   // `device_group`: the same group's collectives over a device's memory (NCCL on CUDA), for the
   // activations and gradients; nullptr: `group` itself. The vocabulary-parallel cross-entropy's

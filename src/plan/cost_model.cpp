@@ -150,7 +150,7 @@ MicroBatchTime stage_micro_batch(const PlanProblem& p, const ClusterSpec& c, con
   t.compute = flops / l.tp / rate;
   const double e = p.bf16 ? 2 : 4;
   if (l.tp > 1) {
-    // Per layer, in all-reduces of T h values (what TensorParallelOps sends, bench/RESULTS.md):
+    // Per layer, in all-reduces of T h values (what Sharding sends, bench/RESULTS.md):
     // 2 forward (after attention, after the MLP), 2 backward; sp replaces each by an all-gather
     // + reduce-scatter pair of the same bytes and gathers a column-parallel input again in
     // backward (5); recompute replays the forward's 2. The embedding and the head: one each.

@@ -62,8 +62,8 @@ std::string stage_prefix(const PipelineParallel* pipeline) {
 
 // Tensor parallel: (this rank's slot, slots) of the group, (0, 1) without it.
 std::pair<int, int> tp_place(const DataParallel& dp) {
-  const TensorParallelOps* tp = dp.model().options().tp;
-  return tp ? std::pair{tp->rank(), tp->size()} : std::pair{0, 1};
+  const Sharding& s = dp.model().sharding();
+  return {s.rank(), s.size()};
 }
 
 // optimizer-rank-R-of-N.safetensors, with -tp-T-of-P before the extension under tensor parallel

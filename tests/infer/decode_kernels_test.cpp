@@ -1,4 +1,4 @@
-// The rollout engine's decode GEMM (kernels/cpu/decode_kernels.h) on both ISA builds: C (+)= A B^T
+// The rollout engine's decode GEMM (the KernelTable's decode_matmul, kernels/cpu/decode_kernels.cpp) on both ISA builds: C (+)= A B^T
 // against a double-precision loop, f32 and bf16, over shapes with every kind of remainder; and
 // each output the same bits whatever the row count or the threads, so a slot's logits never
 // depend on its batch.
@@ -11,7 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
-#include "kernels/cpu/decode_kernels.h"
+#include "kernels/kernel_table.h"
 
 namespace fab {
 namespace {
@@ -53,10 +53,10 @@ MatmulArgs args_of(const Operands& o, DType dtype, int64_t m, int64_t n, int64_t
 class DecodeMatmul : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
-    kernels_ = cpu_decode_kernels_for_isa(GetParam());
+    kernels_ = cpu_kernels_for_isa(GetParam());
     if (!kernels_) GTEST_SKIP() << "this CPU cannot run " << GetParam();
   }
-  const DecodeKernels* kernels_ = nullptr;
+  const KernelTable* kernels_ = nullptr;
 };
 
 TEST_P(DecodeMatmul, MatchesADoubleReference) {
@@ -67,7 +67,7 @@ TEST_P(DecodeMatmul, MatchesADoubleReference) {
           for (bool accumulate : {false, true}) {
             const Operands o = random_operands(m, n, k, dtype == DType::bf16, uint64_t(m * 1000 + n * 10 + k));
             std::vector<float> c(size_t(m * n), 0.5f);
-            kernels_->matmul(args_of(o, dtype, m, n, k, c.data(), accumulate));
+            kernels_->decode_matmul(args_of(o, dtype, m, n, k, c.data(), accumulate));
             for (int64_t i = 0; i < m; ++i)
               for (int64_t j = 0; j < n; ++j) {
                 double expected = accumulate ? 0.5 : 0.0;
@@ -85,15 +85,15 @@ TEST_P(DecodeMatmul, EachOutputIsTheSameWhateverTheRowsOrThreads) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     const Operands o = random_operands(m, n, k, dtype == DType::bf16, 3);
     std::vector<float> all(static_cast<size_t>(m * n)), nested(all.size()), alone(static_cast<size_t>(n));
-    kernels_->matmul(args_of(o, dtype, m, n, k, all.data(), false));
+    kernels_->decode_matmul(args_of(o, dtype, m, n, k, all.data(), false));
 #pragma omp parallel num_threads(2)
-    if (omp_get_thread_num() == 0) kernels_->matmul(args_of(o, dtype, m, n, k, nested.data(), false));
+    if (omp_get_thread_num() == 0) kernels_->decode_matmul(args_of(o, dtype, m, n, k, nested.data(), false));
     EXPECT_EQ(all, nested) << dtype_name(dtype);
     for (int64_t i = 0; i < m; ++i) {
       Operands row = o;
       row.a.assign(o.a.begin() + i * k, o.a.begin() + (i + 1) * k);
       row.a16.assign(o.a16.begin() + i * k, o.a16.begin() + (i + 1) * k);
-      kernels_->matmul(args_of(row, dtype, 1, n, k, alone.data(), false));
+      kernels_->decode_matmul(args_of(row, dtype, 1, n, k, alone.data(), false));
       EXPECT_EQ(std::vector<float>(all.begin() + i * n, all.begin() + (i + 1) * n), alone)
           << dtype_name(dtype) << " row " << i;
     }

@@ -6,6 +6,7 @@
 
 #include "core/rng.h"
 #include "infer/generate.h"
+#include "infer/kv_cache.h"
 #include "models/model_config.h"
 #include "test_util.h"
 
@@ -33,11 +34,11 @@ TEST_P(Generation, CachedLogitsMatchTheFullForward) {
   auto model = tiny_model(GetParam());
   const std::vector<int32_t> tokens = {3, 17, 5, 29, 8, 1, 33, 12, 7};
   Tensor full = model->logits(ids_of(tokens));
-  KvCache cache = model->make_cache(1, 16);
-  Tensor first = model->logits_cached(ids_of({tokens.begin(), tokens.begin() + 4}), cache);
+  KvCache cache = make_kv_cache(*model, 1, 16);
+  Tensor first = logits_cached(*model, ids_of({tokens.begin(), tokens.begin() + 4}), cache);
   test::expect_close(first, full.view(0, {1, 4, 40}), 1e-5, "prefix logits");
   for (size_t i = 4; i < tokens.size(); ++i) {
-    Tensor step = model->logits_cached(ids_of({tokens[i]}), cache);
+    Tensor step = logits_cached(*model, ids_of({tokens[i]}), cache);
     test::expect_close(step, full.view(int64_t(i) * 40, {1, 1, 40}), 1e-5, "logits at " + std::to_string(i));
   }
 }

@@ -12,6 +12,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "infer/kv_cache.h"
 #include "infer/rollout.h"
 #include "models/model_config.h"
 #include "test_util.h"
@@ -44,9 +45,9 @@ Tensor ids_of(const std::vector<int32_t>& tokens) {
 // one forward and then one token at a time.
 RolloutOutput sequential_reference(DecoderModel& model, const RolloutRequest& request, const SamplingOptions& o) {
   const int64_t vocab = model.config().vocab_size;
-  KvCache cache = model.make_cache(1, int64_t(request.prompt.size()) + o.max_new_tokens);
+  KvCache cache = make_kv_cache(model, 1, int64_t(request.prompt.size()) + o.max_new_tokens);
   Rng rng(request.seed);
-  Tensor logits = model.logits_cached(ids_of(request.prompt), cache);
+  Tensor logits = logits_cached(model, ids_of(request.prompt), cache);
   const float* last = logits.data<float>() + (int64_t(request.prompt.size()) - 1) * vocab;
   RolloutOutput out;
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
@@ -54,7 +55,7 @@ RolloutOutput sequential_reference(DecoderModel& model, const RolloutRequest& re
     out.tokens.push_back(next);
     out.stopped = std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end();
     if (out.stopped || step + 1 == o.max_new_tokens) break;
-    logits = model.logits_cached(ids_of({next}), cache);
+    logits = logits_cached(model, ids_of({next}), cache);
     last = logits.data<float>();
   }
   return out;
@@ -97,7 +98,7 @@ class Rollout : public ::testing::TestWithParam<const char*> {};
 TEST_P(Rollout, SlotLogitsMatchTheFullForward) {
   auto model = tiny_model(GetParam());
   const std::vector<std::vector<int32_t>> sequences = {{3, 17, 5, 29, 8, 1, 33}, {12, 7}, {4, 9, 2, 30, 11}};
-  SlotKvCache cache = model->make_slot_cache(3, 16);
+  SlotKvCache cache = make_slot_cache(*model, 3, 16);
   // Step 1: slot 0 takes 4 tokens, slot 2 one; step 2: every slot; step 3: slots 0 and 2.
   const std::vector<std::vector<std::pair<int64_t, int64_t>>> steps = {{{0, 4}, {2, 1}}, {{0, 1}, {1, 2}, {2, 2}},
                                                                        {{2, 2}, {0, 2}}};
@@ -111,7 +112,7 @@ TEST_P(Rollout, SlotLogitsMatchTheFullForward) {
       spans.push_back({slot, count});
     }
     const Tensor ids = ids_of(tokens).reshape({int64_t(tokens.size())});
-    const Tensor logits = model->logits_slots(ids, spans, cache);
+    const Tensor logits = logits_slots(*model, ids, spans, cache);
     ASSERT_EQ(logits.numel(), int64_t(spans.size()) * kVocab);
     for (size_t s = 0; s < spans.size(); ++s) {
       const std::vector<int32_t>& seq = sequences[size_t(spans[s].slot)];
@@ -234,9 +235,9 @@ TEST(RolloutEngine, Bf16DecodesFromTheModelsOwnWeights) {
   EXPECT_EQ(expected[0].tokens[0], int32_t(std::max_element(last, last + 2048) - last));
 }
 
-// Active LoRA adapters take the autograd slot forward (adapters applied, oneDNN) and one engine;
-// disabled, the threads' own path. Both agree with sequential decoding (which applies them too).
-TEST(RolloutEngine, LoraAdaptersTakeTheLayeredPath) {
+// Active LoRA adapters run in the engine of every thread as the base model does (their GEMMs are the
+// decode GEMM too); on and off, rollouts agree with sequential decoding (which applies them too).
+TEST(RolloutEngine, LoraAdaptersRunInEveryEngine) {
   LoraOptions lora;
   lora.rank = 4;
   lora.targets = {"q_proj", "v_proj", "down_proj"};
@@ -248,7 +249,7 @@ TEST(RolloutEngine, LoraAdaptersTakeTheLayeredPath) {
   o.temperature = 1.0;
   for (bool enabled : {true, false}) {
     model->set_adapters_enabled(enabled);
-    EXPECT_EQ(model->slot_steps_concurrent(), !enabled);
+    EXPECT_TRUE(model->decode_concurrent());
     const std::vector<RolloutOutput> expected = references(*model, requests, o);
     for (int64_t batch : {1, 3})
       expect_same(rollout(*model, requests, o, batch), expected,

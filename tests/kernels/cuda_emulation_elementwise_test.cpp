@@ -168,6 +168,18 @@ TEST(CudaEmulation, GridStrideKernelsAndColumnSums) {
   EXPECT_NEAR(partial[0] + partial[1] + partial[2], cpu().sum_squares(a.data(), rows * n), 1e-4);
 }
 
+TEST(CudaEmulation, SamplingWeights) {
+  const int64_t n = 3000;  // more than the block's 1024 threads
+  std::vector<float> logits = randoms(static_cast<size_t>(n), 21, 4.0), weight(static_cast<size_t>(n)),
+                     eweight = weight;
+  std::vector<double> total(1);
+  const double sum = cpu().sampling_weights(logits.data(), n, 1.0f / 0.7f, weight.data());
+  emulate(ek::sampling_weights_kernel, {1, 1, 1}, 1024, static_cast<const float*>(logits.data()), n, 1.0f / 0.7f,
+          eweight.data(), total.data());
+  EXPECT_NEAR(total[0], sum, 1e-5 * sum);
+  for (size_t i = 0; i < weight.size(); ++i) EXPECT_NEAR(eweight[i], weight[i], 1e-6f * (1 + weight[i])) << i;
+}
+
 TEST(CudaEmulation, AdamWAndBf16Copy) {
   const int64_t n = 200;
   std::vector<float> p = randoms(static_cast<size_t>(n), 13), g = randoms(static_cast<size_t>(n), 14), m = randoms(static_cast<size_t>(n), 15, 0.1);

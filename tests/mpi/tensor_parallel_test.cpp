@@ -157,7 +157,7 @@ TEST(TensorParallel, EachRankHoldsItsShareOfTheSplitTensors) {
   auto group = tp_group();
   TensorParallel tp(*group, false);
   DecoderOptions options;
-  options.tp = &tp;
+  options.sharding = &tp;
   DecoderModel sliced(config, options);
   for (size_t i = 0; i < one.params().params().size(); ++i) {
     const ParamInfo& whole = one.params().params()[i];
@@ -179,7 +179,7 @@ TEST(TensorParallel, SeededInitialisationIsOneProcesssSliced) {
     auto group = tp_group();
     TensorParallel tp(*group, false);
     DecoderOptions options;
-    options.tp = &tp;
+    options.sharding = &tp;
     DecoderModel sliced(config, options);
     sliced.init_random(7);
     const auto whole = by_name(gather_full_tensors(sliced, *group));

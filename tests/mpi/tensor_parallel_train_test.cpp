@@ -68,7 +68,7 @@ struct TpRun {
   }
 };
 
-std::vector<StepRecord> train(const TrainConfig& c, DeviceMesh* mesh, TensorParallelOps* tp) {
+std::vector<StepRecord> train(const TrainConfig& c, DeviceMesh* mesh, Sharding* tp) {
   const Precision precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   auto model = load_model_folder(c.model_name_or_path, {precision, c.recompute_layers, 64, tp}, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(48, 1), test::synthetic_samples(6, 2), 0};

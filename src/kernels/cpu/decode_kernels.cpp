@@ -1,4 +1,4 @@
-// The rollout engine's kernels (kernels/cpu/decode_kernels.h).
+// The generation kernels of the KernelTable: decode_matmul and sampling_weights (kernels/kernel_table.h).
 //
 // The GEMM of a decode step: C (M, N) (+)= A (M, K) x B^T with B stored (N, K) (a weight, as the
 // forward pass has it), M small (the rows of a step's slots), A and B both f32 or both bf16 with
@@ -140,7 +140,7 @@ void run(const T* a, const T* b, const MatmulArgs& x) {
 
 }  // namespace
 
-// The caller checks the layout (decode_kernels.h): no error path here, whose inline helpers the
+// The caller checks the layout (nn/op_helpers.h gemm): no error path here, whose inline helpers the
 // two ISA builds would share.
 void decode_matmul(const MatmulArgs& x) {
   if (x.dtype != DType::bf16) return run<false>(static_cast<const float*>(x.a), static_cast<const float*>(x.b), x);

@@ -4,7 +4,6 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "kernels/cpu/decode_kernels.h"
 #include "kernels/cpu/matmul_onednn.h"
 #include "kernels/kernel_table.h"
 
@@ -24,6 +23,7 @@ namespace {
     .rmsnorm_backward = cpu::ns::rmsnorm_backward, .rope_forward = cpu::ns::rope_forward,                      \
     .rope_backward = cpu::ns::rope_backward, .attention_forward = cpu::ns::attention_forward,                  \
     .attention_backward = cpu::ns::attention_backward, .attention_decode = cpu::ns::attention_decode,          \
+    .decode_matmul = cpu::ns::decode_matmul, .sampling_weights = cpu::ns::sampling_weights,                     \
     .swiglu_forward = cpu::ns::swiglu_forward, .swiglu_backward = cpu::ns::swiglu_backward,                    \
     .cross_entropy_chunk = cpu::ns::cross_entropy_chunk, .vocab_slice_max = cpu::ns::vocab_slice_max,         \
     .vocab_slice_exp = cpu::ns::vocab_slice_exp, .vocab_slice_grad = cpu::ns::vocab_slice_grad, .copy_2d = cpu::ns::copy_2d, .add = cpu::ns::add,     \
@@ -71,24 +71,6 @@ const KernelTable* cpu_kernels_for_isa(const char* isa) {
 
 const KernelTable& cpu_kernels() {
   static const KernelTable& table = choose();
-  return table;
-}
-
-namespace {
-constexpr DecodeKernels avx512_decode{.isa = "avx512", .matmul = cpu::avx512::decode_matmul,
-                                      .sampling_weights = cpu::avx512::sampling_weights};
-constexpr DecodeKernels avx2_decode{.isa = "avx2", .matmul = cpu::avx2::decode_matmul,
-                                    .sampling_weights = cpu::avx2::sampling_weights};
-}  // namespace
-
-const DecodeKernels* cpu_decode_kernels_for_isa(const char* isa) {
-  const KernelTable* table = cpu_kernels_for_isa(isa);
-  if (!table) return nullptr;
-  return std::string_view(table->isa) == "avx512" ? &avx512_decode : &avx2_decode;
-}
-
-const DecodeKernels& cpu_decode_kernels() {
-  static const DecodeKernels& table = *cpu_decode_kernels_for_isa(cpu_kernels().isa);
   return table;
 }
 

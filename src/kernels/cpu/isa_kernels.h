@@ -12,8 +12,4 @@ namespace fab::cpu::FAB_ISA {
 
 #include "kernels/kernel_functions.inc"
 
-// CPU-only kernels of the rollout engine (kernels/cpu/decode_kernels.h).
-void decode_matmul(const MatmulArgs& x);
-double sampling_weights(const float* logits, int64_t n, float inverse_temperature, float* weight);
-
 }  // namespace fab::cpu::FAB_ISA

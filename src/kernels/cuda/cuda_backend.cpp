@@ -155,6 +155,7 @@ const KernelTable& cuda_kernels() {
       .rmsnorm_forward = rmsnorm_forward, .rmsnorm_backward = rmsnorm_backward, .rope_forward = rope_forward,
       .rope_backward = rope_backward, .attention_forward = attention_forward,
       .attention_backward = attention_backward, .attention_decode = attention_decode,
+      .decode_matmul = decode_matmul, .sampling_weights = sampling_weights,
       .swiglu_forward = swiglu_forward, .swiglu_backward = swiglu_backward,
       .cross_entropy_chunk = cross_entropy_chunk, .vocab_slice_max = vocab_slice_max,
       .vocab_slice_exp = vocab_slice_exp, .vocab_slice_grad = vocab_slice_grad, .copy_2d = copy_2d, .add = add, .multiply = multiply,

@@ -60,6 +60,13 @@ double cross_entropy_chunk(float* logits, const int64_t* labels, int64_t rows, i
   return fetch_double(row_loss + rows);
 }
 
+double sampling_weights(const float* logits, int64_t n, float inverse_temperature, float* weight) {
+  auto* total = static_cast<double*>(scratch(sizeof(double)));
+  sampling_weights_kernel<<<1, 1024, 0, stream()>>>(logits, n, inverse_temperature, weight, total);
+  FAB_CUDA_LAUNCHED("sampling_weights");
+  return fetch_double(total);
+}
+
 void vocab_slice_max(const float* z, int64_t n, int64_t slice, int64_t valid, float* row_max) {
   if (n == 0) return;
   vocab_slice_max_kernel<<<unsigned(n), 512, 0, stream()>>>(z, slice, valid, row_max);

@@ -189,6 +189,23 @@ __global__ void sum_squares_kernel(const float* x, int64_t n, double* partial) {
   if (threadIdx.x == 0) partial[blockIdx.x] = double(s);
 }
 
+// One block over the whole vector: the maximum, then weight = exp((logit - max) t) and their sum
+// (in double) at total[0].
+__global__ void sampling_weights_kernel(const float* logits, int64_t n, float inverse_temperature, float* weight,
+                                        double* total) {
+  float top = -FLT_MAX;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) top = fmaxf(top, logits[j]);
+  top = block_max(top);
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const float w = expf((logits[j] - top) * inverse_temperature);
+    weight[j] = w;
+    s += double(w);
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) total[0] = s;
+}
+
 // torch.optim.AdamW, one tensor (see the CPU kernel): p *= 1 - lr wd; m = lerp(m, g, 1 - b1);
 // v = b2 v + (1 - b2) g^2; p -= step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 __global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, int64_t n, float decay,

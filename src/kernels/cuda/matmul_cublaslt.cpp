@@ -118,4 +118,8 @@ void matmul(const MatmulArgs& x) {
                                   l.workspace, kWorkspaceBytes, stream()));
 }
 
+// One stream runs the kernels in order, so a decode step's GEMM needs no lock-free variant here;
+// cuBLASLt's sums for a row may depend on M (its algorithm is picked per shape).
+void decode_matmul(const MatmulArgs& x) { matmul(x); }
+
 }  // namespace fab::cuda
