@@ -251,7 +251,9 @@ int train_worker(TrainConfig c, WorldInfo world) {
 int run_train(int argc, char** argv) {
   const TrainConfig c = config_from_args(argc, argv, 2, "fabrica train CONFIG.yaml [key=value ...]");
   const WorldInfo world = world_from_environment();
-  if (world.size == 1 && (c.nproc_per_node > 1 || !c.cluster.empty() || c.max_restarts > 0)) {
+  // Only a process run by hand launches: a worker that mpirun (or srun) started, even as a world
+  // of one (max_restarts with one process), trains under its launcher's lock.
+  if (world.launcher == "none" && (c.nproc_per_node > 1 || !c.cluster.empty() || c.max_restarts > 0)) {
     check_run_config(c);
     const OutputDirLock lock(c.output_dir);
     ::setenv(OutputDirLock::kHeldByLauncher, lock.path().c_str(), 1);
