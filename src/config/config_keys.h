@@ -416,7 +416,7 @@
   X(pipeline_parallel_size, pipeline_parallel_size, int64_t, 1, Own, "Pipeline stages (pipeline_model_parallel_size is an alias)") \
   X(virtual_pipeline_parallel_size, virtual_pipeline_parallel_size, int64_t, 1, Own, "Model chunks per pipeline stage for interleaved 1F1B (virtual_pipeline_model_parallel_size is an alias)") \
   X(pipeline_layers, pipeline_layers, std::vector<int64_t>, {}, Own, "Decoder layers of each model chunk in layer order, e.g. [3, 5] (pp entries; pp x vpp interleaved, chunk k on stage k % pp); empty: an automatic split balancing a token's FLOPs, the head's vocab GEMM included") \
-  X(pipeline_schedule, pipeline_schedule, std::string, "1f1b", Own, "1f1b or interleaved_1f1b (needs virtual_pipeline_parallel_size > 1)") \
+  X(pipeline_schedule, pipeline_schedule, std::string, "1f1b", Own, "1f1b or interleaved_1f1b (needs virtual_pipeline_parallel_size > 1; left out, virtual_pipeline_parallel_size > 1 implies it, as in Megatron)") \
   X(parallel, parallel, std::string, "", Own, "auto: the planner (docs/PLANNER.md) chooses tensor_parallel_size, pipeline_parallel_size, virtual_pipeline_parallel_size, sequence_parallel, zero_stage, recompute_layers and the micro-batch (per_device_train_batch_size x gradient_accumulation_steps, keeping the global batch) for the run's ranks, and reports predicted against measured memory and step time; the layout keys set in the config constrain the search. Empty: the layout as the keys give it") \
   X(plan_cluster, plan_cluster, std::string, "", Own, "parallel: auto: the hardware to plan for, a file from `fabrica plan --calibrate` (empty: this machine, measured at start)")
 

@@ -413,6 +413,11 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
   if (c.num_generations == 0) c.num_generations = c.stage == "ppo" ? 1 : 8;
   if (c.critic_learning_rate == 0) c.critic_learning_rate = c.learning_rate;
+  // Megatron infers the interleaved schedule from virtual pipeline stages; so does a config that
+  // does not name one.
+  if (c.virtual_pipeline_parallel_size > 1 &&
+      std::find(c.given_keys.begin(), c.given_keys.end(), "pipeline_schedule") == c.given_keys.end())
+    c.pipeline_schedule = "interleaved_1f1b";
   if (problems.lines.empty()) check_values(c, source, problems);
   if (c.neat_packing) c.packing = true;  // as LLaMA-Factory's DataArguments
   if (c.disable_shuffling) c.shuffle = false;
