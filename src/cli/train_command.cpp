@@ -122,13 +122,11 @@ ParallelLayout layout_of_run(const TrainConfig& c, int world_size) {
 
 // Run by hand with nproc_per_node > 1, a cluster or max_restarts: this process becomes the
 // launcher, and restarts the workers when they fail (max_restarts).
-int launch(const TrainConfig& c, int argc, char** argv) {
-  const ClusterFile cluster = c.cluster.empty() ? ClusterFile{} : load_cluster_file(c.cluster);
-  layout_of_run(c, cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots());  // fails before any worker starts
+int launch(const TrainConfig& c, const ClusterFile& cluster, int workers, int argc, char** argv) {
+  layout_of_run(c, workers);  // fails before any worker starts
   std::vector<std::string> worker = {fs::read_symlink("/proc/self/exe").string()};
   for (int i = 1; i < argc; ++i) worker.push_back(argv[i]);
-  std::printf("launching %d workers: %s ...\n", cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots(),
-              mpirun_command(c, cluster, worker)[0].c_str());
+  std::printf("launching %d workers: %s ...\n", workers, mpirun_command(c, cluster, worker)[0].c_str());
   std::fflush(stdout);
   return run_with_restarts(c, cluster, [&](const std::vector<std::string>& extra, const ClusterFile& hosts) {
     std::vector<std::string> args = worker;
@@ -254,10 +252,12 @@ int run_train(int argc, char** argv) {
   // Only a process run by hand launches: a worker that mpirun (or srun) started, even as a world
   // of one (max_restarts with one process), trains under its launcher's lock.
   if (world.launcher == "none" && (c.nproc_per_node > 1 || !c.cluster.empty() || c.max_restarts > 0)) {
+    const ClusterFile cluster = c.cluster.empty() ? ClusterFile{} : load_cluster_file(c.cluster);
+    const int workers = checked_worker_count(c, cluster, usable_cores());  // before anything is written
     check_run_config(c);
     const OutputDirLock lock(c.output_dir);
     ::setenv(OutputDirLock::kHeldByLauncher, lock.path().c_str(), 1);
-    return launch(c, argc, argv);
+    return launch(c, cluster, workers, argc, argv);
   }
   return train_worker(c, world);
 }

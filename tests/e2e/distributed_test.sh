@@ -21,6 +21,16 @@ save_steps: 0
 ddp_bucket_size: 1
 YAML
 
+# Far more workers than cores (nproc_per_node 1000 on 2 cores started 1000 and hung): refused at
+# once, with the numbers, before anything is written.
+crowd=$(($(nproc) * 8 + 1))
+rc=0; timeout 120 "$fabrica" train run.yaml output_dir=crowd nproc_per_node=$crowd >crowd.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || { cat crowd.log; fail "nproc_per_node $crowd: exit $rc, expected 2"; }
+grep -q "nproc_per_node $crowd is more than 8 workers per core of this machine ($(nproc) cores: at most $((crowd - 1)))" \
+  crowd.log || { cat crowd.log; fail "nproc_per_node $crowd: the message lacks the numbers"; }
+[ ! -e crowd ] || fail "nproc_per_node $crowd: output_dir written"
+echo "ok: nproc_per_node $crowd -> $(head -c 120 crowd.log)"
+
 "$fabrica" train run.yaml output_dir=one >one.log 2>&1 || { cat one.log; fail "single process"; }
 "$fabrica" train run.yaml output_dir=z2 nproc_per_node=2 per_device_train_batch_size=2 zero_stage=2 >z2.log 2>&1 \
   || { cat z2.log; fail "2 ranks, ZeRO-2"; }
