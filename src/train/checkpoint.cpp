@@ -299,6 +299,20 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 
 namespace {
 
+// Runs `write`, which writes into a checkpoint's temporary folder; when it fails (a full disk),
+// the folder goes before the error does, so a failed save leaves no checkpoint-N.tmp behind. Best
+// effort: another rank whose write failed may be removing it too.
+template <typename Write>
+void removing_tmp_on_failure(const fs::path& tmp, Write&& write) {
+  try {
+    write();
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+}
+
 // One rank's part of a checkpoint, gathered at the step: what it writes needs no collective.
 struct CheckpointPart {
   fs::path final_dir, tmp;
@@ -357,7 +371,8 @@ CheckpointPart take_part(const std::string& dir, DataParallel& dp, const Trainer
   if (part.main) {
     fs::remove_all(part.tmp);
     fs::create_directories(part.tmp);
-    if (dp.model().lora().enabled()) save_trained_weights(dp.model(), part.tmp.string(), base_model);
+    if (dp.model().lora().enabled())
+      removing_tmp_on_failure(part.tmp, [&] { save_trained_weights(dp.model(), part.tmp.string(), base_model); });
     part.model_config = dp.model().config();
     part.weights = copy ? copied(weights) : std::move(weights);
     part.trainer_state = trainer_state_json(state, group.size(), pipeline ? pipeline->num_stages() : 1);
@@ -444,7 +459,7 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
                      PipelineParallel* pipeline) {
   dp.gather_all_parameters();
   CheckpointPart part = take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, false);
-  if (part.main) write_main_files(part);
+  if (part.main) removing_tmp_on_failure(part.tmp, [&] { write_main_files(part); });
   part.weights.clear();
   dp.release_gathered_parameters();
   // The data-parallel group's barrier, then the tensor-parallel group's or the pipeline's:
@@ -456,9 +471,9 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   };
   barrier("checkpoint: folder made");
   pause_for_tests();
-  write_shard(part);
+  removing_tmp_on_failure(part.tmp, [&] { write_shard(part); });
   barrier("checkpoint: shards written");
-  if (part.main) rename_into_place(part);
+  if (part.main) removing_tmp_on_failure(part.tmp, [&] { rename_into_place(part); });
   barrier("checkpoint: renamed");
 }
 
@@ -481,7 +496,7 @@ void AsyncCheckpointWriter::save(const std::string& dir, DataParallel& dp, const
   done_ = false;
   writer_ = std::thread([this, part, keep] {
     try {
-      write_in_background(*part, peers_timeout_, abandon_, keep);
+      removing_tmp_on_failure(part->tmp, [&] { write_in_background(*part, peers_timeout_, abandon_, keep); });
     } catch (const std::exception& e) {
       failure_ = std::make_exception_ptr(
           UserError(format("{} (written in the background, async_save): {}", part->final_dir.string(), e.what())));

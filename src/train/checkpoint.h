@@ -5,7 +5,8 @@
 // checkpoint saved at one tp x pp x dp layout and ZeRO stage resumes at another), the
 // sampler position, the loss history and the resolved config. Written into a temporary folder,
 // fsynced, then renamed, so a crash mid-save never leaves a folder named checkpoint-N that is
-// incomplete.
+// incomplete; a write that fails (a full disk) removes the temporary folder before its error
+// stops the run.
 #include <algorithm>
 #include <atomic>
 #include <chrono>

@@ -242,8 +242,16 @@ nlohmann::json PpoStage::memory_json() const {
   return j;
 }
 
+// The critic goes into the actor's checkpoint-N, renamed into place already: when its write fails
+// (a full disk) the checkpoint goes too, since a ppo checkpoint without its critic cannot resume.
 void PpoStage::save_checkpoint_part(const std::string& dir, const TrainerState& state, const std::string& config_yaml) {
-  save_checkpoint((fs::path(dir) / "critic").string(), *critic_dp_, state, config_yaml);
+  try {
+    save_checkpoint((fs::path(dir) / "critic").string(), *critic_dp_, state, config_yaml);
+  } catch (const UserError&) {
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+    throw;
+  }
 }
 
 void PpoStage::load_checkpoint_part(const std::string& dir) {

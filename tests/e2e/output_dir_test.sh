@@ -94,7 +94,8 @@ grep -q "cannot be read .*rebuilding it" prepare.log || { cat prepare.log; fail 
 [ -s "$stats" ] || fail "the damaged cache file was not rebuilt"
 echo "ok: damaged cache -> $(grep -o 'note: data cache.*' prepare.log | head -c 120)"
 
-# 4. A full disk (a 64 KiB tmpfs): export, data prepare and metrics.jsonl fail with the reason.
+# 4. A full disk (a 64 KiB tmpfs): export, data prepare, metrics.jsonl and checkpoints fail with
+# the reason.
 mkdir "$full"
 if ! mount -t tmpfs -o size=64k tmpfs "$full" 2>/dev/null; then
   echo "SKIP: cannot mount a tmpfs (full-disk checks); every other check passed"
@@ -118,4 +119,12 @@ expect_exit2 "metrics.jsonl on a full disk" "metrics.jsonl: cannot write (No spa
 /usr/bin/python3 -c "import json,sys; [json.loads(l) for l in open('$full/run/metrics.jsonl')]" \
   || fail "metrics.jsonl on a full disk: a broken line"
 echo "ok: metrics.jsonl kept $(wc -l <"$full/run/metrics.jsonl") whole lines"
+# A checkpoint on a full disk, saved synchronously and by async_save: the run stops with the
+# reason, and neither checkpoint-1 nor its checkpoint-1.tmp stays behind.
+for async in false true; do
+  rm -rf "$full"/*
+  expect_exit2 "checkpoint on a full disk (async_save $async)" "No space left on device" \
+    "$fabrica" train run.yaml output_dir="$full/saving" save_steps=1 max_steps=3 async_save=$async
+  [ -z "$(ls -d "$full"/saving/checkpoint-* 2>/dev/null)" ] || fail "a failed checkpoint left $(ls "$full/saving")"
+done
 echo "output_dir end-to-end: all checks passed"
