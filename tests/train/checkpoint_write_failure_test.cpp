@@ -106,7 +106,9 @@ TEST(CheckpointWriteFailure, TheTemporaryFolderGoesWithTheFailedWrite) {
       const std::string error = failed_run(out, extra, limit);
       SCOPED_TRACE(std::string(extra) + " limit " + std::to_string(limit) + ": " + error);
       EXPECT_NE(error.find(failing + ": cannot write (File too large)"), std::string::npos);
-      if (*extra) EXPECT_NE(error.find("checkpoint-3 (written in the background, async_save)"), std::string::npos);
+      if (*extra) {
+        EXPECT_NE(error.find("checkpoint-3 (written in the background, async_save)"), std::string::npos);
+      }
       expect_nothing_left(out);
       EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));  // the run itself was not undone
     }
