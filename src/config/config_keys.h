@@ -49,7 +49,7 @@
   X(logging_steps, logging_steps, int64_t, 10, Supported, "Log every N optimizer steps")                                              \
   X(save_steps, save_steps, int64_t, 500, Supported, "Checkpoint every N optimizer steps (0: only at the end)")                    \
   X(save_total_limit, save_total_limit, int64_t, 0, Supported, "Keep at most N checkpoints (0: all)")                                    \
-  X(save_only_model, save_only_model, bool, false, Later, "Checkpoints without optimizer state")                                        \
+  X(save_only_model, save_only_model, bool, false, Supported, "Checkpoints hold the weights (LoRA: the adapter), trainer_state.json and the config, but no optimizer state: smaller, and, as in Hugging Face's Trainer, not resumable (resume_from_checkpoint refuses them)")                                        \
   X(plot_loss, plot_loss, bool, false, Supported, "Write a loss-curve image to output_dir")                                       \
   X(report_to, report_to, std::string, "none", Supported, "none or tensorboard")                                                  \
   X(ddp_timeout, ddp_timeout, int64_t, 1800, Supported, "Seconds a collective may wait for a rank before the job stops, naming it") \

@@ -197,6 +197,10 @@ void check_ranges(const TrainConfig& c, Require& require) {
   require(c.trace_steps.empty() || (c.trace_steps.size() == 2 && c.trace_steps[0] >= 1 && c.trace_steps[1] >= c.trace_steps[0]),
           "trace_steps: expected [first, last] optimizer steps with 1 <= first <= last");
   require(c.max_restarts >= 0, format("max_restarts must be >= 0, got {}", c.max_restarts));
+  require(c.max_restarts == 0 || !c.save_only_model,
+          format("max_restarts {} with save_only_model: a restart resumes from the newest checkpoint, and "
+                 "save_only_model's hold no optimizer state; set save_only_model: false, or max_restarts: 0",
+                 c.max_restarts));
   require(c.restart_backoff_s >= 0 && c.restart_backoff_s <= 3600,
           format("restart_backoff_s must be in [0, 3600] seconds, got {}", c.restart_backoff_s));
 }

@@ -246,7 +246,8 @@ nlohmann::json PpoStage::memory_json() const {
 // (a full disk) the checkpoint goes too, since a ppo checkpoint without its critic cannot resume.
 void PpoStage::save_checkpoint_part(const std::string& dir, const TrainerState& state, const std::string& config_yaml) {
   try {
-    save_checkpoint((fs::path(dir) / "critic").string(), *critic_dp_, state, config_yaml);
+    save_checkpoint((fs::path(dir) / "critic").string(), *critic_dp_, state, config_yaml, nullptr, "", nullptr,
+                    config_.save_only_model);
   } catch (const UserError&) {
     std::error_code ignored;
     fs::remove_all(dir, ignored);

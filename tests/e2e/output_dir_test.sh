@@ -94,6 +94,17 @@ grep -q "cannot be read .*rebuilding it" prepare.log || { cat prepare.log; fail 
 [ -s "$stats" ] || fail "the damaged cache file was not rebuilt"
 echo "ok: damaged cache -> $(grep -o 'note: data cache.*' prepare.log | head -c 120)"
 
+# save_only_model (Hugging Face's): checkpoints without optimizer state, which a run never resumes.
+"$fabrica" train run.yaml output_dir=weights_only save_only_model=true save_steps=2 >weights_only.log \
+  || { cat weights_only.log; fail "save_only_model run"; }
+[ -f weights_only/checkpoint-2/model.safetensors ] || fail "save_only_model: no weights in checkpoint-2"
+! ls weights_only/checkpoint-2/optimizer-* 2>/dev/null || fail "save_only_model: optimizer state in checkpoint-2"
+cp weights_only/metrics.jsonl before.jsonl
+expect_exit2 "resume from a save_only_model checkpoint" \
+  "weights_only/checkpoint-2 was saved with save_only_model: true: it holds the weights but no optimizer state" \
+  "$fabrica" train run.yaml output_dir=weights_only resume_from_checkpoint=true max_steps=6
+cmp weights_only/metrics.jsonl before.jsonl || fail "a refused resume changed metrics.jsonl"
+
 # 4. A full disk (a 64 KiB tmpfs): export, data prepare, metrics.jsonl and checkpoints fail with
 # the reason.
 mkdir "$full"
