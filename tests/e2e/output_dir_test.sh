@@ -67,8 +67,7 @@ for nproc in 1 2; do
   log=busy-$nproc.log
   "$fabrica" train run.yaml output_dir=busy nproc_per_node=$nproc max_steps=100000 logging_steps=1 >$log 2>&1 &
   pid=$!
-  for _ in $(seq 1 300); do grep -q "^step" $log 2>/dev/null && break; sleep 0.2; done
-  grep -q "^step" $log || { kill $pid; cat $log; fail "nproc $nproc: the first run did not start"; }
+  wait_until logged $log "^step" || { kill $pid; cat $log; fail "nproc $nproc: the first run did not start"; }
   expect_exit2 "second run on a busy output_dir (nproc $nproc)" "(pid $pid on host $(hostname)" \
     "$fabrica" train run.yaml output_dir=busy overwrite_output_dir=true
   kill -INT $pid
