@@ -28,6 +28,7 @@
 #include "plan/auto_layout.h"
 #include "train/checkpoint.h"
 #include "train/finetuning.h"
+#include "train/grpo_stage.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -108,6 +109,9 @@ void check_run_config(const TrainConfig& c) {
                  "output_dir {} is the model folder model_name_or_path {}: the trained model would replace the "
                  "weights it starts from; choose another output_dir",
                  c.output_dir, c.model_name_or_path);
+  if (c.stage == "grpo" || c.stage == "ppo")  // max_new_tokens past the context fails before any work
+    check_rollout_context(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string())
+                                 .max_position_embeddings, nullptr);
   check_writable(c.output_dir);
   resolve_device(c.device);  // device: cuda without a GPU fails here, naming what is missing
   const bool resuming = !checkpoint_to_resume(c).empty();
@@ -164,11 +168,11 @@ double measured_step_seconds(const std::vector<StepRecord>& history) {
   return seconds[seconds.size() / 2];
 }
 
-// grpo: a rollout is a prompt and up to max_new_tokens more.
+// grpo, ppo: a rollout is a prompt and up to max_new_tokens more, within the model's context.
 int64_t longest_rollout(const TrainConfig& c, const TokenSequences& train) {
-  int64_t longest = 2;
-  for (int64_t i = 0; i < train.size(); ++i) longest = std::max(longest, train.length(i));
-  return longest + c.max_new_tokens;
+  check_rollout_context(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string())
+                               .max_position_embeddings, &train);
+  return std::max<int64_t>(2, longest_prompt(train) + c.max_new_tokens);
 }
 
 int train_worker(TrainConfig c, WorldInfo world) {
@@ -231,6 +235,10 @@ int train_worker(TrainConfig c, WorldInfo world) {
     if (rl) train_data.grpo = grpo_environment(c, tokenizer);
     Trainer trainer(c, std::move(model), std::move(train_data), mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
+    if (main && c.stage == "ppo" && c.critic_warmup > trainer.total_steps())
+      std::printf("warning: critic_warmup %lld is past the run's %lld steps: the actor never updates, only the "
+                  "critic trains (saved to %s/critic); the final model is the starting one\n",
+                  (long long)c.critic_warmup, (long long)trainer.total_steps(), c.output_dir.c_str());
     finished = trainer.run();
     history = trainer.history();
   }

@@ -243,7 +243,24 @@ void check_grpo_keys(const TrainConfig& c, Require& require) {
   require(c.top_p > 0 && c.top_p <= 1, format("top_p must be in (0, 1], got {}", c.top_p));
   require(c.top_k >= 0, format("top_k must be >= 0 (0: off), got {}", c.top_k));
   require(c.max_new_tokens >= 1, format("max_new_tokens must be at least 1, got {}", c.max_new_tokens));
+  require(c.reward_timeout > 0 && std::isfinite(c.reward_timeout),
+          format("reward_timeout must be positive seconds, got {}", c.reward_timeout));
+  require(c.truncation == "error" || c.truncation == "left" || c.truncation == "middle",
+          format("truncation \"{}\" must be error, left or middle{}", c.truncation,
+                 c.truncation == "right" ? " (right would cut off the end of the prompt: the question's end and the "
+                                           "assistant header the response follows)"
+                                         : ""));
   if (c.stage != "grpo" && c.stage != "ppo") return;
+  // Settings under which every advantage is 0: the run would learn nothing.
+  require(c.stage != "grpo" || c.num_generations >= 2,
+          "stage grpo with num_generations 1: each prompt's group holds one response, whose advantage (its reward "
+          "minus the group's mean) is always 0; sample 2 or more per prompt (verl's rollout.n)");
+  const bool greedy = c.temperature == 0 || c.top_k == 1;
+  require(c.stage != "grpo" || !greedy,
+          format("stage grpo with {} and num_generations {}: greedy decoding gives every response of a group the same "
+                 "text, so every advantage is 0 and nothing is learned; sample (temperature > 0 and top_k 0 or above 1; verl "
+                 "uses temperature 1.0, top_k off)",
+                 c.temperature == 0 ? "temperature 0" : "top_k 1", c.num_generations));
   require(!c.reward.empty(), format("stage {} needs reward (e.g. exact_match, gsm8k, boxed, format:REGEX, command:CMD, "
                                     "model:PATH)", c.stage));
   require(c.ppo_mini_batch_size == 0 || c.per_device_train_batch_size % c.ppo_mini_batch_size == 0,

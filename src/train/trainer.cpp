@@ -131,6 +131,7 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0);
   objective_ = make_stage_objective(
       config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
+  data_.grpo.stop_signal = [] { return g_stop_signal.load(); };  // a stop ends a running reward command
   if (config_.stage == "grpo")
     grpo_ = std::make_unique<GrpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
   if (config_.stage == "ppo")
