@@ -47,7 +47,7 @@ int calibrate_communication() {
   WorldInfo info = world_from_environment();
   std::unique_ptr<Communicator> world = join_world(info, 600);
   measure_gemm_flops(false, 0.05);  // oneDNN's code and JIT kernels resident, as in a worker
-  const double rss = process_resident_bytes();
+  const double rss = warm_worker_resident_bytes();
   const int n = world->size();
   std::vector<float> small(256, 1.0f), large(size_t(16) << 20, 1.0f);
   world->barrier("calibrate");

@@ -13,6 +13,7 @@
 #include "models/hf_model.h"
 #include "nn/sequence_logps.h"
 #include "train/batch.h"
+#include "train/reward_model.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -70,18 +71,13 @@ int run_score(int argc, char** argv) {
             {});
   FAB_USER_CHECK(args.has("model") && args.has("dataset"), "{}", kUsage);
   const std::string dir = args.get("model");
-  FAB_USER_CHECK(fs::exists(fs::path(dir) / "value_head.safetensors") ||
-                     (HfWeights::present(dir) && HfWeights::open(dir).contains("v_head.summary.weight")),
-                 "--model {}: no value head (value_head.safetensors, or v_head.* in the weights): train one with "
-                 "stage: rm",
-                 dir);
+  auto model = load_reward_model(dir, "--model ");  // a full folder, or a LoRA adapter merged into its base
   const bool ranking = is_ranking(args);
-  const TrainConfig c = score_config(args, dir, ranking);
-  const Tokenizer tokenizer = Tokenizer::load(dir);
+  const std::string tokenizer_dir = reward_model_tokenizer_folder(dir);
+  FAB_USER_CHECK(!tokenizer_dir.empty(), "--model {}: no tokenizer there (tokenizer.json or tokenizer.model)", dir);
+  const TrainConfig c = score_config(args, tokenizer_dir, ranking);
+  const Tokenizer tokenizer = Tokenizer::load(tokenizer_dir);
   const PreparedData data = prepare_data(c, tokenizer);
-  DecoderOptions options;
-  options.value_head = true;
-  auto model = load_model_folder(dir, options);
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
   const std::vector<double> s = score_sequences(*model, data.train, pad, args.get_integer("batch-size", 8, 1, 4096));
   int64_t correct = 0;

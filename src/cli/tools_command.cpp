@@ -20,6 +20,7 @@
 #include "infer/rollout.h"
 #include "models/hf_model.h"
 #include "models/peft_adapter.h"
+#include "train/reward_model.h"
 #include "train/finetuning.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
@@ -232,10 +233,16 @@ bool holds_model(const fs::path& folder) {
 
 }  // namespace
 
-// A LoRA adapter folder merged into its base: W + scaling B A, saved as a full HF folder.
+// A LoRA adapter folder merged into its base: W + scaling B A, saved as a full HF folder; a
+// reward model's (stage rm) with its value head, into value_head.safetensors.
 void export_merged(const std::string& base, const std::string& adapter, const std::string& to) {
-  auto model = model_for_generation(base, adapter);
-  merge_adapters(*model);
+  std::unique_ptr<DecoderModel> model;
+  if (holds_value_head(adapter)) {
+    model = load_reward_model(adapter, "--checkpoint ", base);  // merged, value head and all
+  } else {
+    model = model_for_generation(base, adapter);
+    merge_adapters(*model);
+  }
   save_model_folder(*model, to);
   copy_tokenizer_and_template_files(base, to);
   std::printf("merged adapter %s into %s: exported to %s\n", adapter.c_str(), base.c_str(), to.c_str());
@@ -270,7 +277,9 @@ int run_export(int argc, char** argv) {
     return 0;
   }
   FAB_USER_CHECK(HfWeights::present(from), "--checkpoint {}: no model.safetensors there (nothing to export)", from);
-  auto model = load_model_folder(from, {});
+  DecoderOptions options;
+  options.value_head = holds_value_head(from);  // a reward model keeps its value head
+  auto model = load_model_folder(from, options);
   save_model_folder(*model, to);
   const std::string tokenizer_dir = args.get("tokenizer-from", from);
   copy_tokenizer_and_template_files(tokenizer_dir, to);

@@ -28,6 +28,7 @@
 #include "plan/auto_layout.h"
 #include "train/checkpoint.h"
 #include "train/finetuning.h"
+#include "train/grpo_stage.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -108,6 +109,9 @@ void check_run_config(const TrainConfig& c) {
                  "output_dir {} is the model folder model_name_or_path {}: the trained model would replace the "
                  "weights it starts from; choose another output_dir",
                  c.output_dir, c.model_name_or_path);
+  if (c.stage == "grpo" || c.stage == "ppo")  // max_new_tokens past the context fails before any work
+    check_rollout_context(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string())
+                                 .max_position_embeddings, nullptr);
   check_writable(c.output_dir);
   resolve_device(c.device);  // device: cuda without a GPU fails here, naming what is missing
   const bool resuming = !checkpoint_to_resume(c).empty();
@@ -122,13 +126,11 @@ ParallelLayout layout_of_run(const TrainConfig& c, int world_size) {
 
 // Run by hand with nproc_per_node > 1, a cluster or max_restarts: this process becomes the
 // launcher, and restarts the workers when they fail (max_restarts).
-int launch(const TrainConfig& c, int argc, char** argv) {
-  const ClusterFile cluster = c.cluster.empty() ? ClusterFile{} : load_cluster_file(c.cluster);
-  layout_of_run(c, cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots());  // fails before any worker starts
+int launch(const TrainConfig& c, const ClusterFile& cluster, int workers, int argc, char** argv) {
+  layout_of_run(c, workers);  // fails before any worker starts
   std::vector<std::string> worker = {fs::read_symlink("/proc/self/exe").string()};
   for (int i = 1; i < argc; ++i) worker.push_back(argv[i]);
-  std::printf("launching %d workers: %s ...\n", cluster.hosts.empty() ? int(c.nproc_per_node) : cluster.total_slots(),
-              mpirun_command(c, cluster, worker)[0].c_str());
+  std::printf("launching %d workers: %s ...\n", workers, mpirun_command(c, cluster, worker)[0].c_str());
   std::fflush(stdout);
   return run_with_restarts(c, cluster, [&](const std::vector<std::string>& extra, const ClusterFile& hosts) {
     std::vector<std::string> args = worker;
@@ -166,11 +168,11 @@ double measured_step_seconds(const std::vector<StepRecord>& history) {
   return seconds[seconds.size() / 2];
 }
 
-// grpo: a rollout is a prompt and up to max_new_tokens more.
+// grpo, ppo: a rollout is a prompt and up to max_new_tokens more, within the model's context.
 int64_t longest_rollout(const TrainConfig& c, const TokenSequences& train) {
-  int64_t longest = 2;
-  for (int64_t i = 0; i < train.size(); ++i) longest = std::max(longest, train.length(i));
-  return longest + c.max_new_tokens;
+  check_rollout_context(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string())
+                               .max_position_embeddings, &train);
+  return std::max<int64_t>(2, longest_prompt(train) + c.max_new_tokens);
 }
 
 int train_worker(TrainConfig c, WorldInfo world) {
@@ -233,6 +235,10 @@ int train_worker(TrainConfig c, WorldInfo world) {
     if (rl) train_data.grpo = grpo_environment(c, tokenizer);
     Trainer trainer(c, std::move(model), std::move(train_data), mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
+    if (main && c.stage == "ppo" && c.critic_warmup > trainer.total_steps())
+      std::printf("warning: critic_warmup %lld is past the run's %lld steps: the actor never updates, only the "
+                  "critic trains (saved to %s/critic); the final model is the starting one\n",
+                  (long long)c.critic_warmup, (long long)trainer.total_steps(), c.output_dir.c_str());
     finished = trainer.run();
     history = trainer.history();
   }
@@ -251,11 +257,15 @@ int train_worker(TrainConfig c, WorldInfo world) {
 int run_train(int argc, char** argv) {
   const TrainConfig c = config_from_args(argc, argv, 2, "fabrica train CONFIG.yaml [key=value ...]");
   const WorldInfo world = world_from_environment();
-  if (world.size == 1 && (c.nproc_per_node > 1 || !c.cluster.empty() || c.max_restarts > 0)) {
+  // Only a process run by hand launches: a worker that mpirun (or srun) started, even as a world
+  // of one (max_restarts with one process), trains under its launcher's lock.
+  if (world.launcher == "none" && (c.nproc_per_node > 1 || !c.cluster.empty() || c.max_restarts > 0)) {
+    const ClusterFile cluster = c.cluster.empty() ? ClusterFile{} : load_cluster_file(c.cluster);
+    const int workers = checked_worker_count(c, cluster, usable_cores());  // before anything is written
     check_run_config(c);
     const OutputDirLock lock(c.output_dir);
     ::setenv(OutputDirLock::kHeldByLauncher, lock.path().c_str(), 1);
-    return launch(c, argc, argv);
+    return launch(c, cluster, workers, argc, argv);
   }
   return train_worker(c, world);
 }

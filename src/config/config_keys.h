@@ -49,7 +49,7 @@
   X(logging_steps, logging_steps, int64_t, 10, Supported, "Log every N optimizer steps")                                              \
   X(save_steps, save_steps, int64_t, 500, Supported, "Checkpoint every N optimizer steps (0: only at the end)")                    \
   X(save_total_limit, save_total_limit, int64_t, 0, Supported, "Keep at most N checkpoints (0: all)")                                    \
-  X(save_only_model, save_only_model, bool, false, Later, "Checkpoints without optimizer state")                                        \
+  X(save_only_model, save_only_model, bool, false, Supported, "Checkpoints hold the weights (LoRA: the adapter), trainer_state.json and the config, but no optimizer state: smaller, and, as in Hugging Face's Trainer, not resumable (resume_from_checkpoint refuses them)")                                        \
   X(plot_loss, plot_loss, bool, false, Supported, "Write a loss-curve image to output_dir")                                       \
   X(report_to, report_to, std::string, "none", Supported, "none or tensorboard")                                                  \
   X(ddp_timeout, ddp_timeout, int64_t, 1800, Supported, "Seconds a collective may wait for a rank before the job stops, naming it") \
@@ -193,6 +193,8 @@
   X(ppo_epochs, ppo_epochs, int64_t, 4, Supported, "grpo, ppo: passes over each rollout batch, each mini-batch one optimizer step of the actor (and ppo's critic; LLaMA-Factory's default 4; verl's is 1)") \
   X(num_generations, num_generations, int64_t, 0, Own, "grpo, ppo: responses sampled per prompt, one group (verl's rollout.n, TRL's num_generations; 0: 8 for grpo, 1 for ppo)") \
   X(reward, reward, std::string, "", Own, "grpo, ppo: comma-separated rewards, summed: exact_match, gsm8k, boxed, format:REGEX, command:CMD, model:PATH (see the notes)") \
+  X(reward_timeout, reward_timeout, double, 600.0, Own, "grpo, ppo: seconds one call of a command:CMD reward may take (each step and rank); past it its process group is killed and the run stops naming the command. Keep it below ddp_timeout") \
+  X(truncation, truncation, std::string, "error", Own, "grpo, ppo: a prompt longer than cutoff_len (its template included): error (stop, counting them), left (keep its last cutoff_len tokens: the end of the question and the assistant header) or middle (its first and last halves); verl's data.truncation. The answer is never cut") \
   X(norm_adv_by_std, norm_adv_by_std, bool, true, Own, "grpo: advantages (r - mean) / (std + 1e-6) per group; false: r - mean (Dr. GRPO; verl's norm_adv_by_std_in_grpo)") \
   X(clip_ratio_low, clip_ratio_low, double, 0.2, Own, "grpo, ppo: PPO ratio clipped below at 1 - clip_ratio_low (verl)") \
   X(clip_ratio_high, clip_ratio_high, double, 0.2, Own, "grpo, ppo: PPO ratio clipped above at 1 + clip_ratio_high (verl)") \
@@ -416,7 +418,7 @@
   X(pipeline_parallel_size, pipeline_parallel_size, int64_t, 1, Own, "Pipeline stages (pipeline_model_parallel_size is an alias)") \
   X(virtual_pipeline_parallel_size, virtual_pipeline_parallel_size, int64_t, 1, Own, "Model chunks per pipeline stage for interleaved 1F1B (virtual_pipeline_model_parallel_size is an alias)") \
   X(pipeline_layers, pipeline_layers, std::vector<int64_t>, {}, Own, "Decoder layers of each model chunk in layer order, e.g. [3, 5] (pp entries; pp x vpp interleaved, chunk k on stage k % pp); empty: an automatic split balancing a token's FLOPs, the head's vocab GEMM included") \
-  X(pipeline_schedule, pipeline_schedule, std::string, "1f1b", Own, "1f1b or interleaved_1f1b (needs virtual_pipeline_parallel_size > 1)") \
+  X(pipeline_schedule, pipeline_schedule, std::string, "1f1b", Own, "1f1b or interleaved_1f1b (needs virtual_pipeline_parallel_size > 1; left out, virtual_pipeline_parallel_size > 1 implies it, as in Megatron)") \
   X(parallel, parallel, std::string, "", Own, "auto: the planner (docs/PLANNER.md) chooses tensor_parallel_size, pipeline_parallel_size, virtual_pipeline_parallel_size, sequence_parallel, zero_stage, recompute_layers and the micro-batch (per_device_train_batch_size x gradient_accumulation_steps, keeping the global batch) for the run's ranks, and reports predicted against measured memory and step time; the layout keys set in the config constrain the search. Empty: the layout as the keys give it") \
   X(plan_cluster, plan_cluster, std::string, "", Own, "parallel: auto: the hardware to plan for, a file from `fabrica plan --calibrate` (empty: this machine, measured at start)")
 
@@ -439,8 +441,40 @@ starts a new reward only where a reward name follows it, so a regex or a command
 | `gsm8k` | 1 when the number after the response's first `#### ` equals the answer's (the number after its `#### `, or the whole answer), commas removed, as verl's gsm8k reward; else 0 |
 | `boxed` | 1 when the response's last `oxed{...}` (nested braces) equals the answer's last `oxed{}` (or the answer itself) as a number (`1/2` = `0.5`, `1,000` = `1000`), or as text when either is not a number; else 0 |
 | `format:REGEX` | 1 when REGEX (PCRE2) matches somewhere in the response, else 0 (anchor it with `^...$` for the whole response) |
-| `command:CMD` | CMD runs through `/bin/sh` once per step and rank; its stdin holds one JSON line per response, `{"prompt": ..., "response": ..., "answer": ...}`, and it prints one number per line, in order. A non-zero exit, a line that is not a number, or a count other than the responses' stops the run naming the command and the line |
-| `model:PATH` | a `stage: rm` output folder (value_head.safetensors, or v_head.* in its weights): the value head's score at the last token of prompt + response, as `fabrica score` computes it. It must share the policy's tokenizer |
+| `command:CMD` | CMD runs through `/bin/sh` once per step and rank; its stdin holds one JSON line per response, `{"prompt": ..., "response": ..., "answer": ...}`, and it prints one number per line, in order. A non-zero exit, a line that is not a number, or a count other than the responses' stops the run naming the command and the line. It runs in a process group of its own: past `reward_timeout` seconds (default 600), or when a stop signal reaches the run, the whole group is killed and the run stops naming the command; if the run itself is killed (even by SIGKILL), a guardian process (`reward-guard`) kills the group |
+| `model:PATH` | a `stage: rm` output folder: a full model (value_head.safetensors, or v_head.* in its weights), or a LoRA adapter (finetuning_type lora) with its value_head.safetensors, merged into its base_model_name_or_path when loaded. The value head's score at the last token of prompt + response, as `fabrica score` computes it. Its tokenizer must be the policy's: every token id of the policy's tokenizer must be the same token in the reward model's, and its vocab_size at least the policy's, checked at the start (the run stops naming both folders) |
+
+Every score must be a finite number within ±1e15 (larger ones overflow a group's mean and variance);
+the run stops naming the reward and the response otherwise.
 
 Example: `reward: gsm8k,format:^.*#### -?[0-9]+$` gives 2 to a right answer in the right format.
+
+## Prompts (stages grpo and ppo)
+
+Each example's prompt goes through the template up to and with the assistant header (every earlier
+turn included, as LLaMA-Factory's `encode_oneturn`); its answer (the last response) is kept whole
+for the rewards and never read by the model. `cutoff_len` bounds the prompt, as verl's
+`max_prompt_length`; `max_new_tokens` bounds the response, and the longest prompt plus
+`max_new_tokens` must fit the model's `max_position_embeddings` (checked at the start, as `fabrica
+generate` checks it).
+
+A prompt longer than `cutoff_len` is never cut from the right, which would drop the end of the
+question and the assistant header the response must follow. LLaMA-Factory's own PPO data cuts the
+prompt's head (`input_ids[:source_len]` after `infer_seqlen`), which is that defect; Fabrica does
+what verl's `data.truncation` does instead:
+
+| truncation | a prompt longer than cutoff_len |
+|---|---|
+| `error` (default, as verl) | the run stops before training, counting such prompts and naming the longest |
+| `left` | keeps its last `cutoff_len` tokens: the end of the question and the assistant header |
+| `middle` | keeps its first `cutoff_len / 2` and last `cutoff_len - cutoff_len / 2` tokens |
+
+Cut prompts are counted as `truncated` in the `data:` line.
+
+## Settings under which nothing is learned (stages grpo and ppo)
+
+Refused at the start: grpo with `num_generations: 1` (a group of one has advantage 0), and grpo with
+greedy decoding (`temperature: 0` or `top_k: 1`), which gives every response of a group the same
+text. A warning: ppo with `critic_warmup` past the run's steps trains only the critic. A non-finite
+loss or gradient norm of the actor or the critic stops the run naming the step and the ranks.
 )";

@@ -197,6 +197,10 @@ void check_ranges(const TrainConfig& c, Require& require) {
   require(c.trace_steps.empty() || (c.trace_steps.size() == 2 && c.trace_steps[0] >= 1 && c.trace_steps[1] >= c.trace_steps[0]),
           "trace_steps: expected [first, last] optimizer steps with 1 <= first <= last");
   require(c.max_restarts >= 0, format("max_restarts must be >= 0, got {}", c.max_restarts));
+  require(c.max_restarts == 0 || !c.save_only_model,
+          format("max_restarts {} with save_only_model: a restart resumes from the newest checkpoint, and "
+                 "save_only_model's hold no optimizer state; set save_only_model: false, or max_restarts: 0",
+                 c.max_restarts));
   require(c.restart_backoff_s >= 0 && c.restart_backoff_s <= 3600,
           format("restart_backoff_s must be in [0, 3600] seconds, got {}", c.restart_backoff_s));
 }
@@ -239,7 +243,24 @@ void check_grpo_keys(const TrainConfig& c, Require& require) {
   require(c.top_p > 0 && c.top_p <= 1, format("top_p must be in (0, 1], got {}", c.top_p));
   require(c.top_k >= 0, format("top_k must be >= 0 (0: off), got {}", c.top_k));
   require(c.max_new_tokens >= 1, format("max_new_tokens must be at least 1, got {}", c.max_new_tokens));
+  require(c.reward_timeout > 0 && std::isfinite(c.reward_timeout),
+          format("reward_timeout must be positive seconds, got {}", c.reward_timeout));
+  require(c.truncation == "error" || c.truncation == "left" || c.truncation == "middle",
+          format("truncation \"{}\" must be error, left or middle{}", c.truncation,
+                 c.truncation == "right" ? " (right would cut off the end of the prompt: the question's end and the "
+                                           "assistant header the response follows)"
+                                         : ""));
   if (c.stage != "grpo" && c.stage != "ppo") return;
+  // Settings under which every advantage is 0: the run would learn nothing.
+  require(c.stage != "grpo" || c.num_generations >= 2,
+          "stage grpo with num_generations 1: each prompt's group holds one response, whose advantage (its reward "
+          "minus the group's mean) is always 0; sample 2 or more per prompt (verl's rollout.n)");
+  const bool greedy = c.temperature == 0 || c.top_k == 1;
+  require(c.stage != "grpo" || !greedy,
+          format("stage grpo with {} and num_generations {}: greedy decoding gives every response of a group the same "
+                 "text, so every advantage is 0 and nothing is learned; sample (temperature > 0 and top_k 0 or above 1; verl "
+                 "uses temperature 1.0, top_k off)",
+                 c.temperature == 0 ? "temperature 0" : "top_k 1", c.num_generations));
   require(!c.reward.empty(), format("stage {} needs reward (e.g. exact_match, gsm8k, boxed, format:REGEX, command:CMD, "
                                     "model:PATH)", c.stage));
   require(c.ppo_mini_batch_size == 0 || c.per_device_train_batch_size % c.ppo_mini_batch_size == 0,
@@ -413,6 +434,11 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
   if (c.num_generations == 0) c.num_generations = c.stage == "ppo" ? 1 : 8;
   if (c.critic_learning_rate == 0) c.critic_learning_rate = c.learning_rate;
+  // Megatron infers the interleaved schedule from virtual pipeline stages; so does a config that
+  // does not name one.
+  if (c.virtual_pipeline_parallel_size > 1 &&
+      std::find(c.given_keys.begin(), c.given_keys.end(), "pipeline_schedule") == c.given_keys.end())
+    c.pipeline_schedule = "interleaved_1f1b";
   if (problems.lines.empty()) check_values(c, source, problems);
   if (c.neat_packing) c.packing = true;  // as LLaMA-Factory's DataArguments
   if (c.disable_shuffling) c.shuffle = false;

@@ -46,6 +46,7 @@ std::string cache_key(const TrainConfig& c, const Tokenizer& tokenizer, const st
       << "|train_on_prompt=" << c.train_on_prompt << "|mask_history=" << c.mask_history
       << "|thinking=" << c.enable_thinking << "|packing=" << c.packing << "|eval=" << c.eval_dataset
       << "|tokenizer=" << file_identity(tokenizer.source());
+  if (c.stage == "grpo" || c.stage == "ppo") key << "|prompts=oneturn|truncation=" << c.truncation;
   for (const DatasetAttr& d : datasets) key << "|" << d.name << "=" << file_identity(d.file_name);
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.str()));
@@ -90,6 +91,8 @@ TokenizedItems tokenize(const TrainConfig& c, const std::vector<Example>& exampl
   if (c.stage == "pt") return {preprocess_pretrain(examples, chat, PretrainOptions{c.cutoff_len, true, 1000})};
   if (c.stage == "dpo" || c.stage == "rm") return pairwise_items(preprocess_pairwise(examples, chat, c.cutoff_len));
   if (c.stage == "kto") return feedback_items(preprocess_feedback(examples, chat, c.cutoff_len));
+  if (c.stage == "grpo" || c.stage == "ppo")
+    return {preprocess_prompts(examples, chat, PromptOptions{c.cutoff_len, c.truncation, c.stage})};
   return {preprocess_supervised(examples, chat, SupervisedOptions{c.cutoff_len, c.train_on_prompt, c.mask_history})};
 }
 

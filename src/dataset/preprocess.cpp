@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -367,6 +368,95 @@ FeedbackDataset preprocess_feedback(const std::vector<Example>& examples, const 
     out.stats.truncated += truncated ? 1 : 0;
     count(&out.stats, sample->completion);
     out.samples.push_back(std::move(*sample));
+  }
+  return out;
+}
+
+namespace {
+
+// One example of preprocess_prompts: its prompt (cut when `truncation` allows) and answer, and its
+// prompt's length before any cut.
+struct PromptOutcome {
+  bool kept = false;
+  int64_t prompt_length = 0;
+  bool truncated = false;
+  TokenizedSample sample;
+};
+
+// verl's RLHFDataset truncation of a prompt of more than `cutoff_len` tokens.
+std::vector<int32_t> cut_prompt(const std::vector<int32_t>& prompt, int64_t cutoff_len, const std::string& truncation) {
+  const auto n = static_cast<std::ptrdiff_t>(cutoff_len);
+  if (truncation == "left") return {prompt.end() - n, prompt.end()};
+  std::vector<int32_t> out(prompt.begin(), prompt.begin() + n / 2);  // middle
+  out.insert(out.end(), prompt.end() - (n - n / 2), prompt.end());
+  return out;
+}
+
+PromptOutcome prompt_outcome(const ChatTemplate& chat, const Example& example, const PromptOptions& options) {
+  PromptOutcome o;
+  std::vector<int32_t> prompt, answer;
+  if (example.pretokenized) {
+    size_t first = 0;
+    while (first < example.labels.size() && example.labels[first] == kIgnoreIndex) ++first;
+    prompt.assign(example.input_ids.begin(), example.input_ids.begin() + static_cast<std::ptrdiff_t>(first));
+    answer.assign(example.input_ids.begin() + static_cast<std::ptrdiff_t>(first), example.input_ids.end());
+  } else if (example.prompt.size() % 2 == 1 && example.response.size() == 1) {
+    std::vector<Message> messages = example.prompt;
+    messages.push_back(example.response[0]);
+    std::tie(prompt, answer) =
+        naming_the_record(example, [&] { return chat.encode_oneturn(messages, example.system, example.tools); });
+    if (chat.spec().efficient_eos) answer.push_back(chat.eos_id());
+  } else {
+    return o;  // LLaMA-Factory's "Dropped invalid example"
+  }
+  o.kept = true;
+  o.prompt_length = static_cast<int64_t>(prompt.size());
+  if (o.prompt_length > options.cutoff_len && options.truncation != "error") {
+    prompt = cut_prompt(prompt, options.cutoff_len, options.truncation);
+    o.truncated = true;
+  }
+  o.sample.input_ids = prompt;
+  o.sample.labels.assign(prompt.size(), kIgnoreIndex);
+  append(&o.sample.input_ids, answer);
+  append(&o.sample.labels, answer);
+  return o;
+}
+
+}  // namespace
+
+TokenizedDataset preprocess_prompts(const std::vector<Example>& examples, const ChatTemplate& chat,
+                                    const PromptOptions& options) {
+  check_cutoff(options.cutoff_len);
+  FAB_USER_CHECK(options.truncation == "error" || options.truncation == "left" || options.truncation == "middle",
+                 "truncation \"{}\" must be error, left or middle", options.truncation);
+  std::vector<PromptOutcome> outcomes =
+      parallel_map(examples.size(), [&](size_t i) { return prompt_outcome(chat, examples[i], options); });
+  TokenizedDataset out;
+  int64_t too_long = 0;
+  size_t longest = 0;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    PromptOutcome& o = outcomes[i];
+    if (!o.kept) {
+      ++out.stats.skipped;
+      continue;
+    }
+    if (o.prompt_length > options.cutoff_len) {
+      ++too_long;
+      if (o.prompt_length > outcomes[longest].prompt_length || !outcomes[longest].kept) longest = i;
+    }
+    out.stats.truncated += o.truncated ? 1 : 0;
+    out.samples.push_back(std::move(o.sample));
+    count(&out.stats, out.samples.back());
+  }
+  if (too_long > 0 && options.truncation == "error") {
+    const std::string where = examples[longest].origin.where();
+    throw UserError(fab::format(
+        "stage {}: {} of {} prompts are longer than cutoff_len {} tokens (template included; the longest{} has {}); "
+        "a prompt is never cut unless you say how, since cutting its end loses the question and the assistant "
+        "header: raise cutoff_len, or set truncation: left (keep each one's last cutoff_len tokens) or middle (its "
+        "first and last halves), as verl's data.truncation",
+        options.stage, too_long, out.samples.size(), options.cutoff_len, where.empty() ? "" : " (" + where + ")",
+        outcomes[longest].prompt_length));
   }
   return out;
 }

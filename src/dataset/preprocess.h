@@ -7,6 +7,7 @@
 // Examples are encoded on all of OpenMP's threads; the result, and the error raised by the first
 // bad example, are those of a loop in example order.
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -87,6 +88,25 @@ struct PairwiseDataset {
 // shared so both keep the same prompt. Needs a prompt of odd length and at least two responses.
 PairwiseDataset preprocess_pairwise(const std::vector<Example>& examples, const ChatTemplate& chat,
                                     int64_t cutoff_len);
+
+// Stages grpo and ppo (verl's RLHFDataset): per example, the prompt through the template up to and
+// with the assistant header (encode_oneturn: every earlier turn included), its labels -100, then
+// the reference answer (the last response; eos appended under efficient_eos) whole, as labels: the
+// rewards compare with it, the model never reads it. A prompt longer than cutoff_len is cut as
+// `truncation` says (verl's data.truncation): "left" keeps its last cutoff_len tokens (the end of
+// the question and the assistant header), "middle" its first cutoff_len / 2 and last
+// cutoff_len - cutoff_len / 2; "error" cuts nothing, and any such prompt makes the whole call a
+// UserError that counts them and names the longest. Cut prompts are counted in stats.truncated;
+// pre-tokenised examples split at their first label that is not -100. Needs a prompt of odd
+// length and one response (LLaMA-Factory's supervised check); other examples are skipped.
+struct PromptOptions {
+  int64_t cutoff_len = 2048;
+  std::string truncation = "error";  // error, left or middle
+  std::string stage = "grpo";        // for messages
+};
+
+TokenizedDataset preprocess_prompts(const std::vector<Example>& examples, const ChatTemplate& chat,
+                                    const PromptOptions& options);
 
 // KTO (processor/feedback.py FeedbackDatasetProcessor): each example's prompt + its response,
 // and prompt + a mismatched response for the KL estimate: the response of the example before it

@@ -2,11 +2,13 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +48,32 @@ std::vector<std::string> mpirun_command(const TrainConfig& config, const Cluster
     if (std::getenv(var)) cmd.insert(cmd.end(), {"-x", var});
   cmd.insert(cmd.end(), worker_args.begin(), worker_args.end());
   return cmd;
+}
+
+int checked_worker_count(const TrainConfig& config, const ClusterFile& cluster, int cores) {
+  if (!cluster.hosts.empty()) {
+    for (const ClusterHost& h : cluster.hosts)
+      FAB_USER_CHECK(config.nproc_per_node <= h.slots,
+                     "nproc_per_node {} is more than the {} slots of host {} in cluster file {}: a cluster run "
+                     "starts one worker per slot of each host; set the hosts' slots there, or leave nproc_per_node "
+                     "out",
+                     config.nproc_per_node, h.slots, h.name, config.cluster);
+    return cluster.total_slots();
+  }
+  const int64_t most = int64_t(kMaxWorkersPerCore) * std::max(1, cores);
+  FAB_USER_CHECK(config.nproc_per_node <= most,
+                 "nproc_per_node {} is more than {} workers per core of this machine ({} cores: at most {}): so many "
+                 "processes only wait on each other, and the run would crawl or hang; use nproc_per_node {} or "
+                 "fewer, or a cluster file for more machines",
+                 config.nproc_per_node, kMaxWorkersPerCore, cores, most, most);
+  return int(config.nproc_per_node);
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, int(std::thread::hardware_concurrency()));
 }
 
 namespace {

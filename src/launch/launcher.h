@@ -19,6 +19,16 @@ namespace fab {
 std::vector<std::string> mpirun_command(const TrainConfig& config, const ClusterFile& cluster,
                                         const std::vector<std::string>& worker_args);
 
+// The workers a launch starts: nproc_per_node here, or every slot of `cluster` when it has hosts.
+// Refused at once (a UserError with the numbers): more than kMaxWorkersPerCore workers per core of
+// this machine (`cores`), which only wait on each other and starve the collectives into timeouts
+// or hangs, and a nproc_per_node past a cluster host's slots (a cluster run starts one worker per
+// slot).
+constexpr int kMaxWorkersPerCore = 8;
+int checked_worker_count(const TrainConfig& config, const ClusterFile& cluster, int cores);
+// The cores this process may run on (its CPU affinity; the machine's when that is unknown).
+int usable_cores();
+
 // How one run of the workers ended.
 struct LaunchResult {
   int exit_code = 0;            // mpirun's (128 + signal when it was killed)

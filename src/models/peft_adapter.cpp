@@ -21,11 +21,15 @@ constexpr const char* kPrefix = "base_model.model.";
 fs::path config_path(const std::string& dir) { return fs::path(dir) / "adapter_config.json"; }
 fs::path weights_path(const std::string& dir) { return fs::path(dir) / "adapter_model.safetensors"; }
 
+bool is_value_head(const std::string& name) { return name.rfind("v_head.", 0) == 0; }
+
 // The tensors an adapter folder holds for this model: every adapter and every modules_to_save
-// parameter, by their names inside the model.
+// parameter, by their names inside the model. A reward model's value head is not among them: it
+// goes beside, into value_head.safetensors, as LLaMA-Factory saves it.
 std::vector<const ParamInfo*> saved_parameters(const DecoderModel& model) {
   std::vector<const ParamInfo*> out;
-  for (const ParamInfo& p : model.params().params()) out.push_back(&p);
+  for (const ParamInfo& p : model.params().params())
+    if (!is_value_head(p.name)) out.push_back(&p);
   return out;
 }
 
@@ -79,6 +83,12 @@ std::vector<std::string> string_list(const nlohmann::json& j, const std::string&
 }  // namespace
 
 bool is_adapter_folder(const std::string& dir) { return fs::exists(config_path(dir)); }
+
+bool adapter_holds_value_head(const std::string& dir) {
+  const fs::path weights = weights_path(dir);
+  return fs::exists(weights) &&
+         SafetensorsFile::open(weights.string()).contains(std::string(kPrefix) + "v_head.summary.weight");
+}
 
 LoraOptions read_adapter_config(const std::string& dir, std::string* base_model) {
   const std::string file = config_path(dir).string();
@@ -151,9 +161,22 @@ void load_adapter(DecoderModel& model, const std::string& dir) {
                    key, shape_str(file.entries().at(key).shape), shape_str(p->shape));
     params.set_values(*p, file.as_f32(key).data<float>());
   }
-  for (const std::string& name : file.names())
+  for (const std::string& name : file.names()) {
+    // Earlier Fabrica builds also wrote a reward model's value head here: read into a model that
+    // has one (value_head.safetensors, read after, holds the same), passed over by one that has not.
+    if (name.rfind(std::string(kPrefix) + "v_head.", 0) == 0) {
+      const std::string inner = name.substr(std::string(kPrefix).size());
+      if (model.options().value_head && params.contains(inner)) {
+        const ParamInfo& p = params.info(inner);
+        FAB_USER_CHECK(file.entries().at(name).shape == p.shape, "{}: tensor \"{}\" has shape {}, the model needs {}",
+                       path, name, shape_str(file.entries().at(name).shape), shape_str(p.shape));
+        params.set_values(p, file.as_f32(name).data<float>());
+      }
+      continue;
+    }
     FAB_USER_CHECK(expected.count(name), "{}: unexpected tensor \"{}\" for these LoRA targets and modules_to_save",
                    path, name);
+  }
   model.weights_changed();
 }
 

@@ -18,11 +18,17 @@ bool is_adapter_folder(const std::string& dir);
 // `base_model` receives base_model_name_or_path when not null.
 LoraOptions read_adapter_config(const std::string& dir, std::string* base_model = nullptr);
 
+// True when the folder's adapter_model.safetensors holds a value head (base_model.model.v_head.*).
+bool adapter_holds_value_head(const std::string& dir);
+
 // Writes the model's adapters (and modules_to_save) as a PEFT folder.
 void save_adapter(const DecoderModel& model, const std::string& dir, const std::string& base_model_name_or_path);
 
 // Reads a PEFT folder's tensors into the model's adapters and modules_to_save; the folder must
-// hold exactly the tensors the model's LoRA options imply.
+// hold exactly the tensors the model's LoRA options imply, and may also hold a reward model's value
+// head (base_model.model.v_head.*, as earlier Fabrica builds wrote it): read into a model with a value
+// head, passed over by one without. save_adapter writes the value head nowhere (the caller puts
+// it into value_head.safetensors beside, as LLaMA-Factory does).
 void load_adapter(DecoderModel& model, const std::string& dir);
 
 // W += scaling * B A for every adapter, into the base weights (which must be fp32); the model

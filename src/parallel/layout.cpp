@@ -51,10 +51,14 @@ void check_pipeline(const TrainConfig& c, const ModelConfig& m, const ParallelLa
                  l.vpp);
   FAB_USER_CHECK(l.schedule == "1f1b" || l.schedule == "interleaved_1f1b",
                  "pipeline_schedule \"{}\": expected 1f1b or interleaved_1f1b", l.schedule);
-  FAB_USER_CHECK((l.schedule == "interleaved_1f1b") == (l.vpp > 1),
-                 "pipeline_schedule {} with virtual_pipeline_parallel_size {}: interleaved_1f1b runs several model "
-                 "chunks per stage (set virtual_pipeline_parallel_size > 1), 1f1b one",
-                 l.schedule, l.vpp);
+  FAB_USER_CHECK(l.schedule != "interleaved_1f1b" || l.vpp > 1,
+                 "pipeline_schedule interleaved_1f1b with virtual_pipeline_parallel_size 1: interleaved_1f1b runs "
+                 "several model chunks per stage; set virtual_pipeline_parallel_size > 1, or pipeline_schedule 1f1b");
+  FAB_USER_CHECK(l.schedule != "1f1b" || l.vpp == 1,
+                 "pipeline_schedule 1f1b with virtual_pipeline_parallel_size {}: 1f1b runs one model chunk per "
+                 "stage; set pipeline_schedule interleaved_1f1b (what leaving it out gives), or "
+                 "virtual_pipeline_parallel_size 1",
+                 l.vpp);
   FAB_USER_CHECK(l.chunks() <= layers,
                  "pipeline_parallel_size {} x virtual_pipeline_parallel_size {} = {} model chunks, but config.json "
                  "has {} layers (each chunk needs at least one)",

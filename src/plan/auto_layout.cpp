@@ -8,8 +8,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/allocator.h"
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/pages.h"
+#include "models/decoder.h"
 #include "models/model_config.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
@@ -71,10 +74,31 @@ std::string layout_text(const nlohmann::json& l) {
                 l["micro_batch_size"].get<int64_t>(), l["gradient_accumulation_steps"].get<int64_t>());
 }
 
+}  // namespace
+
+double warm_worker_resident_bytes() {
+  {
+    const ModelConfig config = parse_model_config(
+        R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "max_position_embeddings": 64, "tie_word_embeddings": false})",
+        "the warm-up model");
+    DecoderModel model(config);
+    model.init_random(1);
+    Tensor ids = Tensor::empty({2, 64}, DType::i64, MemoryCategory::activations);
+    for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = (i * 7) % 256;
+    model.forward_backward(ids, ids, 1.0f);
+  }
+  if (auto* host = dynamic_cast<HostAllocator*>(&backend(DeviceKind::cpu).allocator())) host->release_cached();
+  return process_resident_bytes();
+}
+
+namespace {
+
 AutoPlan plan_on_rank_zero(const TrainConfig& config, int world_size) {
   ClusterSpec cluster = cluster_for_run(config, world_size);
   // This process is a worker: what it holds now is a worker's runtime (MPI, oneDNN, the binary).
-  if (cluster.device.host && config.plan_cluster.empty()) cluster.device.reserved_bytes = process_resident_bytes();
+  if (cluster.device.host && config.plan_cluster.empty()) cluster.device.reserved_bytes = warm_worker_resident_bytes();
   const PlanProblem problem = problem_for_run(config, world_size, cluster);
   PlanConstraints fixed = plan_constraints(config);
   const std::string checkpoint = checkpoint_to_resume(config);

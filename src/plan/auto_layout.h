@@ -22,6 +22,12 @@ ClusterSpec cluster_for_run(const TrainConfig& config, int world_size);
 // machine) with what loading its tokenizer adds to a process's peak, measured by loading it.
 PlanProblem problem_for_run(const TrainConfig& config, int world_size, const ClusterSpec& cluster);
 
+// What a worker holds resident before its model, with a training step's runtime warmed up: a tiny
+// decoder's forward and backward touch the code a step runs and create oneDNN's primitives for
+// its ~15 GEMM shapes (about 0.25 MB each, kept), then the allocator's cached blocks are handed
+// back. The plan's `reserved` on this machine (its tensors are counted apart).
+double warm_worker_resident_bytes();
+
 // What rank 0 chose and every rank applied: layout_json of the chosen layout under "layout",
 // the cluster's name, the keys that constrained the search.
 using AutoPlan = nlohmann::json;

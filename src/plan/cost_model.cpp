@@ -74,20 +74,68 @@ const LinkSpec& link_for(const ClusterSpec& c, int span) {
   return span <= c.devices_per_node ? c.intra_node : c.inter_node;
 }
 
-// The final save, in fp32 host memory (Trainer::finish): under pp, stage 0 receives every other
-// stage's weights (PipelineParallel::gather_weights); otherwise under tp each rank builds the
-// whole model's tensors (gather_full_tensors) and, while it gathers the largest, also holds that
-// tensor's all-gathered slices.
+// The final save, in fp32 host memory (Trainer::finish): under tp each rank builds its stage's
+// whole tensors (gather_full_tensors) and, while it gathers the largest, also holds that tensor's
+// all-gathered slices; under pp (gather_stage_weights) every other stage packs its whole tensors
+// into one message for stage 0, which receives them all.
 double save_gathered_bytes(const ModelConfig& m, const PlanLayout& l, int s) {
-  double bytes = 0;
-  if (l.pp > 1) {
-    if (s == 0)
-      for (int stage = 1; stage < l.pp; ++stage) bytes += 4 * stage_parameters(m, l, stage) * l.tp;
-  } else if (l.tp > 1) {
-    const double largest = std::max(embedding_parameters(m), double(m.hidden_size) * double(m.intermediate_size));
-    bytes += 4 * (stage_parameters(m, l, 0) * l.tp + largest);
-  }
-  return bytes;
+  const double whole_stage = 4 * stage_parameters(m, l, s) * l.tp;
+  const double largest = std::max(embedding_parameters(m), double(m.hidden_size) * double(m.intermediate_size));
+  const double own = l.tp > 1 ? whole_stage : 0;  // without tp, a stage's own tensors are its weights
+  if (l.pp == 1) return l.tp > 1 ? whole_stage + 4 * largest : 0;
+  if (s != 0) return std::max(own + whole_stage, l.tp > 1 ? whole_stage + 4 * largest : 0);
+  double received = 0;
+  for (int stage = 1; stage < l.pp; ++stage) received += 4 * stage_parameters(m, l, stage) * l.tp;
+  return std::max(own + received, l.tp > 1 ? whole_stage + 4 * largest : 0);
+}
+
+// What one micro-batch keeps on a rank of a Fabrica run, bytes. Fabrica's tape (nn/ops.cpp) holds
+// every op's output from its forward until backward reaches it, in fp32, so a decoder layer keeps
+// (T rows, Tl of them this rank's residual stream: all, or under sp T padded to a multiple of t,
+// divided by t; the heads, kv heads and I this rank's share):
+//   on Tl rows: the two RMSNorms' outputs and rstd, the attention block's sum, the layer's
+//   output: 4h + 2;
+//   on T rows: the fused q/k/v projection's output and the q, k, v split out of it (2 (ad + 2kd)),
+//   q and k after RoPE (ad + kd) and, with q/k norms, before it (ad + kd, an rstd per head), the
+//   attention output (ad) and its log-sum-exp (a), gate and up (2I) and their SwiGLU product (I);
+//   the o_proj and down_proj outputs, 2h per row: all T rows (under sp they stay views into the
+//   padded buffer they were reduce-scattered in).
+// bf16 adds the bf16 copies the linear layers keep of their inputs (q/k/v's and gate/up's not
+// under sp, where the gathered input is gathered again in backward). With recompute a layer keeps
+// its output only and backward replays one layer at a time.
+struct KeptActivations {
+  double layer = 0;      // one decoder layer
+  double kept_layer = 0;  // what a layer holds until backward (its output alone with recompute)
+  double embedding = 0;  // the embedding's output (stage 0)
+  double head = 0;       // the final norm's output and the head's input gradient (last stage)
+  double logits = 0;     // the fused head's logits chunk (and bf16 copies), only during its forward
+  double local_rows = 0;  // rows of the residual stream on this rank
+  double backward = 0;   // at most, on top of what is kept, while backward runs a layer
+};
+
+KeptActivations fabrica_activations(const ModelConfig& m, const PlanLayout& l, int64_t sequence_length, bool bf16) {
+  const double t = l.tp, T = double(l.micro_batch_size * sequence_length);
+  const double padded = l.sequence_parallel ? std::ceil(T / t) * t : T, local = l.sequence_parallel ? padded / t : T;
+  const double C = double(m.hidden_size), D = double(m.head_dim), H = double(m.num_attention_heads) / t,
+               KV = double(m.num_key_value_heads) / kv_split(m, l.tp), I = double(m.intermediate_size) / t;
+  const double q = H * D, kv = KV * D, qk = m.qk_norm ? 1 : 0;
+  KeptActivations a;
+  a.local_rows = local;
+  a.layer = 4 * (local * (4 * C + 2) + 2 * T * C +
+                 T * (2 * (q + 2 * kv) + (q + kv) * (1 + qk) + q + H + 3 * I + qk * (H + KV)));
+  if (bf16) a.layer += 2 * T * (q + I + (l.sequence_parallel ? 0 : 2 * C));
+  a.kept_layer = l.recompute ? 4 * local * C : a.layer;
+  a.embedding = 4 * (l.sequence_parallel ? padded : T) * C;
+  a.head = 4 * (local * (C + 1) + (l.sequence_parallel ? padded * C : 0) + T * C);
+  const double slice = std::ceil(double(m.vocab_size) / t), chunk = std::min(kHeadChunkRows, T);
+  a.logits = chunk * slice * (bf16 ? 6 : 4) + (bf16 ? 2 * T * C : 0);
+  // The first layer backward meets: SwiGLU's input and output gradients (3I per row) before the
+  // MLP's activations are freed; under sp, gate/up's input gathered again, its gradient and the
+  // padded copy that is reduce-scattered (3 streams); bf16, dy's bf16 copy for the GEMMs; with
+  // recompute, the whole layer replayed and its input's gradient.
+  a.backward = 4 * T * 3 * I + (l.sequence_parallel ? 4 * 3 * padded * C : 0) + (bf16 ? 2 * T * 2 * I : 0) +
+               (l.recompute ? a.layer + 4 * local * C : 0);
+  return a;
 }
 
 MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l, int s) {
@@ -97,31 +145,60 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
   MemoryBreakdown b = model_state_memory(stage_parameters(m, l, s), l.dp, l.zero_stage, c.device, p.bf16);
   const double tokens = double(l.micro_batch_size * p.sequence_length);
   const double sp_split = l.sequence_parallel ? l.tp : 1;
-  const LayerActivationBytes a = layer_activation_bytes(m, e);
-  const double kv = e * 2 * double(m.num_key_value_heads * m.head_dim);  // k and v, in a.split
-  const double full_layer = tokens * (a.replicated / sp_split + (a.split - kv) / l.tp + kv / kv_split(m, l.tp));
-  const double kept_layer = l.recompute ? tokens * double(m.hidden_size) * e / sp_split : full_layer;
-  const double embedding_output = s == 0 ? tokens * double(m.hidden_size) * e / sp_split : 0;
-  b.activations = micro_batches_in_flight(l, s) * (stage_layers(l, s) * kept_layer + embedding_output) +
-                  (l.recompute ? full_layer : 0);  // the layer being replayed
   const bool last = s == last_chunk(l) % l.pp;
-  b.logits = last ? std::min(kHeadChunkRows, tokens) * double(m.vocab_size) / l.tp * 4 : 0;
+  const double in_flight = micro_batches_in_flight(l, s);
+  if (c.device.state_layout == "fabrica") {
+    const KeptActivations a = fabrica_activations(m, l, p.sequence_length, p.bf16);
+    // Under pp each chunk-micro-batch in flight also holds the activations it received (every chunk
+    // but the model's first), and what a stage sent (outputs, input gradients) stays until the
+    // step ends: those of the chunk-micro-batches already done by the last forward.
+    const double stream = 4 * a.local_rows * double(m.hidden_size);
+    const double received = l.pp > 1 ? (s == 0 ? l.vpp - 1.0 : double(l.vpp)) * stream : 0;
+    const double done = std::max(0.0, double(l.gradient_accumulation_steps) - in_flight) * l.vpp;
+    b.activations = in_flight * (stage_layers(l, s) * a.kept_layer + received + (s == 0 ? a.embedding : 0)) +
+                    (last ? a.head : 0) + (l.pp > 1 ? 2 * done * stream : 0);
+    b.logits = last ? a.logits : 0;
+    // Backward's transient gradients come after the logits chunk is freed: the larger counts.
+    b.activations += std::max(0.0, a.backward - b.logits);
+  } else {
+    const LayerActivationBytes a = layer_activation_bytes(m, e);
+    const double kv = e * 2 * double(m.num_key_value_heads * m.head_dim);  // k and v, in a.split
+    const double full_layer = tokens * (a.replicated / sp_split + (a.split - kv) / l.tp + kv / kv_split(m, l.tp));
+    const double kept_layer = l.recompute ? tokens * double(m.hidden_size) * e / sp_split : full_layer;
+    const double embedding_output = s == 0 ? tokens * double(m.hidden_size) * e / sp_split : 0;
+    b.activations = in_flight * (stage_layers(l, s) * kept_layer + embedding_output) +
+                    (l.recompute ? full_layer : 0);  // the layer being replayed
+    b.logits = last ? std::min(kHeadChunkRows, tokens) * double(m.vocab_size) / l.tp * 4 : 0;
+  }
+  const double stage_gradients = stage_parameters(m, l, s) * per.gradients;
   if (l.dp > 1) {
-    // A bucket is whole units of at least 25 MB: the largest is the bigger of the two. The ring
-    // keeps a receive buffer of one chunk (1/dp) of it.
+    // Buckets are whole units (the embedding, a layer, the head) taken in backward order until they
+    // hold 25 MB (one unit each under ZeRO-3), or what is left of the stage: the largest is the
+    // bigger of 25 MB and the largest unit, at most the stage's whole gradient. The ring keeps a
+    // receive buffer of one chunk (1/dp) of it.
     const double largest_unit = std::max(embedding_parameters(m) / l.tp, layer_parameters_per_rank(m, l.tp));
-    const double largest_bucket = std::max(kBucketBytes, largest_unit * per.gradients);
+    const double largest_bucket = l.zero_stage == 3
+                                      ? largest_unit * per.gradients
+                                      : std::min(stage_gradients, std::max(kBucketBytes, largest_unit * per.gradients));
     b.buffers += largest_bucket / l.dp;
     // ZeRO-2/3: a bucket's full-size gradients live until reduce-scattered (the tied embedding's
-    // from the head's backward to its own).
-    if (l.zero_stage >= 2) b.buffers += largest_bucket;
+    // from the head's backward to its own). Fabrica's DataParallel hands them back when the next
+    // micro-batch begins (or the step's gradients are finished), so at the end of a backward every
+    // bucket's are there: the stage's whole gradient.
+    if (l.zero_stage >= 2) b.buffers += c.device.state_layout == "fabrica" ? stage_gradients : largest_bucket;
     // ZeRO-3: the rest of the unit being used and of the one prefetched (the tied embedding stays
     // gathered until its backward).
     if (l.zero_stage == 3)
       b.buffers += (1.0 - 1.0 / l.dp) * per.weights * (largest_unit + layer_parameters_per_rank(m, l.tp));
   }
-  if (l.tp > 1) b.buffers += tokens * double(m.hidden_size) * e;  // one all-gathered sequence
-  if (l.pp > 1) b.buffers += 2 * tokens * double(m.hidden_size) * e / sp_split;  // send + receive
+  if (l.tp > 1) {
+    if (c.device.state_layout == "fabrica")  // the tp ring's receive chunk: 1/t of an all-reduced stream
+      b.buffers += 4 * tokens * double(m.hidden_size) / l.tp;
+    else
+      b.buffers += tokens * double(m.hidden_size) * e;  // one all-gathered sequence
+  }
+  if (l.pp > 1 && c.device.state_layout != "fabrica")
+    b.buffers += 2 * tokens * double(m.hidden_size) * e / sp_split;  // send + receive
   // A tied embedding's gradient is all-reduced between the first and last stage: that 2-rank
   // ring keeps a receive buffer of half of it.
   const bool end_stage = s == 0 || last;

@@ -299,6 +299,20 @@ void check_trainer_state(const TrainerState& s, const std::string& path) {
 
 namespace {
 
+// Runs `write`, which writes into a checkpoint's temporary folder; when it fails (a full disk),
+// the folder goes before the error does, so a failed save leaves no checkpoint-N.tmp behind. Best
+// effort: another rank whose write failed may be removing it too.
+template <typename Write>
+void removing_tmp_on_failure(const fs::path& tmp, Write&& write) {
+  try {
+    write();
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+}
+
 // One rank's part of a checkpoint, gathered at the step: what it writes needs no collective.
 struct CheckpointPart {
   fs::path final_dir, tmp;
@@ -331,13 +345,14 @@ std::vector<NamedTensor> whole_weights(DataParallel& dp, Communicator* tp, Pipel
   return tensors;
 }
 
-std::string trainer_state_json(const TrainerState& state, int64_t world_size, int64_t stages) {
-  const nlohmann::json j = {{"global_step", state.global_step},
-                            {"sampler_epoch", state.sampler.epoch},
-                            {"sampler_position", state.sampler.position},
-                            {"losses", losses_to_json(state.losses)},
-                            {"world_size", world_size},
-                            {"pipeline_parallel_size", stages}};
+std::string trainer_state_json(const TrainerState& state, int64_t world_size, int64_t stages, bool save_only_model) {
+  nlohmann::json j = {{"global_step", state.global_step},
+                      {"sampler_epoch", state.sampler.epoch},
+                      {"sampler_position", state.sampler.position},
+                      {"losses", losses_to_json(state.losses)},
+                      {"world_size", world_size},
+                      {"pipeline_parallel_size", stages}};
+  if (save_only_model) j["save_only_model"] = true;
   return j.dump(1) + "\n";
 }
 
@@ -346,7 +361,7 @@ std::string trainer_state_json(const TrainerState& state, int64_t world_size, in
 // caller keeps the parameters gathered until the part's weights are written or copied.
 CheckpointPart take_part(const std::string& dir, DataParallel& dp, const TrainerState& state,
                          const std::string& config_yaml, Communicator* tp, const std::string& base_model,
-                         PipelineParallel* pipeline, bool copy) {
+                         PipelineParallel* pipeline, bool copy, bool save_only_model) {
   Communicator& group = dp.group();
   const bool stage_main = group.rank() == 0;  // of this stage's data-parallel group
   CheckpointPart part;
@@ -357,16 +372,17 @@ CheckpointPart take_part(const std::string& dir, DataParallel& dp, const Trainer
   if (part.main) {
     fs::remove_all(part.tmp);
     fs::create_directories(part.tmp);
-    if (dp.model().lora().enabled()) save_trained_weights(dp.model(), part.tmp.string(), base_model);
+    if (dp.model().lora().enabled())
+      removing_tmp_on_failure(part.tmp, [&] { save_trained_weights(dp.model(), part.tmp.string(), base_model); });
     part.model_config = dp.model().config();
     part.weights = copy ? copied(weights) : std::move(weights);
-    part.trainer_state = trainer_state_json(state, group.size(), pipeline ? pipeline->num_stages() : 1);
+    part.trainer_state = trainer_state_json(state, group.size(), pipeline ? pipeline->num_stages() : 1, save_only_model);
     part.config_yaml = config_yaml;
   }
   const std::string shard = stage_prefix(pipeline) + optimizer_file(group.rank(), group.size(), tp_place(dp));
   // Without ZeRO every data-parallel rank of a stage holds the whole optimizer state (of its
-  // tensor-parallel slices): data-parallel rank 0 writes it once.
-  if (dp.zero_stage() > 0 || stage_main) {
+  // tensor-parallel slices): data-parallel rank 0 writes it once. save_only_model: nobody does.
+  if (!save_only_model && (dp.zero_stage() > 0 || stage_main)) {
     part.shard_file = shard;
     const OptimizerShard s = optimizer_shard(dp);
     part.moments = copy ? copied(s.moments) : s.moments;
@@ -441,10 +457,10 @@ void write_in_background(const CheckpointPart& part, std::chrono::seconds peers_
 
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
                      const std::string& config_yaml, Communicator* tp, const std::string& base_model,
-                     PipelineParallel* pipeline) {
+                     PipelineParallel* pipeline, bool save_only_model) {
   dp.gather_all_parameters();
-  CheckpointPart part = take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, false);
-  if (part.main) write_main_files(part);
+  CheckpointPart part = take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, false, save_only_model);
+  if (part.main) removing_tmp_on_failure(part.tmp, [&] { write_main_files(part); });
   part.weights.clear();
   dp.release_gathered_parameters();
   // The data-parallel group's barrier, then the tensor-parallel group's or the pipeline's:
@@ -456,9 +472,9 @@ void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerStat
   };
   barrier("checkpoint: folder made");
   pause_for_tests();
-  write_shard(part);
+  removing_tmp_on_failure(part.tmp, [&] { write_shard(part); });
   barrier("checkpoint: shards written");
-  if (part.main) rename_into_place(part);
+  if (part.main) removing_tmp_on_failure(part.tmp, [&] { rename_into_place(part); });
   barrier("checkpoint: renamed");
 }
 
@@ -469,10 +485,11 @@ AsyncCheckpointWriter::~AsyncCheckpointWriter() {
 
 void AsyncCheckpointWriter::save(const std::string& dir, DataParallel& dp, const TrainerState& state,
                                  const std::string& config_yaml, Communicator* tp, const std::string& base_model,
-                                 PipelineParallel* pipeline, int64_t keep) {
+                                 PipelineParallel* pipeline, int64_t keep, bool save_only_model) {
   wait();
   dp.gather_all_parameters();
-  auto part = std::make_shared<CheckpointPart>(take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, true));
+  auto part = std::make_shared<CheckpointPart>(
+      take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, true, save_only_model));
   dp.release_gathered_parameters();
   // On the training thread, in the step's order: the folder exists before any rank writes into it.
   dp.group().barrier("checkpoint: folder made");
@@ -481,7 +498,7 @@ void AsyncCheckpointWriter::save(const std::string& dir, DataParallel& dp, const
   done_ = false;
   writer_ = std::thread([this, part, keep] {
     try {
-      write_in_background(*part, peers_timeout_, abandon_, keep);
+      removing_tmp_on_failure(part->tmp, [&] { write_in_background(*part, peers_timeout_, abandon_, keep); });
     } catch (const std::exception& e) {
       failure_ = std::make_exception_ptr(
           UserError(format("{} (written in the background, async_save): {}", part->final_dir.string(), e.what())));
@@ -499,6 +516,25 @@ void AsyncCheckpointWriter::wait() {
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
+namespace {
+
+// A checkpoint saved with save_only_model holds no optimizer state: it cannot continue the run
+// (Hugging Face's Trainer says the same of its own). A trainer_state.json that cannot be read is
+// load_checkpoint's to report.
+void check_resumable(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "trainer_state.json");
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  const bool model_only = j.is_object() && j.value("save_only_model", false) == true;
+  FAB_USER_CHECK(!model_only,
+                 "resume_from_checkpoint: {} was saved with save_only_model: true: it holds the weights but no "
+                 "optimizer state, so the run cannot resume from it. Export its weights (fabrica export "
+                 "--checkpoint {} --output DIR) to start a new run from them, or save resumable checkpoints with "
+                 "save_only_model: false",
+                 dir, dir);
+}
+
+}  // namespace
+
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
@@ -506,6 +542,7 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
+    check_resumable(dir);
     dp.commit_all_parameters();
     load_trained_weights(dp.model(), dir);
     if (dp.model().options().value_head) load_value_head(dp.model(), dir);
@@ -538,12 +575,14 @@ std::string checkpoint_to_resume(const TrainConfig& config) {
     FAB_USER_CHECK(!latest.empty(),
                    "resume_from_checkpoint: true: no valid checkpoint found in output_dir {} (no checkpoint-N folder)",
                    config.output_dir);
+    check_resumable(latest);
     return latest;
   }
   FAB_USER_CHECK(fs::exists(fs::path(value) / "trainer_state.json"),
                  "resume_from_checkpoint: {}: not a Fabrica checkpoint (expected a checkpoint-N folder with "
                  "trainer_state.json)",
                  value);
+  check_resumable(value);
   return value;
 }
 

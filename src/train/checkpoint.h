@@ -5,7 +5,8 @@
 // checkpoint saved at one tp x pp x dp layout and ZeRO stage resumes at another), the
 // sampler position, the loss history and the resolved config. Written into a temporary folder,
 // fsynced, then renamed, so a crash mid-save never leaves a folder named checkpoint-N that is
-// incomplete.
+// incomplete; a write that fails (a full disk) removes the temporary folder before its error
+// stops the run.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -38,10 +39,12 @@ struct TrainerState {
 // stages (nullptr: none): every rank calls it; the weights are gathered whole. They are a Hugging
 // Face folder, or with LoRA the adapter folder alone (`base_model` is its base_model_name_or_path).
 // With a pipeline, stage 0 writes the weights of every stage as one HF folder and each stage's
-// optimizer files are named stage-S-of-P-optimizer-rank-R-of-N.safetensors.
+// optimizer files are named stage-S-of-P-optimizer-rank-R-of-N.safetensors. `save_only_model`
+// (Hugging Face's): no optimizer files, and trainer_state.json says so; such a checkpoint holds
+// the weights and is never resumed (checkpoint_to_resume and load_checkpoint refuse it).
 void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
                      const std::string& config_yaml, Communicator* tp = nullptr, const std::string& base_model = "",
-                     PipelineParallel* pipeline = nullptr);
+                     PipelineParallel* pipeline = nullptr, bool save_only_model = false);
 // async_save: save() copies this rank's part of a checkpoint (the gathered weights, its optimizer
 // shard, the trainer state) to host memory at the step — the collective part, on the training
 // thread, in the step's order — and a background thread writes it while training goes on. No
@@ -64,7 +67,8 @@ class AsyncCheckpointWriter {
 
   // Collective, as save_checkpoint; the main rank's writer then prunes to `keep` (save_total_limit).
   void save(const std::string& dir, DataParallel& dp, const TrainerState& state, const std::string& config_yaml,
-            Communicator* tp, const std::string& base_model, PipelineParallel* pipeline, int64_t keep);
+            Communicator* tp, const std::string& base_model, PipelineParallel* pipeline, int64_t keep,
+            bool save_only_model = false);
   // Rethrows the failure of a finished background write, if any.
   void check();
   // Waits for the save in flight to be on disk (and renamed, on the main rank); rethrows its failure.
@@ -88,7 +92,7 @@ std::string latest_checkpoint(const std::string& output_dir);
 // The checkpoint folder resume_from_checkpoint asks for: "" when it is empty or false; for true,
 // the latest checkpoint of output_dir; else the folder it names. Asking for one that is not there
 // is a UserError ("no valid checkpoint found in <output_dir>", as Hugging Face's Trainer says),
-// never a fresh start over the earlier run.
+// never a fresh start over the earlier run; so is one saved with save_only_model.
 std::string checkpoint_to_resume(const TrainConfig& config);
 // Deletes the oldest checkpoints beyond `keep` (save_total_limit; 0 keeps all).
 void prune_checkpoints(const std::string& output_dir, int64_t keep);

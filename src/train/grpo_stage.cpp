@@ -49,6 +49,18 @@ const std::vector<std::string>& grpo_metric_names() {
   return names;
 }
 
+RewardOptions reward_options(const TrainConfig& c, const DecoderModel& model, const GrpoEnvironment& env,
+                             int32_t pad_id) {
+  RewardOptions o;
+  o.pad_id = pad_id;
+  o.timeout_s = c.reward_timeout;
+  o.stop_signal = env.stop_signal;
+  o.tokenizer = env.tokenizer;
+  o.policy_dir = c.model_name_or_path;
+  o.policy_vocab_size = model.config().vocab_size;
+  return o;
+}
+
 }  // namespace
 
 std::vector<const RolloutSequence*> mini_batch(const std::vector<RolloutSequence>& all, size_t first, size_t count) {
@@ -66,7 +78,7 @@ GrpoEnvironment grpo_environment(const TrainConfig& c, const Tokenizer& tokenize
   TemplateOptions options;
   options.enable_thinking = c.enable_thinking;
   const ChatTemplate chat(get_template(c.chat_template), encoder, options);
-  GrpoEnvironment env{&tokenizer, {chat.eos_id()}, chat.eos_token()};
+  GrpoEnvironment env{&tokenizer, {chat.eos_id()}, chat.eos_token(), {}};
   if (tokenizer.eos_id() && *tokenizer.eos_id() != chat.eos_id()) env.stop_ids.push_back(*tokenizer.eos_id());
   return env;
 }
@@ -86,6 +98,26 @@ std::vector<GrpoPrompt> grpo_prompts(const TokenSequences& rows, const GrpoEnvir
     out.push_back(std::move(p));
   }
   return out;
+}
+
+int64_t longest_prompt(const TokenSequences& rows) {
+  int64_t longest = 0;
+  for (int64_t i = 0; i < rows.size(); ++i) {
+    int64_t n = 0;
+    for (int64_t t = rows.offsets[size_t(i)]; t < rows.offsets[size_t(i) + 1] && rows.labels[size_t(t)] == -100; ++t) ++n;
+    longest = std::max(longest, n);
+  }
+  return longest;
+}
+
+void check_rollout_context(const TrainConfig& c, int64_t context, const TokenSequences* rows) {
+  const int64_t prompt = rows ? longest_prompt(*rows) : 1;
+  FAB_USER_CHECK(c.max_new_tokens <= context - prompt,
+                 "max_new_tokens {}: {} and up to max_new_tokens more do not fit the model's max_position_embeddings "
+                 "{}; expected max_new_tokens at most {}{}",
+                 c.max_new_tokens, rows ? format("the longest prompt's {} tokens", prompt) : std::string("a prompt"),
+                 context, std::max<int64_t>(0, context - prompt),
+                 rows ? " (or shorter prompts: a lower cutoff_len with truncation: left)" : "");
 }
 
 Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t pad_id) {
@@ -176,7 +208,7 @@ GrpoStage::GrpoStage(const TrainConfig& config, DecoderModel& model, DataParalle
       env_(std::move(env)),
       pad_id_(pad_id),
       loss_options_(grpo_loss_options(config)),
-      rewards_(std::make_unique<Rewards>(config.reward, pad_id)),
+      rewards_(std::make_unique<Rewards>(config.reward, reward_options(config, model, env_, pad_id))),
       needs_reference_(config.kl_loss_coef != 0),
       means_(grpo_metric_names()),
       extremes_(4, -INFINITY) {}
@@ -189,6 +221,7 @@ void GrpoStage::prepare() {
 }
 
 std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector<int64_t>& prompts) {
+  step_ = step;
   const int64_t n = config_.num_generations;
   std::vector<RolloutRequest> requests;
   for (int64_t p : prompts)
@@ -219,7 +252,12 @@ std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector
     means_.add(kResponseClip, outputs[i].stopped ? 0.0 : 1.0);
     means_.add(kAccuracy, samples[i].response == samples[i].answer ? 1.0 : 0.0);
   }
-  const std::vector<double> rewards = rewards_->score(samples);
+  std::vector<double> rewards;
+  try {
+    rewards = rewards_->score(samples);
+  } catch (const UserError& e) {
+    throw UserError(format("stage {}: step {}: {}", config_.stage, step + 1, e.what()));
+  }
   for (size_t i = 0; i < rollouts.size(); ++i) {
     rollouts[i].reward = rewards[i];
     means_.add(kRewardMean, rewards[i]);
@@ -264,19 +302,39 @@ void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t p
   means_.add(kTimeRef, seconds_since(start));
 }
 
-// One optimizer step on `rows`; the loss and whether it is finite are agreed over the ranks first.
+void GrpoStage::stop_not_finite(const std::string& what, const std::string& advice) const {
+  const std::string last = latest_checkpoint(config_.output_dir);
+  throw UserError(format("stage {}: step {}: {}: stopping, saving nothing new; {}. {}", config_.stage, step_ + 1, what,
+                         last.empty() ? "no checkpoint was saved before it" : "the last checkpoint is " + last, advice));
+}
+
+std::string GrpoStage::flagged_ranks(const std::vector<double>& flags) {
+  std::string ranks;
+  for (size_t r = 0; r < flags.size(); ++r)
+    if (flags[r] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return ranks;
+}
+
+// One optimizer step on `rows`; the loss and whether it is finite on each rank are agreed over the
+// ranks first.
 double GrpoStage::update(const std::vector<const RolloutSequence*>& rows, double lr, double* grad_norm) {
   dp_.begin_step(1);
   dp_.begin_micro_batch(0);
   const GrpoLossResult r =
       grpo_minibatch(model_, rows, loss_options_, pad_id_, float(1.0 / double(group_.size())), true);
   dp_.finish_gradients();
-  double sums[2] = {r.loss, std::isfinite(r.loss) ? 0.0 : 1.0};
-  group_.all_reduce(sums, 2, "grpo loss").wait();
-  FAB_USER_CHECK(sums[1] == 0, "stage {}: the loss is not finite on {} rank(s); lower learning_rate or check the "
-                               "rewards", config_.stage, sums[1]);
+  std::vector<double> sums(1 + size_t(group_.size()), 0.0);  // the loss, then one flag per rank: not finite
+  sums[0] = r.loss;
+  sums[1 + size_t(group_.rank())] = std::isfinite(r.loss) ? 0.0 : 1.0;
+  group_.all_reduce(sums.data(), int64_t(sums.size()), "grpo loss").wait();
+  const std::string ranks = flagged_ranks({sums.begin() + 1, sums.end()});
+  if (!ranks.empty())
+    stop_not_finite(format("the loss is not finite on rank {}", ranks), "Lower learning_rate or check the rewards");
   *grad_norm = dp_.clip_grad_norm(config_.max_grad_norm);
-  FAB_USER_CHECK(std::isfinite(*grad_norm), "stage {}: the gradient norm is not finite", config_.stage);
+  if (!std::isfinite(*grad_norm))
+    stop_not_finite(format("the gradient norm (of the gradients summed over every rank) is {}",
+                           std::isnan(*grad_norm) ? "NaN" : "infinite"),
+                    "Lower learning_rate or max_grad_norm, or check the rewards");
   dp_.optimizer_step(float(lr));
   means_.add(kPgLoss, r.pg_loss);
   means_.add(kPgClipfrac, r.pg_clipfrac);

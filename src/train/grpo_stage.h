@@ -8,6 +8,7 @@
 // each one optimizer step (clipped by max_grad_norm). Gradients are averaged over the ranks, as
 // verl's data-parallel actor does.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,7 @@ struct GrpoEnvironment {
   const Tokenizer* tokenizer = nullptr;
   std::vector<int32_t> stop_ids;
   std::string eos_token;
+  std::function<int()> stop_signal;  // non-zero once a stop signal arrived (ends a running reward command)
 };
 
 // The template's end-of-turn id and text (LLaMA-Factory's eos after replace_eos) end a rollout,
@@ -49,6 +51,15 @@ struct GrpoPrompt {
 
 // Sequence i of supervised data: its prompt is the tokens before the first target.
 std::vector<GrpoPrompt> grpo_prompts(const TokenSequences& rows, const GrpoEnvironment& env);
+
+// The most tokens of any prompt of `rows` (the tokens before its first target).
+int64_t longest_prompt(const TokenSequences& rows);
+
+// A rollout is a prompt and up to max_new_tokens more, within the model's context: as `fabrica
+// generate` checks it, max_new_tokens plus the longest prompt must fit `context` (the model's
+// max_position_embeddings). A UserError naming both otherwise; `rows` empty checks max_new_tokens
+// against a one-token prompt (before the data is read).
+void check_rollout_context(const TrainConfig& config, int64_t context, const TokenSequences* rows);
 
 // One sampled response with what the loss needs of it.
 struct RolloutSequence {
@@ -125,6 +136,11 @@ class GrpoStage {
   // ppo_epochs passes of actor updates over the mini-batches; the mean loss, the last grad norm.
   double actor_updates(const std::vector<RolloutSequence>& rollouts, size_t per_mini, double lr, double* grad_norm);
   double update(const std::vector<const RolloutSequence*>& rows, double lr, double* grad_norm);
+  // Stops the run (a UserError) at a non-finite loss or gradient norm: "stage S: step N: WHAT:
+  // stopping, saving nothing new; the last checkpoint is ...", with `advice`.
+  [[noreturn]] void stop_not_finite(const std::string& what, const std::string& advice) const;
+  // The ranks, "0, 2", whose flag (one slot per rank) is set.
+  static std::string flagged_ranks(const std::vector<double>& flags);
   // The advantage metrics (mean, max, min) of these values.
   void note_advantages(const std::vector<double>& advantages);
   // Prompt + response tokens of every rank's responses (collective).
@@ -143,6 +159,7 @@ class GrpoStage {
   Tensor reference_weights_;  // full and freeze fine-tuning with a KL term: the trainable start weights
   StageMetrics means_;
   std::vector<double> extremes_;  // this rank's max reward, max advantage, -min reward, -min advantage
+  int64_t step_ = 0;              // the step being run (0-based), for messages
 };
 
 }  // namespace fab

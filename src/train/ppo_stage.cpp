@@ -176,12 +176,18 @@ void PpoStage::critic_update(const std::vector<const RolloutSequence*>& rows, do
   const ValueLossResult r =
       value_minibatch(*critic_, rows, value_options_, pad_id_, float(1.0 / double(group_.size())), true);
   critic_dp_->finish_gradients();
-  double bad[1] = {std::isfinite(r.vf_loss) ? 0.0 : 1.0};
-  group_.all_reduce(bad, 1, "ppo value loss").wait();
-  FAB_USER_CHECK(bad[0] == 0, "stage ppo: the critic's value loss is not finite on {} rank(s); lower "
-                              "critic_learning_rate or check the rewards", bad[0]);
+  std::vector<double> bad(size_t(group_.size()), 0.0);  // one flag per rank: its value loss is not finite
+  bad[size_t(group_.rank())] = std::isfinite(r.vf_loss) ? 0.0 : 1.0;
+  group_.all_reduce(bad.data(), int64_t(bad.size()), "ppo value loss").wait();
+  const std::string ranks = flagged_ranks(bad);
+  if (!ranks.empty())
+    stop_not_finite(format("the critic's value loss is not finite on rank {}", ranks),
+                    "Lower critic_learning_rate or check the rewards");
   const double norm = critic_dp_->clip_grad_norm(config_.critic_max_grad_norm);
-  FAB_USER_CHECK(std::isfinite(norm), "stage ppo: the critic's gradient norm is not finite");
+  if (!std::isfinite(norm))
+    stop_not_finite(format("the critic's gradient norm (of the gradients summed over every rank) is {}",
+                           std::isnan(norm) ? "NaN" : "infinite"),
+                    "Lower critic_learning_rate or critic_max_grad_norm, or check the rewards");
   critic_dp_->optimizer_step(float(lr));
   critic_means_.add(kVfLoss, r.vf_loss);
   critic_means_.add(kVfClipfrac, r.vf_clipfrac);
@@ -242,8 +248,17 @@ nlohmann::json PpoStage::memory_json() const {
   return j;
 }
 
+// The critic goes into the actor's checkpoint-N, renamed into place already: when its write fails
+// (a full disk) the checkpoint goes too, since a ppo checkpoint without its critic cannot resume.
 void PpoStage::save_checkpoint_part(const std::string& dir, const TrainerState& state, const std::string& config_yaml) {
-  save_checkpoint((fs::path(dir) / "critic").string(), *critic_dp_, state, config_yaml);
+  try {
+    save_checkpoint((fs::path(dir) / "critic").string(), *critic_dp_, state, config_yaml, nullptr, "", nullptr,
+                    config_.save_only_model);
+  } catch (const UserError&) {
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+    throw;
+  }
 }
 
 void PpoStage::load_checkpoint_part(const std::string& dir) {

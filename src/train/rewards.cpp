@@ -13,11 +13,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "io/hf_checkpoint.h"
-#include "models/hf_model.h"
+#include "core/shell_command.h"
 #include "nn/sequence_logps.h"
 #include "tokenizer/regex.h"
 #include "train/batch.h"
+#include "train/reward_model.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -97,30 +97,40 @@ class FormatMatch : public RewardFunction {
   tok::Regex regex_;
 };
 
-// The batch goes to the command's stdin through a temporary file; its stdout is read back.
+// The batch goes to the command's stdin through a temporary file; its stdout is read back. The
+// command runs in a process group of its own (core/shell_command.h), killed whole when it takes
+// longer than reward_timeout or a stop signal arrives.
 class CommandReward : public RewardFunction {
  public:
-  explicit CommandReward(std::string command) : command_(std::move(command)) {
+  CommandReward(std::string command, const RewardOptions& options)
+      : command_(std::move(command)), timeout_s_(options.timeout_s), stop_signal_(options.stop_signal) {
     FAB_USER_CHECK(!trim(command_).empty(), "reward: command: needs a command after the colon");
+    FAB_USER_CHECK(timeout_s_ > 0, "reward_timeout must be positive seconds, got {}", timeout_s_);
   }
 
   std::vector<double> score(const std::vector<RewardSample>& samples) override {
     const std::string input = write_input(samples);
-    const std::string shell = command_ + " < '" + input + "'";
-    FILE* pipe = ::popen(shell.c_str(), "r");
-    if (!pipe) {
+    ShellCommandResult run;
+    try {
+      run = run_shell_command(command_, input, timeout_s_, stop_signal_);
+    } catch (const UserError& e) {
       fs::remove(input);
-      throw UserError(format("reward command:{}: could not be started", command_));
+      throw UserError(format("reward command:{}: {}", command_, e.what()));
     }
-    std::string text;
-    char buffer[4096];
-    for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) text.append(buffer, n);
-    const int status = ::pclose(pipe);
     fs::remove(input);
-    FAB_USER_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-                   "reward command:{}: exited with status {} (expected 0)", command_,
-                   WIFEXITED(status) ? WEXITSTATUS(status) : status);
-    return parse_scores(text, samples.size());
+    using Outcome = ShellCommandResult::Outcome;
+    FAB_USER_CHECK(run.outcome != Outcome::timed_out,
+                   "reward command:{}: no answer within reward_timeout {} s for {} responses: its process group was "
+                   "killed and the run stops; raise reward_timeout if it needs longer",
+                   command_, timeout_s_, samples.size());
+    FAB_USER_CHECK(run.outcome != Outcome::stopped,
+                   "reward command:{}: stop signal {} arrived while it was scoring ({} s in): its process group was "
+                   "killed and the run stops without finishing the step",
+                   command_, run.code, int64_t(run.seconds));
+    FAB_USER_CHECK(run.outcome != Outcome::signalled, "reward command:{}: killed by signal {} (expected exit status 0)",
+                   command_, run.code);
+    FAB_USER_CHECK(run.code == 0, "reward command:{}: exited with status {} (expected 0)", command_, run.code);
+    return parse_scores(run.output, samples.size());
   }
 
  private:
@@ -133,7 +143,11 @@ class CommandReward : public RewardFunction {
     std::ofstream out(path);
     for (const RewardSample& s : samples)
       out << nlohmann::json{{"prompt", s.prompt}, {"response", s.response}, {"answer", s.answer}}.dump() << "\n";
-    FAB_USER_CHECK(out.good(), "reward command:{}: cannot write its input to {}", command_, path);
+    out.close();
+    if (!out.good()) {
+      fs::remove(path);
+      throw UserError(format("reward command:{}: cannot write its input to {}", command_, path));
+    }
     return path;
   }
 
@@ -156,21 +170,18 @@ class CommandReward : public RewardFunction {
   }
 
   std::string command_;
+  double timeout_s_;
+  std::function<int()> stop_signal_;
 };
 
 // A reward model: the value head at the last token of prompt + response.
 class ModelReward : public RewardFunction {
  public:
-  ModelReward(const std::string& dir, int32_t pad) : pad_(pad) {
-    FAB_USER_CHECK(fs::exists(fs::path(dir) / "config.json"), "reward model:{}: no config.json there", dir);
-    FAB_USER_CHECK(fs::exists(fs::path(dir) / "value_head.safetensors") ||
-                       (HfWeights::present(dir) && HfWeights::open(dir).contains("v_head.summary.weight")),
-                   "reward model:{}: no value head (value_head.safetensors, or v_head.* in the weights): train one "
-                   "with stage: rm",
-                   dir);
-    DecoderOptions options;
-    options.value_head = true;
-    model_ = load_model_folder(dir, options);
+  ModelReward(const std::string& dir, const RewardOptions& options) : pad_(options.pad_id) {
+    model_ = load_reward_model(dir, "reward model:", "");
+    if (options.tokenizer)
+      check_reward_tokenizer("reward model:", dir, model_->config().vocab_size, *options.tokenizer, options.policy_dir,
+                             options.policy_vocab_size);
   }
 
   std::vector<double> score(const std::vector<RewardSample>& samples) override {
@@ -277,7 +288,17 @@ std::vector<std::string> split_reward_spec(const std::string& spec) {
   return parts;
 }
 
-Rewards::Rewards(const std::string& spec, int32_t pad_id) {
+namespace {
+RewardOptions with_pad(int32_t pad_id) {
+  RewardOptions o;
+  o.pad_id = pad_id;
+  return o;
+}
+}  // namespace
+
+Rewards::Rewards(const std::string& spec, int32_t pad_id) : Rewards(spec, with_pad(pad_id)) {}
+
+Rewards::Rewards(const std::string& spec, const RewardOptions& options) {
   FAB_USER_CHECK(!trim(spec).empty(), "reward is required for stage grpo (e.g. exact_match)");
   for (const std::string& part : split_reward_spec(spec)) {
     names_.push_back(part);
@@ -287,8 +308,8 @@ Rewards::Rewards(const std::string& spec, int32_t pad_id) {
     else if (part == "gsm8k") functions_.push_back(std::make_unique<Gsm8k>());
     else if (part == "boxed") functions_.push_back(std::make_unique<Boxed>());
     else if (part.rfind("format:", 0) == 0) functions_.push_back(std::make_unique<FormatMatch>(arg));
-    else if (part.rfind("command:", 0) == 0) functions_.push_back(std::make_unique<CommandReward>(arg));
-    else functions_.push_back(std::make_unique<ModelReward>(trim(arg), pad_id));
+    else if (part.rfind("command:", 0) == 0) functions_.push_back(std::make_unique<CommandReward>(arg, options));
+    else functions_.push_back(std::make_unique<ModelReward>(trim(arg), options));
   }
 }
 
@@ -296,9 +317,15 @@ Rewards::~Rewards() = default;
 
 std::vector<double> Rewards::score(const std::vector<RewardSample>& samples) {
   std::vector<double> total(samples.size(), 0.0);
-  for (auto& f : functions_) {
-    const std::vector<double> s = f->score(samples);
-    for (size_t i = 0; i < total.size(); ++i) total[i] += s[i];
+  for (size_t f = 0; f < functions_.size(); ++f) {
+    const std::vector<double> s = functions_[f]->score(samples);
+    for (size_t i = 0; i < total.size(); ++i) {
+      FAB_USER_CHECK(std::isfinite(s[i]) && std::fabs(s[i]) <= kMostReward,
+                     "reward {}: response {} of {} scored {}; expected a finite number within +-{} (larger rewards "
+                     "overflow the group's mean and variance, leaving no advantage to learn from: scale them down)",
+                     names_[f], i + 1, samples.size(), s[i], kMostReward);
+      total[i] += s[i];
+    }
   }
   return total;
 }

@@ -131,6 +131,7 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   main_ = group_->rank() == 0 && (!tp_ || tp_->rank() == 0) && (!pipeline_ || pipeline_->stage() == 0);
   objective_ = make_stage_objective(
       config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
+  data_.grpo.stop_signal = [] { return g_stop_signal.load(); };  // a stop ends a running reward command
   if (config_.stage == "grpo")
     grpo_ = std::make_unique<GrpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
   if (config_.stage == "ppo")
@@ -517,8 +518,9 @@ void Trainer::save(int64_t step) {
   const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
   if (async_writer_)
     return async_writer_->save(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get(),
-                               config_.save_total_limit);
-  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get());
+                               config_.save_total_limit, config_.save_only_model);
+  save_checkpoint(dir, *dp_, state_, config_yaml_, tp_, config_.model_name_or_path, pipeline_.get(),
+                  config_.save_only_model);
   if (grpo_) grpo_->save_checkpoint_part(dir, state_, config_yaml_);
   if (main_) prune_checkpoints(config_.output_dir, config_.save_total_limit);
   barrier_all("checkpoints pruned");
@@ -610,7 +612,8 @@ bool Trainer::run() {
       save(step + 1);
       if (async_writer_) async_writer_->wait();
       if (main_)
-        std::printf("stopped by signal %d after step %lld; checkpoint saved\n", int(g_stop_signal), (long long)(step + 1));
+        std::printf("stopped by signal %d after step %lld; checkpoint saved%s\n", int(g_stop_signal), (long long)(step + 1),
+                    config_.save_only_model ? " (save_only_model: the weights only, not resumable)" : "");
       return false;
     }
   }

@@ -135,6 +135,25 @@ TEST(TrainConfig, PpoDefaultsAndRanges) {
             std::string::npos);
 }
 
+// Settings under which grpo learns nothing are refused; reward_timeout and truncation are checked.
+TEST(TrainConfig, RlSettingsThatLearnNothingAreRefused) {
+  const std::string grpo = "stage: grpo\nreward: exact_match\n";
+  EXPECT_NE(error_of(grpo, {"temperature=0"}).find("stage grpo with temperature 0 and num_generations 8: greedy "
+                                                   "decoding gives every response of a group the same text"),
+            std::string::npos);
+  EXPECT_NE(error_of(grpo, {"top_k=1"}).find("stage grpo with top_k 1 and num_generations 8"), std::string::npos);
+  EXPECT_NE(error_of(grpo, {"num_generations=1"}).find("stage grpo with num_generations 1"), std::string::npos);
+  EXPECT_EQ(error_of("stage: ppo\nreward: exact_match\ntemperature: 0\n"), "accepted");  // ppo's critic learns
+  EXPECT_NE(error_of(grpo, {"reward_timeout=0"}).find("reward_timeout must be positive seconds, got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of(grpo, {"truncation=right"}).find("truncation \"right\" must be error, left or middle (right would "
+                                                      "cut off the end of the prompt"),
+            std::string::npos);
+  const TrainConfig c = parse_train_config(grpo, "run.yaml");
+  EXPECT_EQ(c.truncation, "error");
+  EXPECT_DOUBLE_EQ(c.reward_timeout, 600.0);
+}
+
 // LLaMA-Factory's `deepspeed: examples/deepspeed/ds_z3_config.json` selects ZeRO-3; a stage that
 // contradicts zero_stage, a missing file and bad JSON are errors naming the file.
 TEST(TrainConfig, DeepSpeedConfigSelectsTheZeroStage) {

@@ -2,6 +2,8 @@
 // (parity cases from tests/dataset/fixtures/template_parity.json), pre-tokenised pass-through.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "dataset/preprocess.h"
 #include "template_parity.h"
@@ -93,6 +95,69 @@ TEST(Preprocess, ErrorsNameTheFileAndRecord) {
   }
   bad.origin = {};  // an example made in code: the message as it was
   EXPECT_THROW(preprocess_supervised({bad}, chat, {64}), UserError);
+}
+
+// Stages grpo and ppo: the prompt through the template up to the assistant header, the answer
+// whole; a prompt past cutoff_len stops the run (error), or keeps its end (left: the assistant
+// header survives) or its two ends (middle), never its head alone.
+TEST(Preprocess, RolloutPromptsAreCutFromTheLeftOrRefused) {
+  FakeEncoder enc;
+  ChatTemplate chat(get_template("qwen"), enc);
+  Example short_one, long_one;
+  short_one.prompt = {{Role::user, "2+2?"}};
+  short_one.response = {{Role::assistant, "4"}};
+  long_one.prompt = {{Role::user, "Some long background text. Question: 3+4?"}};
+  long_one.response = {{Role::assistant, "7, as 3 and 4 make 7"}};
+  long_one.origin = {std::make_shared<const std::string>("prompts.jsonl"), 1};
+  short_one.system = long_one.system = "S";  // not qwen's long default system prompt
+  const std::string header = "<|im_end|>\n<|im_start|>assistant\n";
+
+  TokenizedDataset whole = preprocess_prompts({short_one, long_one}, chat, {200, "error", "grpo"});
+  ASSERT_EQ(whole.samples.size(), 2u);
+  EXPECT_EQ(whole.stats.truncated, 0);
+  const std::vector<int32_t>& all = whole.samples[1].input_ids;
+  const int64_t long_prompt = std::count(whole.samples[1].labels.begin(), whole.samples[1].labels.end(), kIgnoreIndex);
+  const std::string prompt = render(enc, {all.begin(), all.begin() + long_prompt});
+  EXPECT_EQ(prompt.substr(prompt.size() - header.size()), header);
+  EXPECT_EQ(render(enc, {all.begin() + long_prompt, all.end()}), "7, as 3 and 4 make 7<|im_end|>\n");
+
+  try {
+    preprocess_prompts({short_one, long_one}, chat, {40, "error", "grpo"});
+    FAIL() << "an over-long prompt was accepted";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(format("stage grpo: 1 of 2 prompts are longer than cutoff_len 40 tokens "
+                                                 "(template included; the longest (prompts.jsonl: record 1) has {})",
+                                                 long_prompt), 0), 0u)
+        << e.what();
+  }
+
+  TokenizedDataset left = preprocess_prompts({short_one, long_one}, chat, {40, "left", "grpo"});
+  EXPECT_EQ(left.stats.truncated, 1);
+  const TokenizedSample& cut = left.samples[1];
+  const std::vector<int32_t> prompt_ids(cut.input_ids.begin(), cut.input_ids.begin() + 40);
+  EXPECT_EQ(std::count(cut.labels.begin(), cut.labels.end(), kIgnoreIndex), 40);
+  EXPECT_EQ(std::vector<int32_t>(all.begin() + (long_prompt - 40), all.begin() + long_prompt), prompt_ids);  // its end
+  const std::string rendered = render(enc, prompt_ids);
+  EXPECT_EQ(rendered.substr(rendered.size() - header.size()), header);
+  EXPECT_NE(rendered.find("3+4?"), std::string::npos);
+  EXPECT_EQ(render(enc, {cut.input_ids.begin() + 40, cut.input_ids.end()}), "7, as 3 and 4 make 7<|im_end|>\n");
+  EXPECT_EQ(left.samples[0].input_ids, whole.samples[0].input_ids);  // a short prompt is untouched
+
+  TokenizedDataset middle = preprocess_prompts({long_one}, chat, {41, "middle", "ppo"});
+  std::vector<int32_t> expected(all.begin(), all.begin() + 20);
+  expected.insert(expected.end(), all.begin() + (long_prompt - 21), all.begin() + long_prompt);
+  EXPECT_EQ(std::vector<int32_t>(middle.samples[0].input_ids.begin(), middle.samples[0].input_ids.begin() + 41),
+            expected);
+  EXPECT_THROW(preprocess_prompts({long_one}, chat, {40, "right", "grpo"}), UserError);
+}
+
+// The prompt of a multi-turn example holds every earlier turn and ends with the assistant header.
+TEST(Preprocess, RolloutPromptsKeepTheHistory) {
+  FakeEncoder enc;
+  ChatTemplate chat(get_template("empty"), enc);
+  TokenizedDataset out = preprocess_prompts({two_turns()}, chat, {});
+  EXPECT_EQ(render(enc, out.samples[0].input_ids), "abcd");
+  EXPECT_EQ(render(enc, out.samples[0].labels), "___d");
 }
 
 TEST(Preprocess, PretrainPacksPerBatchAndDropsTheTail) {

@@ -47,7 +47,8 @@ echo "ok: async_save: losses and checkpoints 5-20 equal the synchronous run's by
 # Killed while checkpoint-10 is being written (after checkpoint-5 is complete).
 FAB_TEST_SLOW_SAVE_MS=3000 "$fabrica" train run.yaml output_dir=killed async_save=true >killed.log 2>&1 &
 pid=$!
-for _ in $(seq 1 1500); do [ -d killed/checkpoint-5 ] && [ -d killed/checkpoint-10.tmp ] && break; sleep 0.02; done
+mid_write() { [ -d killed/checkpoint-5 ] && [ -d killed/checkpoint-10.tmp ]; }
+wait_until mid_write || true
 [ -d killed/checkpoint-10.tmp ] || { cat killed.log; fail "checkpoint-10 never started"; }
 kill -KILL $pid
 wait $pid || true

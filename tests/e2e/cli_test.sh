@@ -106,7 +106,7 @@ grep -q "bad-prompts.jsonl line 2: expected a JSON object" err.txt || fail "bad 
 # stop signals at random moments, many times).
 "$fabrica" train run.yaml output_dir=interrupted max_steps=100000 save_steps=0 >int.log 2>&1 &
 pid=$!
-for _ in $(seq 1 100); do grep -q "^step" int.log 2>/dev/null && break; sleep 0.2; done
+wait_until logged int.log "^step" || { cat int.log; fail "SIGINT: no first step"; }
 kill -INT $pid
 rc=0; wait $pid || rc=$?
 [ "$rc" -eq 0 ] || { cat int.log; fail "SIGINT: exit $rc"; }

@@ -14,6 +14,34 @@ e2e_begin() {
 
 fail() { echo "FAIL: $*"; exit 1; }
 
+# How long a script waits for something that must happen (a step logged, a checkpoint written, a
+# process gone): a wait ends as soon as it happens, so a generous limit costs a fast machine
+# nothing and keeps a loaded one (the suite beside other jobs on 2 cores) from failing.
+e2e_patience=${FAB_E2E_PATIENCE:-600}
+
+# wait_until COMMAND [ARGS...]: runs COMMAND every 20 ms until it succeeds; false (1) once
+# $e2e_patience seconds have passed without.
+wait_until() {
+  local deadline=$((SECONDS + e2e_patience))
+  until "$@"; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.02
+  done
+}
+
+# logged FILE PATTERN: FILE has a line matching the grep pattern (false while it does not exist).
+logged() { grep -q -- "$2" "$1" 2>/dev/null; }
+
+# hang_timeout SECONDS: the ddp_timeout for a run in which the script freezes a rank on purpose,
+# from SECONDS, the measured wall time of a whole run of the same job on this machine. The script
+# waits for it to expire, so it should be short; but every wait of a healthy rank at a collective
+# (the start, a checkpoint's fsync, a step on a loaded machine) must stay under it. Twice a whole
+# run, at least 10 s: no single wait inside a run is longer than the whole run.
+hang_timeout() {
+  local t=$((2 * $1))
+  echo $((t < 10 ? 10 : t))
+}
+
 # e2e_workdir: a fresh temporary folder becomes the working directory ($work), with the prepared-data
 # cache inside it; on exit, any process still running from it is killed and the folder removed.
 e2e_workdir() {

@@ -3,7 +3,9 @@
 # mpirun; ZeRO-2 at 2 ranks and ZeRO-3 at 4 reproduce one process's losses over 20 fp32 steps;
 # every rank logs to output_dir/logs; Ctrl-C saves a checkpoint that resumes on another world size;
 # a hung rank (1 or 0) stops the job within ddp_timeout naming it on the console, and a killed
-# rank stops it too; killing the launcher (SIGKILL) ends the workers, SIGHUP stops them cleanly.
+# rank stops it too; killing the launcher (SIGKILL) ends the workers, SIGHUP stops them cleanly;
+# far more workers than cores are refused at once. The hung runs' ddp_timeout comes from the
+# measured 2-rank run (hang_timeout), so a loaded machine does not time healthy ranks out.
 # Usage: distributed_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -21,9 +23,22 @@ save_steps: 0
 ddp_bucket_size: 1
 YAML
 
+# Far more workers than cores (nproc_per_node 1000 on 2 cores started 1000 and hung): refused at
+# once, with the numbers, before anything is written.
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # (nproc obeys OMP_NUM_THREADS=1 above)
+crowd=$((cores * 8 + 1))
+rc=0; timeout 120 "$fabrica" train run.yaml output_dir=crowd nproc_per_node=$crowd >crowd.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] || { cat crowd.log; fail "nproc_per_node $crowd: exit $rc, expected 2"; }
+grep -q "nproc_per_node $crowd is more than 8 workers per core of this machine ($cores cores: at most $((crowd - 1)))" \
+  crowd.log || { cat crowd.log; fail "nproc_per_node $crowd: the message lacks the numbers"; }
+[ ! -e crowd ] || fail "nproc_per_node $crowd: output_dir written"
+echo "ok: nproc_per_node $crowd -> $(head -c 120 crowd.log)"
+
 "$fabrica" train run.yaml output_dir=one >one.log 2>&1 || { cat one.log; fail "single process"; }
+started=$SECONDS
 "$fabrica" train run.yaml output_dir=z2 nproc_per_node=2 per_device_train_batch_size=2 zero_stage=2 >z2.log 2>&1 \
   || { cat z2.log; fail "2 ranks, ZeRO-2"; }
+z2_seconds=$((SECONDS - started))
 grep -q "launching 2 workers" z2.log || fail "no launcher line"
 [ -f z2/logs/rank-0.log ] && [ -f z2/logs/rank-1.log ] || fail "no per-rank logs"
 grep -q "step 20/20" z2/logs/rank-0.log || fail "rank 0's log lacks the steps"
@@ -39,12 +54,14 @@ assert last["world_size"] == 4 and len(last["memory_parameters_bytes"]) == 4, la
 PY
 echo "ok: 4 ranks, ZeRO-3 = one process"
 
+steps_logged() { [ -s $1/metrics.jsonl ] && [ "$(wc -l <$1/metrics.jsonl)" -ge $2 ]; }  # steps_logged OUTPUT_DIR N
+
 # Ctrl-C reaches the launcher; every worker saves the same step (its ZeRO-1 shard), then it
 # resumes on 1 process.
 "$fabrica" train run.yaml output_dir=stop nproc_per_node=2 per_device_train_batch_size=2 max_steps=100000 zero_stage=1 \
   lr_scheduler_type=constant >stop.log 2>&1 &
 launcher=$!
-for _ in $(seq 300); do [ -s stop/metrics.jsonl ] && [ "$(wc -l <stop/metrics.jsonl)" -ge 3 ] && break; sleep 0.1; done
+wait_until steps_logged stop 3 || { cat stop.log; fail "the run did not log 3 steps"; }
 kill -INT $launcher
 wait $launcher || { cat stop.log; fail "stopped run exited $?"; }
 grep -q "stopped by signal" stop.log || { cat stop.log; fail "no stop message"; }
@@ -61,10 +78,14 @@ worker_pid() {  # worker_pid OUTPUT_DIR RANK
     tr '\0' '\n' </proc/$pid/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" && { echo $pid; return; }
   done
 }
-start_long_run() {  # start_long_run OUTPUT_DIR: 2 ranks, 1 s collective timeout, until 3 steps are logged
+# The collective timeout of the runs in which a rank is hung on purpose: from the measured time of
+# the 2-rank run above (a fixed 3 s timed out healthy ranks on a loaded machine).
+hang_s=$(hang_timeout $z2_seconds)
+echo "the 2-rank run took $z2_seconds s: ddp_timeout $hang_s for the hung ranks"
+start_long_run() {  # start_long_run OUTPUT_DIR: 2 ranks, that collective timeout, until 3 steps are logged
   "$fabrica" train run.yaml output_dir=$1 nproc_per_node=2 per_device_train_batch_size=2 max_steps=100000 \
-    ddp_timeout=3 >$1.log 2>&1 &
-  for _ in $(seq 300); do [ -s $1/metrics.jsonl ] && [ "$(wc -l <$1/metrics.jsonl)" -ge 3 ] && break; sleep 0.1; done
+    ddp_timeout=$hang_s >$1.log 2>&1 &
+  wait_until steps_logged $1 3 || { cat $1.log; fail "$1: the run did not log 3 steps"; }
 }
 
 start_long_run hang
@@ -74,7 +95,7 @@ kill -STOP "$pid"
 started=$SECONDS
 rc=0; wait %% || rc=$?
 [ "$rc" -ne 0 ] || fail "a hung rank did not stop the job"
-[ $((SECONDS - started)) -le 30 ] || fail "the job took $((SECONDS - started)) s to stop"
+[ $((SECONDS - started)) -le $((hang_s + 60)) ] || fail "the job took $((SECONDS - started)) s to stop (ddp_timeout $hang_s)"
 # The stop lands at any moment: before rank 1 joined the collective, or while it was sending.
 grep -Eq "rank 1 (never started it|sent no data)" hang.log || { cat hang.log; fail "the message does not name rank 1"; }
 echo "ok: hung rank -> $(grep -o "collective '.*" hang.log | head -1)"
@@ -106,11 +127,9 @@ launcher=$!
 job=$(job_pids $launcher)
 [ "$(echo $job | wc -w)" -eq 3 ] || fail "expected mpirun and 2 workers under the launcher, got: $job"
 kill -KILL $launcher
-for _ in $(seq 300); do
-  alive=$(still_running $job)
-  [ -z "$alive" ] && break
-  sleep 0.1
-done
+none_running() { [ -z "$(still_running "$@")" ]; }
+wait_until none_running $job || true
+alive=$(still_running $job)
 [ -z "$alive" ] || { kill -KILL $alive || true; fail "after kill -9 of the launcher, still running: $alive"; }
 echo "ok: kill -9 of the launcher ends mpirun and the workers"
 

@@ -67,8 +67,7 @@ for nproc in 1 2; do
   log=busy-$nproc.log
   "$fabrica" train run.yaml output_dir=busy nproc_per_node=$nproc max_steps=100000 logging_steps=1 >$log 2>&1 &
   pid=$!
-  for _ in $(seq 1 300); do grep -q "^step" $log 2>/dev/null && break; sleep 0.2; done
-  grep -q "^step" $log || { kill $pid; cat $log; fail "nproc $nproc: the first run did not start"; }
+  wait_until logged $log "^step" || { kill $pid; cat $log; fail "nproc $nproc: the first run did not start"; }
   expect_exit2 "second run on a busy output_dir (nproc $nproc)" "(pid $pid on host $(hostname)" \
     "$fabrica" train run.yaml output_dir=busy overwrite_output_dir=true
   kill -INT $pid
@@ -94,7 +93,19 @@ grep -q "cannot be read .*rebuilding it" prepare.log || { cat prepare.log; fail 
 [ -s "$stats" ] || fail "the damaged cache file was not rebuilt"
 echo "ok: damaged cache -> $(grep -o 'note: data cache.*' prepare.log | head -c 120)"
 
-# 4. A full disk (a 64 KiB tmpfs): export, data prepare and metrics.jsonl fail with the reason.
+# save_only_model (Hugging Face's): checkpoints without optimizer state, which a run never resumes.
+"$fabrica" train run.yaml output_dir=weights_only save_only_model=true save_steps=2 >weights_only.log \
+  || { cat weights_only.log; fail "save_only_model run"; }
+[ -f weights_only/checkpoint-2/model.safetensors ] || fail "save_only_model: no weights in checkpoint-2"
+! ls weights_only/checkpoint-2/optimizer-* 2>/dev/null || fail "save_only_model: optimizer state in checkpoint-2"
+cp weights_only/metrics.jsonl before.jsonl
+expect_exit2 "resume from a save_only_model checkpoint" \
+  "weights_only/checkpoint-2 was saved with save_only_model: true: it holds the weights but no optimizer state" \
+  "$fabrica" train run.yaml output_dir=weights_only resume_from_checkpoint=true max_steps=6
+cmp weights_only/metrics.jsonl before.jsonl || fail "a refused resume changed metrics.jsonl"
+
+# 4. A full disk (a 64 KiB tmpfs): export, data prepare, metrics.jsonl and checkpoints fail with
+# the reason.
 mkdir "$full"
 if ! mount -t tmpfs -o size=64k tmpfs "$full" 2>/dev/null; then
   echo "SKIP: cannot mount a tmpfs (full-disk checks); every other check passed"
@@ -118,4 +129,12 @@ expect_exit2 "metrics.jsonl on a full disk" "metrics.jsonl: cannot write (No spa
 /usr/bin/python3 -c "import json,sys; [json.loads(l) for l in open('$full/run/metrics.jsonl')]" \
   || fail "metrics.jsonl on a full disk: a broken line"
 echo "ok: metrics.jsonl kept $(wc -l <"$full/run/metrics.jsonl") whole lines"
+# A checkpoint on a full disk, saved synchronously and by async_save: the run stops with the
+# reason, and neither checkpoint-1 nor its checkpoint-1.tmp stays behind.
+for async in false true; do
+  rm -rf "$full"/*
+  expect_exit2 "checkpoint on a full disk (async_save $async)" "No space left on device" \
+    "$fabrica" train run.yaml output_dir="$full/saving" save_steps=1 max_steps=3 async_save=$async
+  [ -z "$(ls -d "$full"/saving/checkpoint-* 2>/dev/null)" ] || fail "a failed checkpoint left $(ls "$full/saving")"
+done
 echo "output_dir end-to-end: all checks passed"

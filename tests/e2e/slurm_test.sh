@@ -77,14 +77,14 @@ SchedulerType=sched/builtin
 NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$(hostname) CPUs=$cpus State=UNKNOWN
 PartitionName=fab Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
-for _ in $(seq 1 50); do [ -S munge/socket ] && break; sleep 0.1; done
+for _ in $(seq 1 600); do [ -S munge/socket ] && break; sleep 0.1; done
 [ -S munge/socket ] || skip "munged did not start: $(tail -3 munge/log 2>/dev/null)"
 slurmctld -D -i -f slurm.conf >logs/slurmctld.out 2>&1 &
 pids+=($!)
 slurmd -D -N $node -f slurm.conf >logs/slurmd.out 2>&1 &
 pids+=($!)
 up=""
-for _ in $(seq 1 150); do
+for _ in $(seq 1 600); do
   state=$(sinfo -h -n $node -o %T 2>/dev/null || true)
   case $state in idle*|mix*|alloc*) up=1; break ;; esac
   sleep 0.2
@@ -125,7 +125,7 @@ wait_job() {
 }
 
 job=$(submit)
-for _ in $(seq 1 1500); do grep -q "^step 8/" job-$job.out 2>/dev/null && break; sleep 0.1; done
+wait_until logged job-$job.out "^step 8/" || true
 grep -q "^step 8/" job-$job.out || { cat job-$job.out; tail -20 logs/slurmd.log; fail "the job never reached step 8"; }
 grep -q "world_size.: 2\|\"world_size\":2" slurm/metrics.jsonl || { cat job-$job.out; fail "the job did not run 2 ranks"; }
 echo "ok: sbatch: a 2-task job trains"

@@ -75,5 +75,40 @@ TEST(Launcher, MpirunCommandForACluster) {
   EXPECT_NE(cmd.find("--mca plm_rsh_agent /opt/agent"), std::string::npos) << cmd;
 }
 
+std::string worker_count_error(int64_t nproc, const ClusterFile& cluster, int cores) {
+  TrainConfig c;
+  c.nproc_per_node = nproc;
+  c.cluster = cluster.hosts.empty() ? "" : "cluster.yaml";
+  try {
+    return "accepted " + std::to_string(checked_worker_count(c, cluster, cores));
+  } catch (const UserError& e) {
+    return e.what();
+  }
+}
+
+// nproc_per_node 1000 on 2 cores started 1000 workers, which hung; the tests' 4 to 8 on 2 cores run.
+TEST(Launcher, RefusesFarMoreWorkersThanCores) {
+  EXPECT_EQ(worker_count_error(4, {}, 2), "accepted 4");
+  EXPECT_EQ(worker_count_error(8, {}, 2), "accepted 8");
+  EXPECT_EQ(worker_count_error(16, {}, 2), "accepted 16");
+  EXPECT_EQ(worker_count_error(1000, {}, 2),
+            "nproc_per_node 1000 is more than 8 workers per core of this machine (2 cores: at most 16): so many "
+            "processes only wait on each other, and the run would crawl or hang; use nproc_per_node 16 or fewer, or "
+            "a cluster file for more machines");
+  EXPECT_NE(worker_count_error(17, {}, 2).find("at most 16"), std::string::npos);
+  EXPECT_EQ(worker_count_error(1000, {}, 128), "accepted 1000");
+  EXPECT_GE(usable_cores(), 1);
+}
+
+TEST(Launcher, RefusesMoreWorkersPerNodeThanTheClusterHasSlots) {
+  const ClusterFile cluster{{{"node1", 8}, {"node2", 4}}, "", ""};
+  EXPECT_EQ(worker_count_error(1, cluster, 2), "accepted 12");  // one per slot, whatever the cores here
+  EXPECT_EQ(worker_count_error(4, cluster, 2), "accepted 12");
+  EXPECT_EQ(worker_count_error(1000, cluster, 2),
+            "nproc_per_node 1000 is more than the 8 slots of host node1 in cluster file cluster.yaml: a cluster run "
+            "starts one worker per slot of each host; set the hosts' slots there, or leave nproc_per_node out");
+  EXPECT_NE(worker_count_error(8, cluster, 2).find("the 4 slots of host node2"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace fab

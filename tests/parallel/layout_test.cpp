@@ -74,6 +74,22 @@ TEST(ParallelLayout, MegatronSpellingsAreAliases) {
   EXPECT_THROW(config("pipeline_layers: 4\n"), UserError);
 }
 
+// As Megatron: virtual pipeline stages without a pipeline_schedule run the interleaved schedule
+// (it was refused with a message that asked for virtual_pipeline_parallel_size > 1 when it was 2).
+TEST(ParallelLayout, VirtualStagesImplyTheInterleavedSchedule) {
+  const TrainConfig c = config("pipeline_parallel_size: 2\nvirtual_pipeline_parallel_size: 2\ngradient_accumulation_steps: 2\n");
+  EXPECT_EQ(c.pipeline_schedule, "interleaved_1f1b");
+  const ParallelLayout l = parallel_layout(c, model(4), 2);
+  EXPECT_EQ(l.schedule, "interleaved_1f1b");
+  EXPECT_EQ(l.vpp, 2);
+  EXPECT_EQ(l.chunk_layers.size(), 4u);
+  EXPECT_EQ(config("pipeline_parallel_size: 2\n").pipeline_schedule, "1f1b");
+  EXPECT_EQ(config("virtual_pipeline_model_parallel_size: 2\n").pipeline_schedule, "interleaved_1f1b");  // the alias
+  // Without pipeline stages the inferred schedule still says what is missing.
+  EXPECT_NE(error_of(config("virtual_pipeline_parallel_size: 2\n"), model(4), 1).find("needs pipeline_parallel_size > 1"),
+            std::string::npos);
+}
+
 TEST(ParallelLayout, AutomaticSplitBalancesTheHead) {
   // Equal layers and no head: an even split.
   EXPECT_EQ(balanced_layer_split(model(8, 1), 2, 16), (std::vector<int64_t>{4, 4}));
@@ -111,7 +127,12 @@ TEST(ParallelLayout, ConflictsNameTheSizes) {
   expect("pipeline_parallel_size: 2\nzero_stage: 3\n", 2, "zero_stage 3 with pipeline_parallel_size 2");
   expect("virtual_pipeline_parallel_size: 2\npipeline_schedule: interleaved_1f1b\n", 1,
          "needs pipeline_parallel_size > 1");
-  expect("pipeline_parallel_size: 2\nvirtual_pipeline_parallel_size: 2\n", 2, "interleaved_1f1b runs several");
+  expect("pipeline_parallel_size: 2\nvirtual_pipeline_parallel_size: 2\npipeline_schedule: 1f1b\n", 2,
+         "pipeline_schedule 1f1b with virtual_pipeline_parallel_size 2: 1f1b runs one model chunk per stage; set "
+         "pipeline_schedule interleaved_1f1b");
+  expect("pipeline_parallel_size: 2\npipeline_schedule: interleaved_1f1b\n", 2,
+         "pipeline_schedule interleaved_1f1b with virtual_pipeline_parallel_size 1: interleaved_1f1b runs several "
+         "model chunks per stage; set virtual_pipeline_parallel_size > 1");
   expect("pipeline_parallel_size: 2\nvirtual_pipeline_parallel_size: 2\npipeline_schedule: interleaved_1f1b\n"
          "gradient_accumulation_steps: 3\n",
          2, "gradient_accumulation_steps 3 is not a multiple of pipeline_parallel_size 2");

@@ -3,6 +3,7 @@
 // sum of several rewards.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -103,9 +104,67 @@ TEST(Rewards, CommandErrorsNameTheCommandAndTheLine) {
   EXPECT_NE(status.find("reward command:exit 3: exited with status 3"), std::string::npos) << status;
 }
 
+// True while a process whose command line contains `marker` runs.
+bool running(const std::string& marker) {
+  // "[s]leep ...": the pattern does not match the shell that runs pgrep
+  return std::system(("pgrep -f '[" + marker.substr(0, 1) + "]" + marker.substr(1) + "' >/dev/null").c_str()) == 0;
+}
+
+// A command that never exits, ignores SIGTERM and leaves a child behind: reward_timeout ends it,
+// its whole process group killed, and the message names the command.
+TEST(Rewards, CommandPastItsTimeoutIsKilledWithItsGroup) {
+  const std::string marker = "sleep 1000.25";
+  ASSERT_FALSE(running(marker));
+  RewardOptions options;
+  options.timeout_s = 1;
+  const std::string command = "trap '' TERM; " + marker + " & " + marker;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { Rewards("command:" + command, options).score({sample("a", "b")}); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(e.find("reward command:" + command + ": no answer within reward_timeout 1 s for 1 responses"),
+            std::string::npos)
+      << e;
+  EXPECT_LT(seconds, 10.0);
+  EXPECT_FALSE(running(marker)) << "the command's processes outlived it";
+}
+
+// A stop signal that arrives while the command runs ends it at once, naming the signal.
+TEST(Rewards, StopSignalKillsARunningCommand) {
+  const std::string marker = "sleep 1000.5";
+  RewardOptions options;
+  const auto start = std::chrono::steady_clock::now();
+  options.stop_signal = [&] { return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300) ? 15 : 0; };
+  const std::string e = error_of([&] { Rewards("command:" + marker, options).score({sample("a", "b")}); });
+  EXPECT_NE(e.find("reward command:" + marker + ": stop signal 15 arrived while it was scoring"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  EXPECT_FALSE(running(marker));
+}
+
+// Output a command prints before it exits, and processes it leaves behind, end with it.
+TEST(Rewards, CommandLeftoversAreKilledAndItsOutputKept) {
+  const std::string marker = "sleep 1000.75";
+  const std::string command = "(" + marker + " >/dev/null &) ; echo 0.5";
+  EXPECT_EQ(Rewards("command:" + command, 0).score({sample("a", "b")}), (std::vector<double>{0.5}));
+  EXPECT_FALSE(running(marker));
+  const std::string e = error_of([] { Rewards("command:kill -9 $$", 0).score({sample("a", "b")}); });
+  EXPECT_NE(e.find("reward command:kill -9 $$: killed by signal 9"), std::string::npos) << e;
+}
+
+// Scores that would overflow a group's mean and variance stop the run, naming the reward.
+TEST(Rewards, ScoresPastTheRangeStop) {
+  const std::string e = error_of([] { Rewards("exact_match,command:echo 1e308", 0).score({sample("a", "b")}); });
+  EXPECT_NE(e.find("reward command:echo 1e308: response 1 of 1 scored 1e+308; expected a finite number within "
+                   "+-1e+15"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(Rewards("command:echo -1e15", 0).score({sample("a", "b")}), (std::vector<double>{-1e15}));
+}
+
 TEST(Rewards, ModelRewardNeedsAValueHead) {
   const std::string e = error_of([] { Rewards("model:/nonexistent/rm", 0); });
-  EXPECT_NE(e.find("reward model:/nonexistent/rm: no config.json there"), std::string::npos) << e;
+  EXPECT_NE(e.find("reward model:/nonexistent/rm: no such folder"), std::string::npos) << e;
+  const std::string no_config = error_of([] { Rewards("model:/tmp", 0); });
+  EXPECT_NE(no_config.find("reward model:/tmp: no config.json there"), std::string::npos) << no_config;
 }
 
 TEST(GrpoLoss, KlPenaltiesAndTheirClamps) {

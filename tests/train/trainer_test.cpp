@@ -148,7 +148,8 @@ TEST(Trainer, AsyncSaveFailureStopsTheRunOnTheTrainingThread) {
   ::setenv("FAB_TEST_SLOW_SAVE_MS", "300", 1);
   std::thread remover([&] {
     const fs::path written = fs::path(out) / "checkpoint-3.tmp" / "trainer_state.json";
-    for (int i = 0; i < 20000 && !fs::exists(written); ++i) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    // Generous: it ends when the file comes, however loaded the machine.
+    for (int i = 0; i < 1200000 && !fs::exists(written); ++i) std::this_thread::sleep_for(std::chrono::microseconds(500));
     std::error_code error;  // the writer may be creating a file in it meanwhile: again until it is gone
     while (fs::exists(fs::path(out) / "checkpoint-3.tmp")) fs::remove_all(fs::path(out) / "checkpoint-3.tmp", error);
   });
