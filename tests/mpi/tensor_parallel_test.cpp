@@ -91,9 +91,9 @@ std::map<std::string, Tensor> by_name(const std::vector<NamedTensor>& tensors) {
 
 // One process's model with the linear layers watched: for every element of a linear layer's
 // weight and bias gradient, the sum of the magnitudes of the terms that add up to it over the
-// rows, sum_r |dy[r, o]| |x[r, i]| and sum_r |dy[r, o]| (a size-1 TensorParallelOps: the model
+// rows, sum_r |dy[r, o]| |x[r, i]| and sum_r |dy[r, o]| (a size-1 Sharding: the model
 // runs as with none, and the gradients are the same bit for bit).
-class TermMagnitudes final : public TensorParallelOps {
+class TermMagnitudes final : public Sharding {
  public:
   explicit TermMagnitudes(std::vector<double>& sums) : sums_(sums) {}
   void set_flat_values(const float* values) { values_ = values; }
