@@ -7,10 +7,12 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/model_folders.h"
 #include "core/error.h"
 #include "dataset/dataset.h"
 #include "dataset/prepare.h"
 #include "models/hf_model.h"
+#include "models/peft_adapter.h"
 #include "nn/sequence_logps.h"
 #include "train/batch.h"
 
@@ -70,6 +72,7 @@ int run_score(int argc, char** argv) {
             {});
   FAB_USER_CHECK(args.has("model") && args.has("dataset"), "{}", kUsage);
   const std::string dir = args.get("model");
+  if (!is_adapter_folder(dir)) require_model_folder("--model", dir);
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "value_head.safetensors") ||
                      (HfWeights::present(dir) && HfWeights::open(dir).contains("v_head.summary.weight")),
                  "--model {}: no value head (value_head.safetensors, or v_head.* in the weights): train one with "
