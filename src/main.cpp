@@ -79,7 +79,9 @@ int print_command_help(const std::string& command) {
        "fabrica export EXPORT.yaml   (llamafactory-cli's keys: model_name_or_path, adapter_name_or_path, export_dir)\n"
        "  Writes a checkpoint as a Hugging Face folder (config.json, model.safetensors, tokenizer files); a LoRA "
        "adapter folder is merged into its base (--base, else its base_model_name_or_path) first. An --output that "
-       "already holds a model is replaced only with --overwrite.\nexample:\n  fabrica export --checkpoint "
+       "already holds a model is replaced only with --overwrite (never an input folder, nor a running run's "
+       "output_dir). The tokenizer comes from --tokenizer-from, else the base or the folder, else the "
+       "model_name_or_path of the run that saved the checkpoint.\nexample:\n  fabrica export --checkpoint "
        "saves/run/checkpoint-500 --output saves/run-500 --tokenizer-from models/Qwen3-0.6B\n"},
       {"score",
        "fabrica score --model DIR --dataset NAMES [--dataset-dir DIR] [--template NAME] [--cutoff-len N]\n"

@@ -17,10 +17,12 @@ Args::Args(int argc, char** argv, int first, const std::set<std::string>& option
     }
     const std::string name = a.substr(2);
     if (switches.count(name)) {
-      switches_.insert(name);
+      FAB_USER_CHECK(switches_.insert(name).second, "{} is given twice: give it once", a);
     } else if (options.count(name)) {
       FAB_USER_CHECK(i + 1 < argc, "{} needs a value", a);
-      values_[name] = argv[++i];
+      const auto [it, is_new] = values_.emplace(name, argv[i + 1]);
+      FAB_USER_CHECK(is_new, "{} is given twice (\"{}\" and \"{}\"): give it once", a, it->second, argv[i + 1]);
+      ++i;
     } else {
       throw UserError(format("unknown option {} (see --help)", a));
     }

@@ -11,7 +11,8 @@ namespace fab {
 
 class Args {
  public:
-  // `options` take a value, `switches` do not; anything else starting with "--" is an error.
+  // `options` take a value, `switches` do not; anything else starting with "--" is an error, and
+  // so is an option or switch given twice (which value was meant cannot be told).
   Args(int argc, char** argv, int first, const std::set<std::string>& options, const std::set<std::string>& switches);
 
   const std::vector<std::string>& positional() const { return positional_; }

@@ -20,6 +20,7 @@ int run_init(int argc, char** argv) {
   for (std::string host; std::getline(hosts, host, ',');)
     if (!host.empty()) cluster.hosts.push_back({host, int(slots)});
   FAB_USER_CHECK(!cluster.hosts.empty(), "--hosts: expected a comma-separated list of host names");
+  check_host_names(cluster.hosts, "--hosts");
   cluster.iface = args.get("iface");
   cluster.rsh_agent = args.get("rsh-agent");
   const std::string output = args.get("output", "cluster.yaml");

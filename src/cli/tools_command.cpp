@@ -4,13 +4,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/export_config.h"
+#include "cli/model_folders.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/file_write.h"
@@ -18,6 +22,7 @@
 #include "dataset/tokenizer_encoder.h"
 #include "infer/generate.h"
 #include "infer/rollout.h"
+#include "launch/output_dir_lock.h"
 #include "models/hf_model.h"
 #include "models/peft_adapter.h"
 #include "train/reward_model.h"
@@ -83,6 +88,11 @@ SamplingOptions sampling_from(const Args& args, const Tokenizer& tokenizer) {
 std::unique_ptr<DecoderModel> model_for_generation(const std::string& dir, const std::string& adapter = "",
                                                    bool bf16 = false, const std::string& device = "cpu") {
   FAB_USER_CHECK(HfWeights::present(dir), "{}: no weights to generate with (config.json only)", dir);
+  if (!adapter.empty()) {
+    require_folder("--adapter", adapter);
+    FAB_USER_CHECK(is_adapter_folder(adapter), "--adapter {}: no adapter_config.json there (expected a PEFT LoRA "
+                   "adapter folder)", adapter);
+  }
   const ModelConfig config = load_model_config((fs::path(dir) / "config.json").string());
   DecoderOptions options(bf16 ? Precision::bf16 : Precision::fp32, false, config.max_position_embeddings);
   options.device = resolve_device(device);
@@ -185,6 +195,7 @@ int run_generate(int argc, char** argv) {
                  "[--max-new-tokens N] [--temperature T --top-p P --top-k K --seed S] [--device cpu|cuda|auto]\n"
                  "example: fabrica generate --model saves/qwen3-sft --template qwen3_nothink --prompt 'Hi'");
   const std::string dir = args.get("model");
+  require_model_folder("--model", dir);
   const Tokenizer tokenizer = Tokenizer::load(dir);
   const SamplingOptions o = sampling_from(args, tokenizer);
   if (args.has("prompts")) return generate_batched(args, tokenizer, o);
@@ -203,6 +214,7 @@ int run_chat(int argc, char** argv) {
                  "example: fabrica chat --model saves/qwen3-sft --template qwen3_nothink   (/clear resets, "
                  "an empty line or end of input quits)");
   const std::string dir = args.get("model");
+  require_model_folder("--model", dir);
   const Tokenizer tokenizer = Tokenizer::load(dir);
   const SamplingOptions o = sampling_from(args, tokenizer);
   auto model = model_for_generation(dir, args.get("adapter", ""), false, args.get("device", "cpu"));
@@ -231,11 +243,144 @@ bool holds_model(const fs::path& folder) {
   return fs::exists(folder / "config.json") || HfWeights::present(folder.string());
 }
 
+bool same_folder(const std::string& a, const std::string& b) {
+  std::error_code error;
+  return fs::exists(a) && fs::exists(b) && fs::equivalent(a, b, error);
+}
+
+// What one export reads and writes; each folder with the words that name it in messages (the
+// flag, or the export YAML's key).
+struct ExportJob {
+  std::string from, from_name;  // a model or checkpoint folder, or a LoRA adapter folder
+  std::string base, base_name;  // an adapter's base model ("": its base_model_name_or_path)
+  std::string tokenizer_from;   // "": found by tokenizer_source
+  std::string to, to_name;
+  bool overwrite = false;
+  size_t shard_bytes = size_t(5) << 30;
+};
+
+// The fields of config.json in which two models' architectures differ ("" when none does).
+std::string architecture_differences(const ModelConfig& a, const ModelConfig& b) {
+  std::string out;
+  auto differ = [&](const char* field, const std::string& x, const std::string& y) {
+    if (x != y) out += format("{}{} {}, not {}", out.empty() ? "" : ", ", field, x, y);
+  };
+  differ("model_type", a.model_type, b.model_type);
+  for (const auto& [field, x, y] :
+       {std::tuple{"hidden_size", a.hidden_size, b.hidden_size},
+        std::tuple{"intermediate_size", a.intermediate_size, b.intermediate_size},
+        std::tuple{"num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers},
+        std::tuple{"num_attention_heads", a.num_attention_heads, b.num_attention_heads},
+        std::tuple{"num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads},
+        std::tuple{"head_dim", a.head_dim, b.head_dim}, std::tuple{"vocab_size", a.vocab_size, b.vocab_size}})
+    differ(field, std::to_string(x), std::to_string(y));
+  return out;
+}
+
+// A --base other than the adapter's base_model_name_or_path must be a model of the same
+// architecture: LoRA's shapes alone do not tell a llama from a qwen3 of the same sizes.
+void check_base_matches(const ExportJob& job, const std::string& recorded) {
+  if (recorded.empty() || same_folder(job.base, recorded)) return;
+  const fs::path recorded_config = fs::path(recorded) / "config.json";
+  if (!fs::exists(recorded_config)) {
+    std::printf("note: merging into %s, not the adapter's base_model_name_or_path %s (not here to compare with: only "
+                "the adapter's shapes are checked)\n",
+                job.base.c_str(), recorded.c_str());
+    return;
+  }
+  const std::string differences = architecture_differences(
+      load_model_config((fs::path(job.base) / "config.json").string()), load_model_config(recorded_config.string()));
+  FAB_USER_CHECK(differences.empty(),
+                 "{} {} is not the architecture the adapter {} was trained on ({}, its base_model_name_or_path): {}; "
+                 "merged into it the adapter gives a broken model: pass the base it was trained on",
+                 job.base_name, job.base, job.from, recorded, differences);
+  std::printf("note: merging into %s, not the adapter's base_model_name_or_path %s (the same architecture)\n",
+              job.base.c_str(), recorded.c_str());
+}
+
+// Everything an export reads is there and what it writes is free, before anything is written.
+void check_export_job(ExportJob& job) {
+  require_folder(job.from_name, job.from);
+  if (is_adapter_folder(job.from)) {
+    std::string recorded;
+    read_adapter_config(job.from, &recorded);
+    if (job.base.empty()) {
+      FAB_USER_CHECK(!recorded.empty(), "{} {} is a LoRA adapter without base_model_name_or_path: pass --base", job.from_name,
+                     job.from);
+      FAB_USER_CHECK(fs::exists(recorded), "{} {} is a LoRA adapter of base_model_name_or_path {}, which is not here: "
+                     "pass --base MODEL_DIR (the model it was trained on)", job.from_name, job.from, recorded);
+      job.base = recorded;
+      job.base_name = "the adapter's base_model_name_or_path";
+    }
+    require_model_folder(job.base_name, job.base);
+    FAB_USER_CHECK(HfWeights::present(job.base), "{} {}: config.json but no weights (model.safetensors): an adapter "
+                   "merges into the trained weights of its base", job.base_name, job.base);
+    check_base_matches(job, recorded);
+  } else {
+    FAB_USER_CHECK(job.base.empty(), "{} {}: {} {} is a full model, not a LoRA adapter: there is nothing to merge "
+                   "(leave --base out)", job.base_name, job.base, job.from_name, job.from);
+    require_model_folder(job.from_name, job.from);
+    FAB_USER_CHECK(HfWeights::present(job.from), "{} {}: no model.safetensors there (nothing to export)", job.from_name,
+                   job.from);
+  }
+  if (!job.tokenizer_from.empty()) {
+    require_folder("--tokenizer-from", job.tokenizer_from);
+    FAB_USER_CHECK(has_tokenizer(job.tokenizer_from), "--tokenizer-from {}: no tokenizer.json or tokenizer.model there",
+                   job.tokenizer_from);
+  }
+  for (const auto& [folder, name] : {std::pair{job.from, job.from_name}, std::pair{job.base, job.base_name},
+                                     std::pair{job.tokenizer_from, std::string("--tokenizer-from")}})
+    FAB_USER_CHECK(folder.empty() || !same_folder(job.to, folder),
+                   "{} {} is the folder of {}: the export would replace what it reads; choose another {}", job.to_name,
+                   job.to, name, job.to_name);
+  FAB_USER_CHECK(job.overwrite || !holds_model(job.to), "{} {} already holds a model{}", job.to_name, job.to,
+                 job.to_name == "--output" ? ": pass --overwrite to replace it" : "");
+}
+
+// The model_name_or_path of the run that saved a checkpoint (its train_config.yaml), or "".
+std::string run_model_of(const std::string& checkpoint) {
+  try {
+    const YAML::Node y = YAML::LoadFile((fs::path(checkpoint) / "train_config.yaml").string());
+    return y["model_name_or_path"] && y["model_name_or_path"].IsScalar() ? y["model_name_or_path"].Scalar() : "";
+  } catch (const YAML::Exception&) {
+    return "";
+  }
+}
+
+// Where the exported tokenizer comes from: --tokenizer-from; else the base (an adapter), the
+// folder itself, or the model of the run that saved it (a Fabrica checkpoint holds no tokenizer);
+// "" when none of them has one.
+std::string tokenizer_source(const ExportJob& job) {
+  if (!job.tokenizer_from.empty()) return job.tokenizer_from;
+  for (const std::string& dir : {job.base, job.from})
+    if (!dir.empty() && has_tokenizer(dir)) return dir;
+  const std::string run_model = run_model_of(job.from);
+  return !run_model.empty() && fs::is_directory(run_model) && has_tokenizer(run_model) ? run_model : "";
+}
+
+void export_tokenizer(const ExportJob& job) {
+  const std::string source = tokenizer_source(job);
+  if (source.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "warning: no tokenizer exported: %s has no tokenizer.json or tokenizer.model (nor the model of the run "
+                 "that saved it), so `fabrica generate --model %s` cannot run; export again with --tokenizer-from "
+                 "MODEL_DIR\n",
+                 job.from.c_str(), job.to.c_str());
+    return;
+  }
+  copy_tokenizer_and_template_files(source, job.to);
+  if (source != job.tokenizer_from && source != job.base && source != job.from)
+    std::printf("tokenizer: from %s, the model_name_or_path of the run that saved %s\n", source.c_str(),
+                job.from.c_str());
+}
+
 }  // namespace
 
 // A LoRA adapter folder merged into its base: W + scaling B A, saved as a full HF folder; a
 // reward model's (stage rm) with its value head, into value_head.safetensors.
-void export_merged(const std::string& base, const std::string& adapter, const std::string& to) {
+void export_merged(const std::string& base, const std::string& adapter, const std::string& to,
+                   size_t shard_bytes = size_t(5) << 30) {
   std::unique_ptr<DecoderModel> model;
   if (holds_value_head(adapter)) {
     model = load_reward_model(adapter, "--checkpoint ", base);  // merged, value head and all
@@ -243,47 +388,81 @@ void export_merged(const std::string& base, const std::string& adapter, const st
     model = model_for_generation(base, adapter);
     merge_adapters(*model);
   }
-  save_model_folder(*model, to);
-  copy_tokenizer_and_template_files(base, to);
+  save_model_folder(*model, to, shard_bytes);
   std::printf("merged adapter %s into %s: exported to %s\n", adapter.c_str(), base.c_str(), to.c_str());
 }
+
+namespace {
+
+// Checks, then writes under the output's run lock when it exists (a training run writing there
+// refuses the export); the folders the export created are removed again when it fails.
+void run_export_job(ExportJob job) {
+  check_export_job(job);
+  fs::path created = fs::absolute(job.to);  // the outermost folder this export creates ("" : none)
+  if (fs::exists(created)) created.clear();
+  while (!created.empty() && created.has_parent_path() && created != created.parent_path() &&
+         !fs::exists(created.parent_path()))
+    created = created.parent_path();
+  std::optional<OutputDirLock> lock;  // a folder that is not there yet is no run's output_dir
+  try {
+    if (created.empty()) lock.emplace(job.to);
+  } catch (const UserError& e) {
+    throw UserError(format("{}: {}", job.to_name, e.what()));
+  }
+  try {
+    if (is_adapter_folder(job.from)) {
+      export_merged(job.base, job.from, job.to, job.shard_bytes);
+    } else {
+      DecoderOptions options;
+      options.value_head = holds_value_head(job.from);  // a reward model keeps its value head
+      auto model = load_model_folder(job.from, options);
+      save_model_folder(*model, job.to, job.shard_bytes);
+      std::printf("exported %s to %s\n", job.from.c_str(), job.to.c_str());
+    }
+    export_tokenizer(job);
+  } catch (...) {
+    std::error_code error;
+    if (!created.empty()) fs::remove_all(created, error);
+    throw;
+  }
+}
+
+}  // namespace
 
 // fabrica export --checkpoint DIR --output DIR: a checkpoint (or a LoRA adapter folder, merged
 // into --base or its base_model_name_or_path) as an HF folder; or, as llamafactory-cli export, a
 // YAML with model_name_or_path, adapter_name_or_path and export_dir.
 int run_export(int argc, char** argv) {
   if (argc == 3 && std::string(argv[2]).find("--") != 0) {
-    const YAML::Node y = YAML::LoadFile(argv[2]);
-    for (const char* key : {"model_name_or_path", "adapter_name_or_path", "export_dir"})
-      FAB_USER_CHECK(y[key] && y[key].IsScalar(), "{}: export needs {}", argv[2], key);
-    const std::string to = y["export_dir"].as<std::string>();
-    FAB_USER_CHECK(!holds_model(to), "export_dir {} already holds a model", to);
-    export_merged(y["model_name_or_path"].as<std::string>(), y["adapter_name_or_path"].as<std::string>(), to);
+    const std::string path = argv[2];
+    const ExportYaml y = load_export_yaml(path);
+    if (!y.ignored.empty()) {
+      std::string keys;
+      for (const std::string& k : y.ignored) keys += (keys.empty() ? "" : ", ") + k;
+      std::printf("note: read without effect in fabrica export: %s\n", keys.c_str());
+    }
+    ExportJob job;
+    const bool adapter = !y.adapter_name_or_path.empty();
+    job.from = adapter ? y.adapter_name_or_path : y.model_name_or_path;
+    job.from_name = path + ": " + (adapter ? "adapter_name_or_path" : "model_name_or_path");
+    if (adapter) job.base = y.model_name_or_path, job.base_name = path + ": model_name_or_path";
+    job.to = y.export_dir;
+    job.to_name = path + ": export_dir";
+    job.shard_bytes = size_t(y.export_size) * size_t(1000000000);  // transformers' "5GB"
+    run_export_job(job);
     return 0;
   }
   Args args(argc, argv, 2, {"checkpoint", "output", "tokenizer-from", "base"}, {"overwrite"});
   FAB_USER_CHECK(args.has("checkpoint") && args.has("output"),
                  "usage: fabrica export --checkpoint DIR --output DIR [--base MODEL_DIR] [--tokenizer-from MODEL_DIR] "
                  "[--overwrite]   or   fabrica export EXPORT.yaml (model_name_or_path, adapter_name_or_path, export_dir)");
-  const std::string from = args.get("checkpoint"), to = args.get("output");
-  FAB_USER_CHECK(args.flag("overwrite") || !holds_model(to),
-                 "--output {} already holds a model: pass --overwrite to replace it", to);
-  if (is_adapter_folder(from)) {
-    std::string base;
-    read_adapter_config(from, &base);
-    base = args.get("base", base);
-    FAB_USER_CHECK(!base.empty(), "--checkpoint {} is a LoRA adapter without base_model_name_or_path: pass --base", from);
-    export_merged(base, from, to);
-    return 0;
-  }
-  FAB_USER_CHECK(HfWeights::present(from), "--checkpoint {}: no model.safetensors there (nothing to export)", from);
-  DecoderOptions options;
-  options.value_head = holds_value_head(from);  // a reward model keeps its value head
-  auto model = load_model_folder(from, options);
-  save_model_folder(*model, to);
-  const std::string tokenizer_dir = args.get("tokenizer-from", from);
-  copy_tokenizer_and_template_files(tokenizer_dir, to);
-  std::printf("exported %s to %s\n", from.c_str(), to.c_str());
+  ExportJob job;
+  job.from = args.get("checkpoint"), job.from_name = "--checkpoint";
+  job.base = args.get("base"), job.base_name = "--base";
+  job.tokenizer_from = args.get("tokenizer-from");
+  job.to = args.get("output"), job.to_name = "--output";
+  job.overwrite = args.flag("overwrite");
+  run_export_job(job);
   return 0;
 }
 

@@ -11,6 +11,8 @@
 #include <optional>
 #include <thread>
 
+#include <yaml-cpp/yaml.h>
+
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "comm/device_collectives.h"
@@ -43,6 +45,8 @@ TrainConfig config_from_args(int argc, char** argv, int first, const char* usage
   if (args.has("max-restarts"))  // torchrun's spelling
     overrides.push_back("max_restarts=" + std::to_string(args.get_integer("max-restarts", 0, 0, 1 << 20)));
   TrainConfig c = load_train_config(args.positional()[0], overrides);
+  FAB_USER_CHECK(!c.model_name_or_path.empty(), "{}: model_name_or_path is required (the Hugging Face model folder "
+                 "to start from)", args.positional()[0]);
   if (!c.accepted_keys.empty()) {
     std::string keys;
     for (const std::string& k : c.accepted_keys) keys += (keys.empty() ? "" : ", ") + k;
@@ -97,6 +101,24 @@ void check_writable(const std::string& path) {
 
 namespace {
 
+// A checkpoint resumes the stage that saved it: an sft checkpoint resumed as dpo would go on with
+// sft's optimizer state and schedule under another loss, logged into the same metrics.jsonl.
+void check_resumed_stage(const TrainConfig& c, const std::string& checkpoint) {
+  std::string saved;
+  try {
+    const YAML::Node y = YAML::LoadFile((fs::path(checkpoint) / "train_config.yaml").string());
+    if (y["stage"] && y["stage"].IsScalar()) saved = y["stage"].Scalar();
+  } catch (const YAML::Exception&) {
+    return;  // no train_config.yaml, or one the resume itself reports as unreadable
+  }
+  FAB_USER_CHECK(saved.empty() || saved == c.stage,
+                 "resume_from_checkpoint: {} was saved by a stage {} run, and this run is stage {}: resuming would "
+                 "go on with the {} run's optimizer state and schedule and mix the two losses in {}/metrics.jsonl. "
+                 "To train {} from those weights, export them (fabrica export --checkpoint {} --output MODEL_DIR) and "
+                 "start a new run with model_name_or_path: MODEL_DIR and another output_dir",
+                 checkpoint, saved, c.stage, saved, c.output_dir, c.stage, checkpoint);
+}
+
 // The checks that must pass before anything is written.
 void check_run_config(const TrainConfig& c) {
   FAB_USER_CHECK(!c.model_name_or_path.empty(), "model_name_or_path is required");
@@ -114,7 +136,9 @@ void check_run_config(const TrainConfig& c) {
                                  .max_position_embeddings, nullptr);
   check_writable(c.output_dir);
   resolve_device(c.device);  // device: cuda without a GPU fails here, naming what is missing
-  const bool resuming = !checkpoint_to_resume(c).empty();
+  const std::string checkpoint = checkpoint_to_resume(c);
+  const bool resuming = !checkpoint.empty();
+  if (resuming) check_resumed_stage(c, checkpoint);
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),
                  "output_dir {} already holds a run: set overwrite_output_dir: true or resume_from_checkpoint: true",
                  c.output_dir);

@@ -60,13 +60,9 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 std::string closest_key(const std::string& key) {
-  std::string best;
-  size_t best_distance = 4;  // suggest only near misses
-  for (const auto& [name, info] : schema()) {
-    const size_t d = edit_distance(key, name);
-    if (d < best_distance) best = name, best_distance = d;
-  }
-  return best;
+  std::vector<std::string> names;
+  for (const auto& [name, info] : schema()) names.push_back(name);
+  return nearest_name(key, names);
 }
 
 // Reads one YAML value into a typed field; returns an error text or "".
@@ -196,6 +192,10 @@ void check_ranges(const TrainConfig& c, Require& require) {
   require(c.min_nodes == 0 || !c.cluster.empty(), "min_nodes needs a cluster file (cluster: FILE): it counts its hosts");
   require(c.trace_steps.empty() || (c.trace_steps.size() == 2 && c.trace_steps[0] >= 1 && c.trace_steps[1] >= c.trace_steps[0]),
           "trace_steps: expected [first, last] optimizer steps with 1 <= first <= last");
+  require(!c.trace || c.trace_steps.size() != 2 || c.max_steps <= 0 || c.trace_steps[0] <= c.max_steps,
+          format("trace_steps [{}, {}] begins after max_steps {}: no step would be traced; trace steps up to {}",
+                 c.trace_steps.empty() ? 0 : c.trace_steps[0], c.trace_steps.size() < 2 ? 0 : c.trace_steps[1],
+                 c.max_steps, c.max_steps));
   require(c.max_restarts >= 0, format("max_restarts must be >= 0, got {}", c.max_restarts));
   require(c.max_restarts == 0 || !c.save_only_model,
           format("max_restarts {} with save_only_model: a restart resumes from the newest checkpoint, and "
@@ -379,6 +379,16 @@ void apply_deepspeed_config(TrainConfig& c, const std::string& source, Problems&
 
 }  // namespace
 
+std::string nearest_name(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_distance = 4;  // suggest only near misses
+  for (const std::string& name : names) {
+    const size_t d = edit_distance(word, name);
+    if (d < best_distance) best = name, best_distance = d;
+  }
+  return best;
+}
+
 std::optional<bool> parse_bool(std::string_view text) {
   std::string lower(text);
   std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
@@ -417,10 +427,18 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
     }
     apply_key(c, key, item.second, where, problems);
   }
+  std::map<std::string, std::string> overridden;  // canonical key -> the override that set it
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == o.size()) {
       problems.add(format("override \"{}\": expected key=value with a value", o));
+      continue;
+    }
+    // As in the YAML: a key set twice, or with its alias, is an error (which value was meant?).
+    const auto [seen, is_new] = overridden.emplace(canonical_key(o.substr(0, eq)), o);
+    if (!is_new) {
+      problems.add(format("override \"{}\": key \"{}\" is set twice on the command line (also by \"{}\")", o,
+                          seen->first, seen->second));
       continue;
     }
     YAML::Node value;
@@ -454,10 +472,21 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  FAB_USER_CHECK(!std::filesystem::is_directory(path), "{}: is a folder; expected a YAML file of settings (e.g. "
+                 "fabrica train run.yaml)", path);
   std::ifstream in(path);
   FAB_USER_CHECK(in, "{}: cannot open", path);
   std::stringstream text;
   text << in.rdbuf();
+  bool empty = false;  // no keys at all: an empty file, or only comments
+  try {
+    empty = YAML::Load(text.str()).IsNull();
+  } catch (const YAML::Exception&) {  // parse_train_config reports it with its line
+  }
+  FAB_USER_CHECK(!empty || !overrides.empty(),
+                 "{}: no settings (the file is empty or only comments); expected LLaMA-Factory keys such as "
+                 "model_name_or_path, stage, dataset, template and output_dir",
+                 path);
   return parse_train_config(text.str(), path, overrides);
 }
 

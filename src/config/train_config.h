@@ -33,6 +33,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
 // for resume_from_checkpoint: true/yes/on/y/1 and false/no/off/n/0 in any case; nullopt otherwise.
 std::optional<bool> parse_bool(std::string_view text);
 
+// The name among `names` nearest to `word` (fewer than 4 edits away), or "": a did-you-mean hint.
+std::string nearest_name(const std::string& word, const std::vector<std::string>& names);
+
 // Every key with its resolved value, as YAML (written to output_dir and into checkpoints).
 std::string train_config_to_yaml(const TrainConfig& config);
 // docs/CONFIG.md, generated from the schema.

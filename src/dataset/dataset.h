@@ -85,6 +85,7 @@ struct DatasetOptions {
   std::optional<int64_t> max_samples;  // per dataset, after num_samples
   uint64_t seed = 42;                  // for num_samples' random selection
   DataStage stage = DataStage::sft;
+  std::string stage_label;  // the training stage for messages (dpo loads as rm, grpo as sft); "": stage's name
 };
 
 struct LoadedDataset {

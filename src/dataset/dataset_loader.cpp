@@ -121,10 +121,11 @@ LoadedDataset load_single_dataset(const DatasetAttr& attr_in, const DatasetOptio
 namespace {
 
 // LLaMA-Factory refuses a preference dataset outside the "rm" stage and any other inside it.
-void check_stage(const DatasetAttr& attr, DataStage stage) {
-  FAB_USER_CHECK(attr.ranking == (stage == DataStage::rm),
+void check_stage(const DatasetAttr& attr, const DatasetOptions& options) {
+  const std::string label = options.stage_label.empty() ? std::string(stage_name(options.stage)) : options.stage_label;
+  FAB_USER_CHECK(attr.ranking == (options.stage == DataStage::rm),
                  "dataset {} is {} preference dataset, which the {} stage cannot use", attr.name,
-                 attr.ranking ? "a" : "not a", stage_name(stage));
+                 attr.ranking ? "a" : "not a", label);
 }
 
 }  // namespace
@@ -132,11 +133,11 @@ void check_stage(const DatasetAttr& attr, DataStage stage) {
 LoadedDataset load_datasets(std::string_view names, const DatasetOptions& options) {
   std::vector<DatasetAttr> attrs = get_dataset_list(split_dataset_names(names), options.dataset_dir);
   for (const DatasetAttr& attr : attrs)
-    if (attr.formatting != "auto") check_stage(attr, options.stage);  // before reading anything
+    if (attr.formatting != "auto") check_stage(attr, options);  // before reading anything
   LoadedDataset merged;
   for (const DatasetAttr& attr : attrs) {
     LoadedDataset one = load_single_dataset(attr, options);
-    check_stage(one.datasets.at(0), options.stage);  // a dataset given by path is known only now
+    check_stage(one.datasets.at(0), options);  // a dataset given by path is known only now
     merged.datasets.push_back(std::move(one.datasets[0]));
     merged.records += one.records;
     merged.broken += one.broken;

@@ -213,6 +213,7 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   if (c.max_samples > 0) options.max_samples = c.max_samples;
   options.seed = uint64_t(c.seed);
   options.stage = data_stage(c.stage);
+  options.stage_label = c.stage;
   std::vector<DatasetAttr> attrs = get_dataset_list(split_dataset_names(c.dataset), c.dataset_dir);
   if (!c.eval_dataset.empty()) {
     auto more = get_dataset_list(split_dataset_names(c.eval_dataset), c.dataset_dir);

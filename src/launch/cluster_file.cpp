@@ -2,6 +2,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cctype>
+#include <set>
 
 #include "core/error.h"
 #include "core/file_write.h"
@@ -12,6 +15,20 @@ int ClusterFile::total_slots() const {
   int n = 0;
   for (const ClusterHost& h : hosts) n += h.slots;
   return n;
+}
+
+void check_host_names(const std::vector<ClusterHost>& hosts, const std::string& where) {
+  std::set<std::string> seen;
+  for (const ClusterHost& h : hosts) {
+    const bool valid = !h.name.empty() && h.name[0] != '-' &&
+                       std::all_of(h.name.begin(), h.name.end(), [](unsigned char ch) {
+                         return std::isalnum(ch) || ch == '.' || ch == '-' || ch == '_' || ch == ':';
+                       });
+    FAB_USER_CHECK(valid, "{}: host \"{}\" is not a host name or address (letters, digits, '.', '-', '_' and ':' "
+                   "only, no spaces)", where, h.name);
+    FAB_USER_CHECK(seen.insert(h.name).second, "{}: host {} is listed twice: give each host once, with its slots "
+                   "(workers) on it", where, h.name);
+  }
 }
 
 ClusterFile load_cluster_file(const std::string& path) {
@@ -33,6 +50,7 @@ ClusterFile load_cluster_file(const std::string& path) {
                      h.Mark().line + 1);
       c.hosts.push_back(host);
     }
+    check_host_names(c.hosts, path);
     if (root["iface"]) c.iface = root["iface"].as<std::string>();
     if (root["rsh_agent"]) c.rsh_agent = root["rsh_agent"].as<std::string>();
   } catch (const YAML::Exception& e) {

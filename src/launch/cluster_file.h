@@ -24,6 +24,9 @@ struct ClusterFile {
   int total_slots() const;
 };
 
+// Each host once, each name a host name or address (no spaces): a UserError naming `where` else.
+void check_host_names(const std::vector<ClusterHost>& hosts, const std::string& where);
+// Reads and checks a cluster file (a UserError naming the file and line for anything wrong).
 ClusterFile load_cluster_file(const std::string& path);
 void save_cluster_file(const std::string& path, const ClusterFile& cluster);
 

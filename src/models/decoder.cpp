@@ -33,10 +33,19 @@ Tensor shift_labels(const Tensor& labels, int64_t vocab) {
 
 // The fp32 weights and gradients (and the bf16 copy) are mapped whole: a config.json whose sizes
 // ask for more than this machine's memory is refused, naming them, before anything is mapped.
-void check_fits_in_memory(const ModelConfig& c, int64_t numel, bool bf16_copy) {
-  const double bytes = double(numel) * (bf16_copy ? 10.0 : 8.0);
+// LoRA adapters (`adapter_numel` of them, rank `lora_rank`) that alone break the budget are blamed
+// on lora_rank, not on config.json.
+void check_fits_in_memory(const ModelConfig& c, int64_t numel, bool bf16_copy, int64_t adapter_numel,
+                          int64_t lora_rank) {
+  const double per_parameter = bf16_copy ? 10.0 : 8.0;
+  const double bytes = double(numel) * per_parameter;
   const double memory = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
   constexpr double kGiB = double(1 << 30);
+  FAB_USER_CHECK(bytes <= memory || double(numel - adapter_numel) * per_parameter > memory,
+                 "lora_rank {}: the LoRA adapters have {} parameters (the model itself {}); their weights and "
+                 "gradients need {} GiB, and this machine has {} GiB of memory (LLaMA-Factory's examples use "
+                 "lora_rank 8)",
+                 lora_rank, adapter_numel, numel - adapter_numel, std::round(bytes / kGiB), std::round(memory / kGiB));
   FAB_USER_CHECK(bytes <= memory,
                  "config.json: hidden_size {}, intermediate_size {}, num_hidden_layers {} and vocab_size {} make {} "
                  "parameters, whose weights and gradients need {} GiB; this machine has {} GiB of memory",
@@ -70,7 +79,12 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
   check_device_support();
   const bool bf16 = options_.precision == Precision::bf16;
   const Device device = options_.device;
-  if (device.is_host()) check_fits_in_memory(config_, params_.numel() + frozen_.numel() + frozen_bf16_.numel(), bf16);
+  if (device.is_host()) {
+    int64_t adapter_numel = 0;
+    for (const ParamInfo& p : params_.params()) adapter_numel += is_adapter(p.name) ? p.numel() : 0;
+    check_fits_in_memory(config_, params_.numel() + frozen_.numel() + frozen_bf16_.numel(), bf16, adapter_numel,
+                         options_.lora.rank);
+  }
   params_.allocate(bf16, device);
   // A tied embedding is the head's weight too: frozen in bf16 mode it needs its bf16 copy.
   frozen_.allocate_frozen(true, bf16 && config_.tie_word_embeddings, device);

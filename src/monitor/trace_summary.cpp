@@ -70,11 +70,34 @@ void add_pipeline_step(const nlohmann::json& e, double seconds, const std::strin
                          source, error.what()));
 }
 
+// The fields the summary reads have the types trace::write gives them; a malformed event (a file
+// edited or cut by hand, another tool's trace) is named by file and index.
+void check_event(const nlohmann::json& e, size_t index, const std::string& source) {
+  const std::string where = format("{}: traceEvents[{}]", source, index);
+  auto shown = [](const nlohmann::json& j) {
+    const std::string text = j.dump();
+    return text.size() > 120 ? text.substr(0, 117) + "..." : text;
+  };
+  FAB_USER_CHECK(e.is_object(), "{}: expected an event object, got {}", where, shown(e));
+  for (const char* field : {"ph", "name", "cat"})
+    FAB_USER_CHECK(!e.contains(field) || e[field].is_string(), "{}: \"{}\" must be a string, got {} in {}", where,
+                   field, shown(e[field]), shown(e));
+  for (const char* field : {"ts", "dur", "pid", "tid"})
+    FAB_USER_CHECK(!e.contains(field) || e[field].is_number(), "{}: \"{}\" must be a number, got {} in {}", where,
+                   field, shown(e[field]), shown(e));
+  FAB_USER_CHECK(!e.contains("args") || e["args"].is_object(), "{}: \"args\" must be an object, got {}", where,
+                 shown(e["args"]));
+  if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name")
+    FAB_USER_CHECK(e.contains("args") && e["args"].contains("name") && e["args"]["name"].is_string(),
+                   "{}: a thread_name event needs args.name, a string; got {}", where, shown(e));
+}
+
 }  // namespace
 
 RankTimeSummary summarize_rank_trace(const nlohmann::json& trace, const std::string& source) {
   FAB_USER_CHECK(trace.is_object() && trace.contains("traceEvents") && trace["traceEvents"].is_array(),
                  "{}: not a Fabrica trace (expected an object with traceEvents)", source);
+  for (size_t i = 0; i < trace["traceEvents"].size(); ++i) check_event(trace["traceEvents"][i], i, source);
   RankTimeSummary s;
   std::map<int, std::string> thread_names;
   for (const auto& e : trace["traceEvents"])

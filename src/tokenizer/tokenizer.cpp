@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 
 // A folder's tokenizer.json, else its tokenizer.model; a file as given.
 fs::path tokenizer_file(const std::string& path) {
+  FAB_USER_CHECK(fs::exists(path), "{}: no such file or folder (expected a model folder with tokenizer.json or "
+                 "tokenizer.model, or one of those files)", path);
   if (!fs::is_directory(path)) return path;
   for (const char* name : {"tokenizer.json", "tokenizer.model"})
     if (fs::exists(fs::path(path) / name)) return fs::path(path) / name;

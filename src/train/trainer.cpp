@@ -290,6 +290,16 @@ void Trainer::trace_after_step(int64_t step) {
   if (main_) std::printf("trace: steps %lld to %lld in %s\n", (long long)first, (long long)(step + 1), dir.c_str());
 }
 
+// trace: true whose trace_steps the run never reaches (it ends before them, or resumed past them).
+void Trainer::note_untraced_run() const {
+  const auto [first, last] = traced_steps(config_);
+  if (!config_.trace || !main_ || (first > state_.global_step && first <= total_steps_)) return;
+  std::printf("note: trace: true, but this run trains steps %lld to %lld and tracing begins at step %lld "
+              "(trace_steps [%lld, %lld]): no trace is written\n",
+              (long long)(state_.global_step + 1), (long long)total_steps_, (long long)first, (long long)first,
+              (long long)last);
+}
+
 bool Trainer::timed_save_due() const {
   return config_.save_every_minutes > 0 &&
          std::chrono::steady_clock::now() - last_save_ >= std::chrono::duration<double>(60 * config_.save_every_minutes);
@@ -393,11 +403,18 @@ double Trainer::evaluate() {
 // sample length) against FAB_PEAK_GFLOPS per process; unset, 157.5 GFLOP/s per thread (the fp32
 // FMA peak measured on the 2-core reference machine), or on CUDA 989 TFLOP/s (the dense bf16
 // tensor-core peak of an H100/H200 SXM, against which MFU is quoted).
+double training_flops_per_token(const ModelConfig& m, double mean_tokens, bool value_head) {
+  const double table = double(m.vocab_size) * double(m.hidden_size);  // the embedding or the head
+  // num_parameters counts a tied table once: as the head; an untied embedding is a lookup.
+  double n = double(m.num_parameters()) - (m.tie_word_embeddings ? 0 : table);
+  if (value_head) n += double(m.hidden_size) - table;  // the value head runs, the vocabulary head does not
+  return 6 * n + 12.0 * double(m.num_hidden_layers) * mean_tokens * double(m.hidden_size);
+}
+
 double Trainer::mfu(double tokens_per_s) const {
   const ModelConfig& m = model_->config();
-  const double n = double(m.num_parameters() - m.vocab_size * m.hidden_size * (m.tie_word_embeddings ? 0 : 1));
   const double t = double(data_.train.total_tokens()) / double(std::max<int64_t>(1, data_.train.size()));
-  const double flops = 6 * n + 12.0 * double(m.num_hidden_layers) * t * double(m.hidden_size);
+  const double flops = training_flops_per_token(m, t, model_->options().value_head);
   const char* peak_env = std::getenv("FAB_PEAK_GFLOPS");
   const int processes = group_->size() * (tp_ ? tp_->size() : 1) * (pipeline_ ? pipeline_->num_stages() : 1);
   const double default_peak = model_->options().device.kind == DeviceKind::cuda ? 989e3 : 157.5 * omp_get_max_threads();
@@ -530,6 +547,14 @@ void Trainer::save(int64_t step) {
 // the epoch's samples, so it scales by N / M.
 void Trainer::resume(const std::string& checkpoint) {
   state_ = load_checkpoint(checkpoint, *dp_);
+  FAB_USER_CHECK(state_.global_step <= total_steps_,
+                 "resume_from_checkpoint: {} is at step {}, past this run's {} steps: there is nothing to train, and "
+                 "its weights are not those of a {}-step run; set max_steps above {}, or resume from an earlier "
+                 "checkpoint",
+                 checkpoint, state_.global_step, total_steps_, total_steps_, state_.global_step);
+  if (main_ && state_.global_step == total_steps_)
+    std::printf("note: %s is at the run's last step %lld: nothing left to train; its weights become the final model\n",
+                checkpoint.c_str(), (long long)total_steps_);
   if (grpo_) grpo_->load_checkpoint_part(checkpoint);
   const int64_t saved_world = state_.world_size;
   if (saved_world != group_->size()) {
@@ -557,6 +582,7 @@ bool Trainer::run() {
   }
   if (grpo_) grpo_->prepare();  // likewise
   if (resuming) resume(checkpoint);
+  note_untraced_run();
   // Only now: a resume that fails leaves the earlier run's train_config.yaml as it was.
   if (main_) {
     fs::create_directories(config_.output_dir);

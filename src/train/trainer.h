@@ -73,6 +73,7 @@ class Trainer {
   // trace: records the steps of trace_steps; after the last one, writes output_dir/trace/rank-N.json.
   void trace_before_step(int64_t step);
   void trace_after_step(int64_t step);
+  void note_untraced_run() const;  // trace: true whose trace_steps this run never reaches
   std::pair<double, double> count_step(int64_t micro_batches) const;  // (targets, tokens) of the next step
   void log_step(const StepRecord& record, double eval_loss);
   void show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed);
@@ -117,5 +118,10 @@ class Trainer {
 // Steps of a run as HF's Trainer counts them: max_steps when > 0, else
 // ceil(num_train_epochs * max(1, floor(batches_per_epoch / gradient_accumulation_steps))).
 int64_t count_total_steps(const TrainConfig& config, int64_t batches_per_epoch);
+
+// Training FLOPs per token for MFU: 6 N + 12 L T C (T the mean sequence length), N the parameters
+// in the matmuls the step runs: the vocabulary head for a language model; for a reward model
+// (value_head) its C x 1 value head instead, the vocabulary head never being run.
+double training_flops_per_token(const ModelConfig& model, double mean_tokens, bool value_head);
 
 }  // namespace fab

@@ -46,6 +46,49 @@ TEST(TrainConfig, OverridesWinAndAreTyped) {
   EXPECT_NE(error_of("", {"max_steps"}).find("expected key=value"), std::string::npos);
 }
 
+// As in the YAML, a key set twice on the command line (or with its alias) is an error: it used
+// to keep the last value, so `tensor_model_parallel_size=2 tensor_parallel_size=1` ran tp 1.
+TEST(TrainConfig, AnOverrideSetTwiceIsAnError) {
+  const std::string twice = error_of("", {"learning_rate=1", "max_steps=2", "learning_rate=2"});
+  EXPECT_NE(twice.find("override \"learning_rate=2\": key \"learning_rate\" is set twice on the command line (also by "
+                       "\"learning_rate=1\")"),
+            std::string::npos)
+      << twice;
+  const std::string alias = error_of("", {"tensor_model_parallel_size=2", "tensor_parallel_size=1"});
+  EXPECT_NE(alias.find("key \"tensor_parallel_size\" is set twice on the command line"), std::string::npos) << alias;
+  // Overriding the YAML's key, by its name or its alias, is what overrides are for.
+  EXPECT_EQ(parse_train_config("tensor_parallel_size: 2\n", "run.yaml", {"tensor_model_parallel_size=1"})
+                .tensor_parallel_size,
+            1);
+}
+
+// A folder or a file without settings is named as such, not as a missing model_name_or_path.
+TEST(TrainConfig, AFolderOrAnEmptyFileIsNamed) {
+  auto load_error = [](const std::string& path, const std::vector<std::string>& overrides = {}) {
+    try {
+      load_train_config(path, overrides);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string dir = test::scratch_path("config-folder");
+  std::filesystem::create_directories(dir);
+  EXPECT_NE(load_error(dir).find(dir + ": is a folder; expected a YAML file"), std::string::npos);
+  const std::string comments = test::scratch_path("comments.yaml");
+  std::ofstream(comments) << "# model_name_or_path: later\n\n";
+  EXPECT_NE(load_error(comments).find(comments + ": no settings (the file is empty or only comments)"),
+            std::string::npos);
+  EXPECT_EQ(load_error(comments, {"stage=pt"}), "accepted");  // the command line may give every key
+}
+
+TEST(TrainConfig, TraceStepsBeyondMaxStepsAreRefused) {
+  EXPECT_NE(error_of("trace: true\nmax_steps: 5\ntrace_steps: [6, 8]\n")
+                .find("trace_steps [6, 8] begins after max_steps 5: no step would be traced"),
+            std::string::npos);
+  EXPECT_EQ(error_of("trace: true\nmax_steps: 5\ntrace_steps: [5, 8]\n"), "accepted");  // traces step 5
+}
+
 TEST(TrainConfig, UnknownKeysGetADidYouMeanWithTheLine) {
   const std::string e = error_of("stage: pt\nlearning_rat: 1.0\n");
   EXPECT_NE(e.find("run.yaml:2: unknown key \"learning_rat\" (did you mean \"learning_rate\"?)"), std::string::npos) << e;

@@ -102,11 +102,149 @@ expect_exit2 "generate --prompts without a prompt field" "$fabrica" generate --m
 grep -q "bad-prompts.jsonl line 2: expected a JSON object" err.txt || fail "bad prompts: $(cat err.txt)"
 [ ! -e never.jsonl ] || fail "a refused --prompts run wrote its output"
 
+# Export, generate and score given the wrong folders (issue 34 items 14, 15): one message naming the
+# flag and what the folder is, exit 2, nothing written.
+expect_exit2 "export --tokenizer-from a missing folder" "$fabrica" export --checkpoint out/checkpoint-3 --output out-bad \
+  --tokenizer-from nowhere
+grep -q -- "--tokenizer-from nowhere: no such folder" err.txt || fail "tokenizer-from: $(cat err.txt)"
+# A checkpoint holds no tokenizer: the run's model_name_or_path gives it, said so; with that gone, a warning.
+"$fabrica" export --checkpoint out/checkpoint-3 --output exported-auto >auto.log 2>&1 || { cat auto.log; fail "export"; }
+grep -q "tokenizer: from model, the model_name_or_path of the run that saved out/checkpoint-3" auto.log \
+  || fail "export without --tokenizer-from: $(cat auto.log)"
+"$fabrica" generate --model exported-auto --prompt Hi --max-new-tokens 2 >/dev/null || fail "generate after export"
+cp -r out/checkpoint-3 orphan && sed -i 's|^model_name_or_path: .*|model_name_or_path: gone|' orphan/train_config.yaml
+"$fabrica" export --checkpoint orphan --output exported-orphan >orphan.log 2>&1 || { cat orphan.log; fail "export orphan"; }
+grep -q "warning: no tokenizer exported: orphan has no tokenizer.json" orphan.log || fail "no warning: $(cat orphan.log)"
+echo "ok: export finds the run's tokenizer, or warns that there is none"
+expect_exit2 "export --base of a full checkpoint" "$fabrica" export --checkpoint out/checkpoint-3 --output out-bad --base model
+grep -q "is a full model, not a LoRA adapter" err.txt || fail "--base of a full model: $(cat err.txt)"
+"$fabrica" train run.yaml model_name_or_path=exported finetuning_type=lora output_dir=adapter max_steps=1 save_steps=0 \
+  >adapter.log 2>&1 || { cat adapter.log; fail "LoRA run"; }
+expect_exit2 "export --base a missing folder" "$fabrica" export --checkpoint adapter --base /nonexistent --output out-bad
+grep -q -- "--base /nonexistent: no such folder" err.txt || fail "missing base: $(cat err.txt)"
+mkdir llama-base && cp exported/model.safetensors exported/tokenizer.json llama-base/ \
+  && sed 's/"qwen3"/"llama"/' exported/config.json >llama-base/config.json
+expect_exit2 "export --base of another architecture" "$fabrica" export --checkpoint adapter --base llama-base --output out-bad
+grep -q "llama-base is not the architecture the adapter adapter was trained on (exported, .*model_type llama, not qwen3" \
+  err.txt || fail "another architecture: $(cat err.txt)"
+cp exported/model.safetensors base-before.safetensors
+expect_exit2 "export --output = --base --overwrite" "$fabrica" export --checkpoint adapter --base exported \
+  --output exported --overwrite
+grep -q -- "--output exported is the folder of --base" err.txt || fail "output = base: $(cat err.txt)"
+cmp exported/model.safetensors base-before.safetensors || fail "export replaced its own base"
+expect_exit2 "generate --model an adapter" "$fabrica" generate --model adapter --prompt Hi
+grep -q -- "--model adapter: this is a LoRA adapter (adapter_config.json), not a model: use --model exported --adapter adapter" \
+  err.txt || fail "generate an adapter: $(cat err.txt)"
+expect_exit2 "generate --model a missing folder" "$fabrica" generate --model /nonexistent --prompt Hi
+grep -q -- "--model /nonexistent: no such folder" err.txt || fail "generate missing: $(cat err.txt)"
+expect_exit2 "score --model a missing folder" "$fabrica" score --model /nonexistent --dataset identity
+grep -q -- "--model /nonexistent: no such folder" err.txt || fail "score missing: $(cat err.txt)"
+expect_exit2 "an option given twice" "$fabrica" generate --model exported --model adapter --prompt Hi
+grep -q -- '--model is given twice ("exported" and "adapter")' err.txt || fail "option twice: $(cat err.txt)"
+# llamafactory-cli export's YAML: every key read or refused.
+export_yaml() { printf 'model_name_or_path: exported\nadapter_name_or_path: adapter\nexport_dir: out-bad\n%s\n' "$1" >export.yaml; }
+export_yaml "export_quantization_bit: 4"
+expect_exit2 "export_quantization_bit" "$fabrica" export export.yaml
+grep -q 'export.yaml:4: key "export_quantization_bit": 4: quantized export (GPTQ) is not implemented' err.txt \
+  || fail "quantization: $(cat err.txt)"
+export_yaml "export_szie: 2"
+expect_exit2 "unknown export key" "$fabrica" export export.yaml
+grep -q 'export.yaml:4: unknown key "export_szie" for export (did you mean "export_size"?)' err.txt || fail "$(cat err.txt)"
+export_yaml "export_dir: out-bad2"
+expect_exit2 "export key twice" "$fabrica" export export.yaml
+grep -q 'export.yaml:4: key "export_dir" is set twice (first on line 3)' err.txt || fail "$(cat err.txt)"
+export_yaml "template: qwen3_nothink"
+"$fabrica" export export.yaml >yaml-export.log || fail "export yaml"
+grep -q "note: read without effect in fabrica export: template" yaml-export.log && [ -f out-bad/model.safetensors ] \
+  || fail "export yaml: $(cat yaml-export.log)"
+rm -rf out-bad
+echo "ok: export YAML keys"
+
+# Configuration files and the command line (items 15, 16).
+mkdir -p conf-dir && : >empty.yaml && echo "# only a comment" >comment.yaml
+expect_exit2 "a folder as the YAML" "$fabrica" train conf-dir
+grep -q "conf-dir: is a folder; expected a YAML file" err.txt || fail "folder yaml: $(cat err.txt)"
+for f in empty.yaml comment.yaml; do
+  expect_exit2 "$f" "$fabrica" train $f
+  grep -q "$f: no settings (the file is empty or only comments)" err.txt || fail "$f: $(cat err.txt)"
+done
+expect_exit2 "a key twice on the command line" "$fabrica" train run.yaml output_dir=out-bad max_steps=2 max_steps=3
+grep -q 'override "max_steps=3": key "max_steps" is set twice on the command line (also by "max_steps=2")' err.txt \
+  || fail "key twice: $(cat err.txt)"
+expect_exit2 "a key and its alias on the command line" "$fabrica" train run.yaml output_dir=out-bad \
+  tensor_model_parallel_size=2 tensor_parallel_size=1
+grep -q 'key "tensor_parallel_size" is set twice on the command line' err.txt || fail "alias: $(cat err.txt)"
+expect_exit2 "lora_rank 1e9" "$fabrica" train run.yaml output_dir=out-bad finetuning_type=lora lora_rank=1000000000
+grep -q "^fabrica: lora_rank 1000000000: the LoRA adapters have" err.txt || fail "lora_rank: $(cat err.txt)"
+expect_exit2 "dpo on sft data" "$fabrica" train run.yaml output_dir=out-bad stage=dpo
+grep -q "dataset identity is not a preference dataset, which the dpo stage cannot use" err.txt || fail "$(cat err.txt)"
+expect_exit2 "grpo on preference data" "$fabrica" train run.yaml output_dir=out-bad stage=grpo reward=exact_match \
+  gradient_accumulation_steps=1 max_new_tokens=16 dataset=dpo_en_demo
+grep -q "dataset dpo_en_demo is a preference dataset, which the grpo stage cannot use" err.txt || fail "$(cat err.txt)"
+
+# Resume, trace and init (item 19).
+mkdir resume-dpo && cp -r out/checkpoint-3 resume-dpo/
+expect_exit2 "resume an sft checkpoint as dpo" "$fabrica" train run.yaml output_dir=resume-dpo \
+  resume_from_checkpoint=true stage=dpo dataset=dpo_en_demo
+grep -q "resume-dpo/checkpoint-3 was saved by a stage sft run, and this run is stage dpo" err.txt || fail "$(cat err.txt)"
+[ "$(ls resume-dpo)" = checkpoint-3 ] || fail "a refused resume wrote into its output_dir: $(ls resume-dpo)"
+mkdir resume-past && cp -r out/checkpoint-3 resume-past/
+expect_exit2 "resume past max_steps" "$fabrica" train run.yaml output_dir=resume-past resume_from_checkpoint=true max_steps=2
+grep -q "resume-past/checkpoint-3 is at step 3, past this run's 2 steps: there is nothing to train" err.txt \
+  || fail "past max_steps: $(cat err.txt)"
+[ "$(ls resume-past)" = checkpoint-3 ] || fail "a refused resume wrote into its output_dir: $(ls resume-past)"
+"$fabrica" train run.yaml output_dir=resume-past resume_from_checkpoint=true max_steps=3 >at-end.log 2>&1 \
+  || { cat at-end.log; fail "resume at max_steps"; }
+grep -q "note: resume-past/checkpoint-3 is at the run's last step 3: nothing left to train" at-end.log \
+  || fail "no note: $(cat at-end.log)"
+expect_exit2 "trace_steps beyond max_steps" "$fabrica" train run.yaml output_dir=out-bad trace=true trace_steps=[7,8]
+grep -q "trace_steps \[7, 8\] begins after max_steps 6" err.txt || fail "trace_steps: $(cat err.txt)"
+"$fabrica" train run.yaml output_dir=out-short trace=true max_steps=1 save_steps=0 >short.log 2>&1 \
+  || { cat short.log; fail "1-step traced run"; }
+grep -q "note: trace: true, but this run trains steps 1 to 1 and tracing begins at step 2" short.log \
+  || fail "untraced run: $(cat short.log)"
+expect_exit2 "init with a host twice" "$fabrica" init --hosts a,b,a --output out-bad
+grep -q -- "--hosts: host a is listed twice" err.txt || fail "init twice: $(cat err.txt)"
+expect_exit2 "init with a space in a host" "$fabrica" init --hosts "node 1,node2" --output out-bad
+grep -q -- '--hosts: host "node 1" is not a host name' err.txt || fail "init space: $(cat err.txt)"
+echo "ok: resume across stages or past max_steps, untraced runs and bad hosts are refused or noted"
+
+# trace summary of a malformed event (item 17): the file and the event, exit 2.
+mkdir -p bad-trace/trace
+echo '{"traceEvents": [{"ph": "X", "cat": "step", "name": "step 1", "pid": 0, "tid": 0, "ts": "0", "dur": 5}]}' \
+  >bad-trace/trace/rank-0.json
+expect_exit2 "trace summary of a malformed event" "$fabrica" trace summary bad-trace
+grep -q 'bad-trace/trace/rank-0.json: traceEvents\[0\]: "ts" must be a number, got "0"' err.txt || fail "$(cat err.txt)"
+
+# MFU of a reward model counts its value head, not the vocabulary head it never runs (item 21):
+# FLOPs per token = 6 (P - V C + C) + 12 L T C for this tied model.
+FAB_PEAK_GFLOPS=1 "$fabrica" train run.yaml stage=rm dataset=dpo_en_demo output_dir=out-rm max_steps=1 save_steps=0 \
+  >rm.log 2>&1 || { cat rm.log; fail "rm run"; }
+/usr/bin/python3 - <<'PY' || fail "reward model MFU"
+import json, re
+log = open("rm.log").read()
+params = int(re.search(r"model: qwen3, (\d+) parameters", log).group(1))
+sequences, tokens = map(int, re.search(r"\((\d+) sequences\), .* (\d+) tokens;", log).groups())
+config = json.load(open("model/config.json"))
+v, c, layers = config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]
+expected = 6 * (params - v * c + c) + 12 * layers * (tokens / sequences) * c
+m = json.loads(open("out-rm/metrics.jsonl").readline())
+got = m["mfu"] * 1e9 / m["tokens_per_s"]
+assert abs(got - expected) < 1e-6 * expected, (got, expected)
+print(f"ok: reward-model MFU counts {got:.0f} FLOPs per token (with the vocabulary head: {got + 6 * (v * c - c):.0f})")
+PY
+
 # SIGINT finishes the current step, saves a checkpoint and exits cleanly (signal_test.sh sends
 # stop signals at random moments, many times).
 "$fabrica" train run.yaml output_dir=interrupted max_steps=100000 save_steps=0 >int.log 2>&1 &
 pid=$!
 wait_until logged int.log "^step" || { cat int.log; fail "SIGINT: no first step"; }
+# export never writes into the output_dir of a run still training (item 14): its run lock refuses.
+rc=0; "$fabrica" export --checkpoint out/checkpoint-3 --output interrupted --overwrite >/dev/null 2>err.txt || rc=$?
+[ "$rc" -eq 2 ] && grep -q -- "--output: output_dir interrupted is in use by another fabrica run" err.txt \
+  || { kill -INT $pid; fail "export into a running run's output_dir: exit $rc, $(cat err.txt)"; }
+[ ! -e interrupted/model.safetensors ] || { kill -INT $pid; fail "export wrote into a running run's output_dir"; }
+echo "ok: export into a running run's output_dir -> $(head -c 120 err.txt)"
 kill -INT $pid
 rc=0; wait $pid || rc=$?
 [ "$rc" -eq 0 ] || { cat int.log; fail "SIGINT: exit $rc"; }

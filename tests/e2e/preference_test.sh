@@ -21,8 +21,9 @@ example() {
     "$data/examples/train_lora_qwen3_lora_$1.yaml" > "$1.yaml"
   echo "dataset_dir: $data" >> "$1.yaml"
 }
-short_run="max_steps=3 max_samples=12 cutoff_len=96 per_device_train_batch_size=2 \
-gradient_accumulation_steps=1 logging_steps=1"
+# (A key may be given once on the command line: the longer runs below start from every_run.)
+every_run="gradient_accumulation_steps=1 logging_steps=1"
+short_run="max_steps=3 max_samples=12 cutoff_len=96 per_device_train_batch_size=2 $every_run"
 
 for name in dpo kto reward; do
   example $name
@@ -59,7 +60,7 @@ PY
 echo "ok: LLaMA-Factory's LoRA dpo, kto and reward examples; ln 2 at DPO's first step (the adapters-off reference); fabrica score"
 
 for name in dpo kto reward; do
-  common="$short_run bf16=false cutoff_len=64 learning_rate=1.0e-3 max_samples=16 max_steps=4"
+  common="$every_run bf16=false cutoff_len=64 learning_rate=1.0e-3 max_samples=16 max_steps=4"
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=1 "$fabrica" train $name.yaml $common output_dir=one_$name per_device_train_batch_size=4 \
     >one_$name.log 2>&1 || { cat one_$name.log; fail "$name, one process"; }
@@ -71,7 +72,8 @@ done
 echo "ok: dpo, kto and rm on 2 data-parallel ranks = one process"
 
 # A reward model resumed from a checkpoint continues bit for bit (its value head is restored).
-rm_common="$short_run bf16=false cutoff_len=64 learning_rate=1.0e-3 max_samples=16 max_steps=4 save_steps=2"
+rm_common="$every_run per_device_train_batch_size=2 bf16=false cutoff_len=64 learning_rate=1.0e-3 max_samples=16 \
+max_steps=4 save_steps=2"
 # shellcheck disable=SC2086
 "$fabrica" train reward.yaml $rm_common output_dir=rm_full >rm_full.log 2>&1 || { cat rm_full.log; fail "rm run"; }
 cp -r rm_full rm_resumed

@@ -165,7 +165,7 @@ head -c 100000 "$data/alpaca_en_demo.json" > corpus.txt
   --special-tokens "<|im_start|>,<|im_end|>,<|endoftext|>" >tok.log 2>&1 || { cat tok.log; fail "tokenizer train"; }
 sed 's/"vocab_size": 151669/"vocab_size": 320/' model/config.json > small/config.json
 # shellcheck disable=SC2086
-"$fabrica" train reward.yaml $rm_run model_name_or_path=small finetuning_type=full output_dir=rm_small max_steps=1 \
+"$fabrica" train reward.yaml $rm_run model_name_or_path=small finetuning_type=full output_dir=rm_small \
   >rm_small.log 2>&1 || { cat rm_small.log; fail "320-token reward model"; }
 refused small_vocab "reward model:rm_small: its tokenizer (rm_small/tokenizer.json, 320 tokens) is not the policy's (model_name_or_path base, 151669 tokens)" model_name_or_path=base reward=model:rm_small
 
@@ -241,11 +241,11 @@ grep -q "warning: critic_warmup 5 is past the run's 2 steps: the actor never upd
 echo "ok: critic_warmup past max_steps: a warning"
 
 # --- 8: non-finite losses and gradient norms name the step and the rank ---------------------------
-blow_up=(learning_rate=1e6 "reward=command:/usr/bin/python3 $work/score.py" max_steps=2)
+blow_up=("reward=command:/usr/bin/python3 $work/score.py" max_steps=2)
 for stage in grpo ppo; do
   rc=0
   # shellcheck disable=SC2046
-  "$fabrica" train run.yaml output_dir=nan_$stage stage=$stage num_generations=2 "${blow_up[@]}" \
+  "$fabrica" train run.yaml output_dir=nan_$stage stage=$stage num_generations=2 "${blow_up[@]}" learning_rate=1e6 \
     $([ $stage = ppo ] && echo critic_learning_rate=1e-3) >nan_$stage.log 2>&1 || rc=$?
   [ "$rc" -eq 2 ] && grep -qF "stage $stage: step 1: the loss is not finite on rank 0: stopping, saving nothing new; no checkpoint was saved before it" nan_$stage.log \
     || { cat nan_$stage.log; fail "$stage: non-finite loss: exit $rc"; }
@@ -262,6 +262,6 @@ rc=0
 [ "$rc" -eq 2 ] && grep -qF "stage ppo: step 1: the critic's value loss is not finite on rank 0: stopping" nan_critic.log \
   || { cat nan_critic.log; fail "ppo: non-finite value loss: exit $rc"; }
 rc=0
-"$fabrica" train run.yaml output_dir=nan_dp nproc_per_node=2 "${blow_up[@]}" >nan_dp.log 2>&1 || rc=$?
+"$fabrica" train run.yaml output_dir=nan_dp nproc_per_node=2 "${blow_up[@]}" learning_rate=1e6 >nan_dp.log 2>&1 || rc=$?
 grep -qF "stage grpo: step 1: the loss is not finite on rank 0, 1: stopping" nan_dp.log || { cat nan_dp.log; fail "2 ranks: exit $rc"; }
 echo "ok: non-finite loss and gradient norm in grpo and ppo name the step and the ranks"

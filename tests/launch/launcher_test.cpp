@@ -47,6 +47,14 @@ TEST(Launcher, BadClusterFilesNameTheFile) {
   EXPECT_NE(error_of("hosts:\n  - {name: a, slots: 0}\n").find("slots > 0"), std::string::npos);
   EXPECT_NE(error_of("hosts: [\n").find("not valid YAML"), std::string::npos);
   EXPECT_NE(error_of("").find(path), std::string::npos);
+  // A host twice, or a name no host can have, was accepted (and mpirun failed or doubled the slots).
+  EXPECT_NE(error_of("hosts:\n  - {name: a, slots: 2}\n  - {name: b}\n  - {name: a}\n")
+                .find(path + ": host a is listed twice"),
+            std::string::npos);
+  EXPECT_NE(error_of("hosts:\n  - {name: node 1, slots: 2}\n").find(path + ": host \"node 1\" is not a host name"),
+            std::string::npos);
+  EXPECT_EQ(error_of("hosts:\n  - {name: node-1.example.com}\n  - {name: 10.0.0.2}\n  - {name: fe80::1}\n"),
+            "accepted");
   try {
     load_cluster_file(test::scratch_path("missing.yaml"));
     FAIL();

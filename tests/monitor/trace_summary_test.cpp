@@ -60,5 +60,26 @@ TEST(TraceSummary, PipelineEventWithoutArgsIsAUserError) {
   EXPECT_THROW(summarize_rank_trace(one_step_trace(0, nlohmann::json::array({pipeline_event(0, {{"stage", 0}})})), "rank-0.json"), UserError);
 }
 
+// Was nlohmann's "[json.exception.type_error.302] type must be number, but is string" as an
+// internal error, naming neither the file nor the event.
+TEST(TraceSummary, MalformedEventIsAUserErrorNamingFileAndEvent) {
+  auto error_of = [](const nlohmann::json& extra) {
+    try {
+      summarize_rank_trace(one_step_trace(0, nlohmann::json::array({extra})), "out/trace/rank-0.json");
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string ts = error_of({{"ph", "X"}, {"cat", "compute"}, {"name", "op"}, {"pid", 0}, {"tid", 0},
+                                   {"ts", "soon"}, {"dur", 5.0}});
+  EXPECT_NE(ts.find("out/trace/rank-0.json: traceEvents[3]: \"ts\" must be a number, got \"soon\""),
+            std::string::npos) << ts;
+  EXPECT_NE(error_of(42).find("traceEvents[3]: expected an event object, got 42"), std::string::npos);
+  EXPECT_NE(error_of({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", 1}}).find("needs args.name"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"ph", 1}}).find("\"ph\" must be a string"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace fab

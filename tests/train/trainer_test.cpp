@@ -251,6 +251,21 @@ TEST(Trainer, StepCountsFollowHuggingFace) {
   }
 }
 
+// MFU's FLOPs: a reward model runs its C x 1 value head, not the V x C vocabulary head (its MFU
+// read 136% with the head counted).
+TEST(Trainer, RewardModelFlopsLeaveOutTheVocabularyHead) {
+  ModelConfig m;
+  m.vocab_size = 1000, m.hidden_size = 16, m.intermediate_size = 32, m.num_hidden_layers = 2;
+  m.num_attention_heads = 2, m.num_key_value_heads = 2, m.head_dim = 8, m.tie_word_embeddings = true;
+  const double attention = 12.0 * 2 * 50 * 16, table = 1000.0 * 16;
+  const double tied_lm = training_flops_per_token(m, 50, false);
+  EXPECT_DOUBLE_EQ(tied_lm, 6.0 * double(m.num_parameters()) + attention);  // the tied table is the head
+  EXPECT_DOUBLE_EQ(training_flops_per_token(m, 50, true), tied_lm - 6 * (table - 16));
+  m.tie_word_embeddings = false;  // the embedding is a lookup; the reward model runs neither table
+  EXPECT_DOUBLE_EQ(training_flops_per_token(m, 50, false), 6.0 * (double(m.num_parameters()) - table) + attention);
+  EXPECT_DOUBLE_EQ(training_flops_per_token(m, 50, true), 6.0 * (double(m.num_parameters()) - 2 * table + 16) + attention);
+}
+
 std::string file_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
