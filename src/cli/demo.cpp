@@ -137,9 +137,11 @@ constexpr int kCheckpointEvery = 10;
 constexpr double kPartialAccuracy = 0.3;
 
 // Part-way SFT, then GRPO with the exact-match reward on problems SFT did not see.
-int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std::string& stage) {
-  FAB_USER_CHECK(stage == "grpo" || stage == "ppo", "demo --rl --stage: expected grpo or ppo, got \"{}\"", stage);
-  const std::string name = stage == "ppo" ? "PPO" : "GRPO";
+int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std::string& stage_text) {
+  const std::optional<Stage> parsed = parse_stage(stage_text);
+  FAB_USER_CHECK(parsed && is_rollout(*parsed), "demo --rl --stage: expected grpo or ppo, got \"{}\"", stage_text);
+  const Stage stage = *parsed;
+  const std::string name = stage == Stage::ppo ? "PPO" : "GRPO";
   const auto start = std::chrono::steady_clock::now();
   fs::remove_all(work);
   fs::create_directories(work + "/data");
@@ -180,10 +182,10 @@ int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std:
   }
 
   std::printf("3. %s %d steps, reward exact_match, %s per step (config in %s/rl/train_config.yaml):\n", name.c_str(),
-              rl_steps, stage == "ppo" ? "64 prompts x 1 sample, a critic" : "8 prompts x 8 samples", work.c_str());
+              rl_steps, stage == Stage::ppo ? "64 prompts x 1 sample, a critic" : "8 prompts x 8 samples", work.c_str());
   const TrainConfig rl_config =
-      parse_train_config(stage == "ppo" ? ppo_yaml(work, start_dir, rl_steps) : grpo_yaml(work, start_dir, rl_steps),
-                         "demo-" + stage + ".yaml");
+      parse_train_config(stage == Stage::ppo ? ppo_yaml(work, start_dir, rl_steps) : grpo_yaml(work, start_dir, rl_steps),
+                         "demo-" + stage_text + ".yaml");
   PreparedData rl_data = prepare_data(rl_config, tokenizer);
   TrainData rl_train{rl_data.train, rl_data.eval, *tokenizer.pad_id()};
   rl_train.grpo = grpo_environment(rl_config, tokenizer);

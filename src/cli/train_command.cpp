@@ -60,11 +60,11 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
   const auto start = std::chrono::steady_clock::now();
   PreparedData data = prepare_data(c, tokenizer);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const bool pairs = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";  // 2 sequences per item
+  const bool pairs = is_preference(c.stage);  // 2 sequences per item
   const std::string train =
       data.train.packed() ? format("{} train sequences packed from {} samples", data.train.size(), data.train.samples())
       : pairs             ? format("{} train {} ({} sequences)", data.train.size() / 2,
-                                   c.stage == "kto" ? "examples" : "pairs", data.train.size())
+                                   c.stage == Stage::kto ? "examples" : "pairs", data.train.size())
                           : format("{} train samples", data.train.size());
   std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
               train.c_str(), (long long)(pairs ? data.eval.size() / 2 : data.eval.size()),
@@ -111,7 +111,7 @@ void check_resumed_stage(const TrainConfig& c, const std::string& checkpoint) {
   } catch (const YAML::Exception&) {
     return;  // no train_config.yaml, or one the resume itself reports as unreadable
   }
-  FAB_USER_CHECK(saved.empty() || saved == c.stage,
+  FAB_USER_CHECK(saved.empty() || saved == stage_name(c.stage),
                  "resume_from_checkpoint: {} was saved by a stage {} run, and this run is stage {}: resuming would "
                  "go on with the {} run's optimizer state and schedule and mix the two losses in {}/metrics.jsonl. "
                  "To train {} from those weights, export them (fabrica export --checkpoint {} --output MODEL_DIR) and "
@@ -131,7 +131,7 @@ void check_run_config(const TrainConfig& c) {
                  "output_dir {} is the model folder model_name_or_path {}: the trained model would replace the "
                  "weights it starts from; choose another output_dir",
                  c.output_dir, c.model_name_or_path);
-  if (c.stage == "grpo" || c.stage == "ppo")  // max_new_tokens past the context fails before any work
+  if (is_rollout(c.stage))  // max_new_tokens past the context fails before any work
     check_rollout_context(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string())
                                  .max_position_embeddings, nullptr);
   check_writable(c.output_dir);
@@ -225,11 +225,11 @@ int train_worker(TrainConfig c, WorldInfo world) {
   DecoderOptions base;
   base.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   base.device = device;
-  const bool rl = c.stage == "grpo" || c.stage == "ppo";
+  const bool rl = is_rollout(c.stage);
   base.max_seq_len = rl ? longest_rollout(c, data.train) : std::min(c.cutoff_len, longest_sequence(data));
   ModelShare share = model_share(base, layout, *mesh, c);  // its tensor-parallel ops outlive the model
   DecoderOptions& options = share.options;
-  options.value_head = c.stage == "rm";
+  options.value_head = c.stage == Stage::rm;
   apply_finetuning(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string()).num_hidden_layers,
                    options);
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
@@ -259,7 +259,7 @@ int train_worker(TrainConfig c, WorldInfo world) {
     if (rl) train_data.grpo = grpo_environment(c, tokenizer);
     Trainer trainer(c, std::move(model), std::move(train_data), mesh.get());
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
-    if (main && c.stage == "ppo" && c.critic_warmup > trainer.total_steps())
+    if (main && c.stage == Stage::ppo && c.critic_warmup > trainer.total_steps())
       std::printf("warning: critic_warmup %lld is past the run's %lld steps: the actor never updates, only the "
                   "critic trains (saved to %s/critic); the final model is the starting one\n",
                   (long long)c.critic_warmup, (long long)trainer.total_steps(), c.output_dir.c_str());

@@ -17,7 +17,7 @@
   /* model */                                                                                                         \
   X(model_name_or_path, model_name_or_path, std::string, "", Supported, "Hugging Face model folder: config.json, optional weights, tokenizer") \
   X(trust_remote_code, trust_remote_code, bool, false, Accepted, "Accepted for compatibility; Fabrica runs no model code from the folder") \
-  X(stage, stage, std::string, "sft", Supported, "Training stage: pt, sft, dpo, kto, rm, grpo or ppo")                  \
+  X(stage, stage, Stage, Stage::sft, Supported, "Training stage: pt, sft, dpo, kto, rm, grpo or ppo")                  \
   X(do_train, do_train, bool, true, Supported, "Train (false: only prepare data / evaluate)")                                    \
   X(finetuning_type, finetuning_type, std::string, "full", Supported, "full, lora (PEFT-format adapters) or freeze (only some layers/modules train)")                                 \
   X(lora_rank, lora_rank, int64_t, 8, Supported, "LoRA rank r")                                                                         \

@@ -114,6 +114,14 @@ std::string read_value(const YAML::Node& node, std::string& out) {
   return "";
 }
 
+std::string read_value(const YAML::Node& node, Stage& out) {
+  if (!node.IsScalar()) return "expected a string";
+  const std::optional<Stage> stage = parse_stage(node.Scalar());
+  if (!stage) return "expected pt, sft, rm, dpo, kto, grpo or ppo";
+  out = *stage;
+  return "";
+}
+
 // The key an alias names, or `key` itself.
 std::string canonical_key(const std::string& key) {
 #define FAB_CONFIG_ALIAS(alias, target) \
@@ -208,7 +216,7 @@ void check_ranges(const TrainConfig& c, Require& require) {
 // The preference stages' settings, with the ranges LLaMA-Factory's FinetuningArguments accepts.
 template <typename Require>
 void check_preference_keys(const TrainConfig& c, Require& require) {
-  const bool preference = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";
+  const bool preference = is_preference(c.stage);
   require(c.pref_loss == "sigmoid" || c.pref_loss == "hinge" || c.pref_loss == "ipo" || c.pref_loss == "orpo" ||
               c.pref_loss == "simpo",
           format("pref_loss \"{}\" must be sigmoid, hinge, ipo, orpo or simpo", c.pref_loss));
@@ -218,7 +226,7 @@ void check_preference_keys(const TrainConfig& c, Require& require) {
           format("dpo_label_smoothing must be in [0, 0.5], got {}", c.dpo_label_smoothing));
   require(c.dpo_label_smoothing == 0 || c.pref_loss == "sigmoid", "dpo_label_smoothing needs pref_loss sigmoid");
   require(c.kto_chosen_weight > 0 && c.kto_rejected_weight > 0, "kto_chosen_weight and kto_rejected_weight must be positive");
-  require(c.stage != "kto" || c.pref_ftx == 0, "pref_ftx with stage kto is not implemented in Fabrica yet (dpo has it)");
+  require(c.stage != Stage::kto || c.pref_ftx == 0, "pref_ftx with stage kto is not implemented in Fabrica yet (dpo has it)");
   require(!preference || (!c.packing && !c.neat_packing), format("packing is for pt and sft, not stage {}", c.stage));
 }
 
@@ -250,13 +258,13 @@ void check_grpo_keys(const TrainConfig& c, Require& require) {
                  c.truncation == "right" ? " (right would cut off the end of the prompt: the question's end and the "
                                            "assistant header the response follows)"
                                          : ""));
-  if (c.stage != "grpo" && c.stage != "ppo") return;
+  if (!is_rollout(c.stage)) return;
   // Settings under which every advantage is 0: the run would learn nothing.
-  require(c.stage != "grpo" || c.num_generations >= 2,
+  require(c.stage != Stage::grpo || c.num_generations >= 2,
           "stage grpo with num_generations 1: each prompt's group holds one response, whose advantage (its reward "
           "minus the group's mean) is always 0; sample 2 or more per prompt (verl's rollout.n)");
   const bool greedy = c.temperature == 0 || c.top_k == 1;
-  require(c.stage != "grpo" || !greedy,
+  require(c.stage != Stage::grpo || !greedy,
           format("stage grpo with {} and num_generations {}: greedy decoding gives every response of a group the same "
                  "text, so every advantage is 0 and nothing is learned; sample (temperature > 0 and top_k 0 or above 1; verl "
                  "uses temperature 1.0, top_k off)",
@@ -292,7 +300,7 @@ void check_ppo_keys(const TrainConfig& c, Require& require) {
           format("kl_ctrl_type \"{}\" must be fixed (or adaptive, not implemented yet)", c.kl_ctrl_type));
   require(c.kl_ctrl_type != "adaptive", "kl_ctrl_type adaptive is not implemented in Fabrica yet (use fixed)");
   require(c.kl_coef >= 0, format("kl_coef must be >= 0, got {}", c.kl_coef));
-  if (c.stage != "ppo") return;
+  if (c.stage != Stage::ppo) return;
   require(!c.async_save, "async_save with stage ppo is not implemented in Fabrica yet (the critic is saved beside the "
                          "checkpoint synchronously)");
 }
@@ -301,9 +309,6 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   auto require = [&](bool ok, const std::string& text) {
     if (!ok) problems.add(source + ": " + text);
   };
-  require(c.stage == "pt" || c.stage == "sft" || c.stage == "dpo" || c.stage == "kto" || c.stage == "rm" ||
-              c.stage == "grpo" || c.stage == "ppo",
-          format("stage \"{}\" is not implemented in Fabrica yet (pt, sft, dpo, kto, rm, grpo and ppo are)", c.stage));
   check_preference_keys(c, require);
   check_grpo_keys(c, require);
   check_ppo_keys(c, require);
@@ -319,7 +324,7 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
   require(c.eval_strategy == "no" || c.eval_strategy == "steps" || c.eval_strategy == "epoch",
           format("eval_strategy \"{}\" must be no, steps or epoch", c.eval_strategy));
   require(c.cutoff_len > 1, "cutoff_len must be at least 2");
-  require(!c.neat_packing || c.stage == "sft", "neat_packing needs stage sft");
+  require(!c.neat_packing || c.stage == Stage::sft, "neat_packing needs stage sft");
   require(c.per_device_train_batch_size > 0 && c.gradient_accumulation_steps > 0,
           "per_device_train_batch_size and gradient_accumulation_steps must be positive");
   require(c.learning_rate >= 0, format("learning_rate must be >= 0, got {}", c.learning_rate));
@@ -450,7 +455,7 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
     apply_key(c, o.substr(0, eq), value, "override", problems);
   }
   if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
-  if (c.num_generations == 0) c.num_generations = c.stage == "ppo" ? 1 : 8;
+  if (c.num_generations == 0) c.num_generations = c.stage == Stage::ppo ? 1 : 8;
   if (c.critic_learning_rate == 0) c.critic_learning_rate = c.learning_rate;
   // Megatron infers the interleaved schedule from virtual pipeline stages; so does a config that
   // does not name one.
@@ -496,6 +501,7 @@ template <typename T>
 const T& redacted(const char* /*key*/, const T& value) {
   return value;
 }
+std::string redacted(const char*, Stage value) { return stage_name(value); }
 std::string redacted(const char* key, const std::string& value) {
   const std::string_view k = key;
   const bool secret = k == "hub_token" || k == "hf_hub_token" || k == "ms_hub_token" || k == "om_hub_token";
@@ -516,7 +522,10 @@ std::string train_config_to_yaml(const TrainConfig& c) {
 }
 
 namespace {
-std::string default_text(const std::string& def) { return def == "{}" ? "[]" : def; }
+std::string default_text(const std::string& def) {
+  if (def.rfind("Stage::", 0) == 0) return "\"" + def.substr(7) + "\"";  // as the YAML string it reads
+  return def == "{}" ? "[]" : def;
+}
 }  // namespace
 
 std::string config_reference_markdown() {

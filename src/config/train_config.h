@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/config_keys.h"
+#include "config/stage.h"
 
 namespace fab {
 

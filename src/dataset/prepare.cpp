@@ -46,7 +46,7 @@ std::string cache_key(const TrainConfig& c, const Tokenizer& tokenizer, const st
       << "|train_on_prompt=" << c.train_on_prompt << "|mask_history=" << c.mask_history
       << "|thinking=" << c.enable_thinking << "|packing=" << c.packing << "|eval=" << c.eval_dataset
       << "|tokenizer=" << file_identity(tokenizer.source());
-  if (c.stage == "grpo" || c.stage == "ppo") key << "|prompts=oneturn|truncation=" << c.truncation;
+  if (is_rollout(c.stage)) key << "|prompts=oneturn|truncation=" << c.truncation;
   for (const DatasetAttr& d : datasets) key << "|" << d.name << "=" << file_identity(d.file_name);
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.str()));
@@ -88,18 +88,18 @@ TokenizedItems feedback_items(FeedbackDataset feedback) {
 }
 
 TokenizedItems tokenize(const TrainConfig& c, const std::vector<Example>& examples, const ChatTemplate& chat) {
-  if (c.stage == "pt") return {preprocess_pretrain(examples, chat, PretrainOptions{c.cutoff_len, true, 1000})};
-  if (c.stage == "dpo" || c.stage == "rm") return pairwise_items(preprocess_pairwise(examples, chat, c.cutoff_len));
-  if (c.stage == "kto") return feedback_items(preprocess_feedback(examples, chat, c.cutoff_len));
-  if (c.stage == "grpo" || c.stage == "ppo")
-    return {preprocess_prompts(examples, chat, PromptOptions{c.cutoff_len, c.truncation, c.stage})};
+  if (c.stage == Stage::pt) return {preprocess_pretrain(examples, chat, PretrainOptions{c.cutoff_len, true, 1000})};
+  if (c.stage == Stage::dpo || c.stage == Stage::rm) return pairwise_items(preprocess_pairwise(examples, chat, c.cutoff_len));
+  if (c.stage == Stage::kto) return feedback_items(preprocess_feedback(examples, chat, c.cutoff_len));
+  if (is_rollout(c.stage))
+    return {preprocess_prompts(examples, chat, PromptOptions{c.cutoff_len, c.truncation, stage_name(c.stage)})};
   return {preprocess_supervised(examples, chat, SupervisedOptions{c.cutoff_len, c.train_on_prompt, c.mask_history})};
 }
 
-DataStage data_stage(const std::string& stage) {
-  if (stage == "pt") return DataStage::pt;
-  if (stage == "dpo" || stage == "rm") return DataStage::rm;  // LLaMA-Factory loads DPO data as "rm"
-  if (stage == "kto") return DataStage::kto;
+DataStage data_stage(Stage stage) {
+  if (stage == Stage::pt) return DataStage::pt;
+  if (stage == Stage::dpo || stage == Stage::rm) return DataStage::rm;  // LLaMA-Factory loads DPO data as "rm"
+  if (stage == Stage::kto) return DataStage::kto;
   return DataStage::sft;
 }
 
@@ -206,14 +206,14 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
                           const std::string& cache_dir_in) {
   const TrainConfig c = with_packing_cutoff(config);
   FAB_USER_CHECK(!c.dataset.empty(), "dataset is required (names from dataset_info.json or file paths)");
-  FAB_USER_CHECK(c.stage == "pt" || !c.chat_template.empty(), "template is required for stage {} (e.g. qwen3, llama3)",
+  FAB_USER_CHECK(c.stage == Stage::pt || !c.chat_template.empty(), "template is required for stage {} (e.g. qwen3, llama3)",
                  c.stage);
   DatasetOptions options;
   options.dataset_dir = c.dataset_dir;
   if (c.max_samples > 0) options.max_samples = c.max_samples;
   options.seed = uint64_t(c.seed);
   options.stage = data_stage(c.stage);
-  options.stage_label = c.stage;
+  options.stage_label = stage_name(c.stage);
   std::vector<DatasetAttr> attrs = get_dataset_list(split_dataset_names(c.dataset), c.dataset_dir);
   if (!c.eval_dataset.empty()) {
     auto more = get_dataset_list(split_dataset_names(c.eval_dataset), c.dataset_dir);
@@ -242,7 +242,7 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   } else {
     out.eval = to_sequences(train, eval_pick, &out.eval_desirable);
   }
-  if (c.packing && c.stage == "sft") {  // (pt packs while tokenising)
+  if (c.packing && c.stage == Stage::sft) {  // (pt packs while tokenising)
     PackingStats packing;
     out.train = pack_samples(out.train, {c.cutoff_len}, &packing);
     out.eval = pack_samples(out.eval, {c.cutoff_len});

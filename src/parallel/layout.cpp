@@ -149,7 +149,7 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "ranks)");
   check_tensor_parallel(m, l.tp);
   check_pipeline(c, m, l);
-  const bool rl = c.stage == "grpo" || c.stage == "ppo";
+  const bool rl = is_rollout(c.stage);
   FAB_USER_CHECK(!rl || (l.tp == 1 && l.pp == 1 && c.zero_stage < 3),
                  "stage {} with tensor_parallel_size {}, pipeline_parallel_size {} and zero_stage {} is not "
                  "implemented in Fabrica yet: rollouts run on whole weights, so {} runs data parallel with "
@@ -162,7 +162,7 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "device {} with pipeline_parallel_size {} is not implemented in Fabrica yet: on a device a run is "
                  "data and tensor parallel (with ZeRO-0 to 3)",
                  c.device, l.pp);
-  const bool preference = c.stage == "dpo" || c.stage == "kto" || c.stage == "rm";
+  const bool preference = is_preference(c.stage);
   FAB_USER_CHECK(!preference || (l.tp == 1 && l.pp == 1),
                  "stage {} with tensor_parallel_size {} and pipeline_parallel_size {} is not implemented in Fabrica "
                  "yet: the preference stages run data parallel (and ZeRO) only",

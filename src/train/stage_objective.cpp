@@ -290,9 +290,9 @@ nlohmann::json StageObjective::metrics_json(const StageMetrics& m, const std::st
 }
 
 std::unique_ptr<StageObjective> make_stage_objective(const TrainConfig& c, const StageData& data) {
-  if (c.stage == "dpo") return std::make_unique<DpoObjective>(c, data);
-  if (c.stage == "kto") return std::make_unique<KtoObjective>(c, data);
-  if (c.stage == "rm") return std::make_unique<RewardObjective>(data);
+  if (c.stage == Stage::dpo) return std::make_unique<DpoObjective>(c, data);
+  if (c.stage == Stage::kto) return std::make_unique<KtoObjective>(c, data);
+  if (c.stage == Stage::rm) return std::make_unique<RewardObjective>(data);
   return nullptr;
 }
 

@@ -132,9 +132,9 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<DecoderModel> model, TrainD
   objective_ = make_stage_objective(
       config_, StageData{&data_.train, &data_.eval, &data_.train_desirable, &data_.eval_desirable, data_.pad_id});
   data_.grpo.stop_signal = [] { return g_stop_signal.load(); };  // a stop ends a running reward command
-  if (config_.stage == "grpo")
+  if (config_.stage == Stage::grpo)
     grpo_ = std::make_unique<GrpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
-  if (config_.stage == "ppo")
+  if (config_.stage == Stage::ppo)
     grpo_ = std::make_unique<PpoStage>(config_, *model_, *dp_, *group_, data_.train, data_.grpo, data_.pad_id);
   if (objective_) {
     train_metrics_ = std::make_unique<StageMetrics>(objective_->metric_names());

@@ -27,7 +27,7 @@ TEST(TrainConfig, ReadsLlamaFactoryKeysWithTheirTypes) {
       "resume_from_checkpoint: null\ntemplate: qwen3\n",
       "run.yaml");
   EXPECT_EQ(c.model_name_or_path, "models/tiny");
-  EXPECT_EQ(c.stage, "pt");
+  EXPECT_EQ(c.stage, Stage::pt);
   EXPECT_EQ(c.dataset, "c4_demo,wiki_demo");
   EXPECT_EQ(c.cutoff_len, 512);
   EXPECT_DOUBLE_EQ(c.learning_rate, 1e-4);

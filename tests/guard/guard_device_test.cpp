@@ -160,12 +160,12 @@ TrainConfig config_for(const std::string& output, const std::string& extra = "")
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, Device device) {
   DecoderOptions o(c.bf16 ? Precision::bf16 : Precision::fp32, c.recompute_layers, 64);
   o.device = device;
-  o.value_head = c.stage == "rm";
+  o.value_head = c.stage == Stage::rm;
   apply_finetuning(c, 2, o);  // lora / freeze, as train_command does
   auto model = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
   // Preference stages read sequences 2i and 2i + 1 as item i (kto: with a tag per item).
   TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(6, 2), 0};
-  if (c.stage == "kto") data.train_desirable = {1, 0, 1, 1, 0, 1, 0, 0, 1, 1}, data.eval_desirable = {1, 0, 1};
+  if (c.stage == Stage::kto) data.train_desirable = {1, 0, 1, 1, 0, 1, 0, 0, 1, 1}, data.eval_desirable = {1, 0, 1};
   return std::make_unique<Trainer>(c, std::move(model), std::move(data));
 }
 

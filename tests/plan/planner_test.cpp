@@ -310,9 +310,9 @@ TEST(PlanAuto, TheRunsSettingsDecideWhatRuns) {
     const Plan plan = make_plan(p, c, plan_constraints(run));
     const PlannedLayout* chosen = first_runnable(plan);
     ASSERT_NE(chosen, nullptr);
-    if (run.finetuning_type != "full" || run.stage == "dpo") {
+    if (run.finetuning_type != "full" || run.stage == Stage::dpo) {
       // LoRA and freeze: no tp; LoRA and the preference stages: no pp either.
-      const bool no_pp = run.finetuning_type == "lora" || run.stage == "dpo";
+      const bool no_pp = run.finetuning_type == "lora" || run.stage == Stage::dpo;
       EXPECT_EQ(chosen->layout.tp, 1);
       for (const PlannedLayout& r : plan.layouts)
         if (r.layout.tp > 1 || (no_pp && r.layout.pp > 1)) EXPECT_FALSE(r.implemented);

@@ -64,13 +64,13 @@ TrainConfig config_of(const nlohmann::json& info) {
 std::vector<double> fabrica_losses(const PreferenceFixture& f, const std::string& name) {
   const TrainConfig c = config_of(f.case_info(name));
   DecoderOptions options;
-  options.value_head = c.stage == "rm";
+  options.value_head = c.stage == Stage::rm;
   auto model = load_model_folder(f.dir, options);
   LocalCommunicator group;
   DataParallelOptions dp_options;
   dp_options.adamw = AdamWConfig{0.9f, 0.999f, 1e-8f, 0.0f};
   DataParallel dp(*model, group, dp_options);
-  const StageData data{c.stage == "kto" ? &f.kto_rows : &f.rows, &f.none, &f.desirable, &f.no_tags, 0};
+  const StageData data{c.stage == Stage::kto ? &f.kto_rows : &f.rows, &f.none, &f.desirable, &f.no_tags, 0};
   auto objective = make_stage_objective(c, data);
   objective->prepare(*model, group);
   StageMetrics metrics(objective->metric_names());
