@@ -245,14 +245,16 @@ int main(int argc, char** argv) {
     options.lora.targets = lora_projection_names();
     options.trainable = [](const std::string&) { return false; };
   }
-  DecoderModel model(cfg, options);
-  model.init_random(1234);
+  auto built = std::make_unique<DecoderModel>(cfg, options);
+  built->init_random(1234);
   DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, {}, {}};
   if (tp) {
     dp_options.model_parallel_groups = {world.get()};
-    dp_options.not_counted = ranges_counted_elsewhere(model);
+    dp_options.not_counted = ranges_counted_elsewhere(*built);
   }
-  DataParallel dp(model, dp_group, dp_options);
+  ParallelModel parallel(std::move(built), dp_group, dp_options);
+  DecoderModel& model = parallel.model();
+  DataParallel& dp = parallel.data_parallel();
 
   // A fresh random batch every step, all made before timing (as the PyTorch peer does).
   Rng rng(42 + uint64_t(tp ? 0 : world->rank()));  // each rank its own share of the data (tp: the same)
@@ -272,8 +274,8 @@ int main(int argc, char** argv) {
     saved.global_step = step + 1;
     saved.losses.assign(size_t(step + 1), loss);
     const std::string dir = flags.save_dir + "/checkpoint-" + std::to_string(step + 1);
-    if (flags.async_save) return writer.save(dir, dp, saved, "", nullptr, "", nullptr, 2);
-    save_checkpoint(dir, dp, saved, "");
+    if (flags.async_save) return writer.save(dir, parallel, saved, "", "", 2);
+    save_checkpoint(dir, parallel, saved, "");
     if (world->rank() == 0) prune_checkpoints(flags.save_dir, 2);
   };
   for (int step = 0; step < flags.warmup + flags.steps; ++step) {

@@ -21,6 +21,8 @@
 #include "infer/rollout.h"
 #include "models/hf_model.h"
 #include "tokenizer/bpe_trainer.h"
+#include "parallel/parallelize.h"
+#include "train/stages/rollout_stage.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -166,7 +168,7 @@ int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std:
   TrainConfig sft_config = parse_train_config(run_yaml(work, sft_steps), "demo-sft.yaml");
   sft_config.save_steps = kCheckpointEvery;
   PreparedData sft_data = prepare_data(sft_config, tokenizer);
-  Trainer(sft_config, load_model_folder(work + "/model", {Precision::fp32, false, 64}, 7),
+  Trainer(sft_config, parallelize(load_model_folder(work + "/model", {Precision::fp32, false, 64}, 7), nullptr, sft_config),
           TrainData{sft_data.train, sft_data.eval, *tokenizer.pad_id()})
       .run();
   std::string start_dir = work + "/out";
@@ -188,8 +190,8 @@ int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std:
                          "demo-" + stage_text + ".yaml");
   PreparedData rl_data = prepare_data(rl_config, tokenizer);
   TrainData rl_train{rl_data.train, rl_data.eval, *tokenizer.pad_id()};
-  rl_train.grpo = grpo_environment(rl_config, tokenizer);
-  Trainer(rl_config, std::move(partial), std::move(rl_train)).run();
+  rl_train.rollout = rollout_environment(rl_config, tokenizer);
+  Trainer(rl_config, parallelize(std::move(partial), nullptr, rl_config), std::move(rl_train)).run();
 
   std::ifstream metrics(work + "/rl/metrics.jsonl");
   std::string line, first;
@@ -236,7 +238,7 @@ int run_demo(int steps, const std::string& work) {
               work.c_str());
   const TrainConfig config = parse_train_config(run_yaml(work, steps), "demo.yaml");
   PreparedData data = prepare_data(config, tokenizer);
-  Trainer trainer(config, std::move(untrained), TrainData{data.train, data.eval, *tokenizer.pad_id()});
+  Trainer trainer(config, parallelize(std::move(untrained), nullptr, config), TrainData{data.train, data.eval, *tokenizer.pad_id()});
   trainer.run();
 
   auto trained = load_model_folder(work + "/out", {Precision::fp32, false, 64});

@@ -13,7 +13,7 @@
 #include "models/hf_model.h"
 #include "nn/sequence_logps.h"
 #include "train/batch.h"
-#include "train/reward_model.h"
+#include "train/stages/reward_model.h"
 
 namespace fab {
 namespace fs = std::filesystem;

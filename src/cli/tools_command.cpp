@@ -25,7 +25,7 @@
 #include "launch/output_dir_lock.h"
 #include "models/hf_model.h"
 #include "models/peft_adapter.h"
-#include "train/reward_model.h"
+#include "train/stages/reward_model.h"
 #include "train/finetuning.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"

@@ -30,7 +30,7 @@
 #include "plan/auto_layout.h"
 #include "train/checkpoint.h"
 #include "train/finetuning.h"
-#include "train/grpo_stage.h"
+#include "train/stages/rollout_stage.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -256,8 +256,8 @@ int train_worker(TrainConfig c, WorldInfo world) {
   std::vector<StepRecord> history;
   {
     TrainData train_data{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)};
-    if (rl) train_data.grpo = grpo_environment(c, tokenizer);
-    Trainer trainer(c, std::move(model), std::move(train_data), mesh.get());
+    if (rl) train_data.rollout = rollout_environment(c, tokenizer);
+    Trainer trainer(c, parallelize(std::move(model), mesh.get(), c), std::move(train_data));
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
     if (main && c.stage == Stage::ppo && c.critic_warmup > trainer.total_steps())
       std::printf("warning: critic_warmup %lld is past the run's %lld steps: the actor never updates, only the "

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/file_write.h"
 #include "io/safetensors.h"
+#include "models/hf_model.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -196,6 +197,19 @@ void merge_adapters(DecoderModel& model) {
   }
   model.weights_changed();
   model.set_adapters_enabled(false);
+}
+
+void save_trained_weights(const DecoderModel& model, const std::string& dir, const std::string& base_model) {
+  if (!model.lora().enabled()) return save_model_folder(model, dir);
+  save_adapter(model, dir, base_model);
+  if (model.options().value_head) save_value_head(model, dir);  // LLaMA-Factory's LoRA reward model
+}
+
+void load_trained_weights(DecoderModel& model, const std::string& dir) {
+  if (model.lora().enabled())
+    load_adapter(model, dir);
+  else
+    load_weights(model, HfWeights::open(dir));
 }
 
 }  // namespace fab

@@ -35,4 +35,10 @@ void load_adapter(DecoderModel& model, const std::string& dir);
 // then computes the merged model with its adapters disabled.
 void merge_adapters(DecoderModel& model);
 
+// What a checkpoint and the final output hold of the model: the adapter folder (lora) or the
+// whole model as a Hugging Face folder; and the way back.
+// `base_model`: the adapter's base_model_name_or_path.
+void save_trained_weights(const DecoderModel& model, const std::string& dir, const std::string& base_model);
+void load_trained_weights(DecoderModel& model, const std::string& dir);
+
 }  // namespace fab

@@ -2,7 +2,7 @@
 // The one place that applies the parallel strategies to the single-device decoder, from outside
 // and always in this order:
 //   1. tensor parallel: the model registers this rank's slices (ShardSpec) and calls
-//      TensorParallel over the mesh's "tp" group where they meet (DecoderOptions::tp);
+//      TensorParallel over the mesh's "tp" group where they meet (DecoderOptions::sharding);
 //   2. pipeline parallel: the model holds this rank's stage, the layout's chunks for its "pp"
 //      coordinate (DecoderOptions::stage), and PipelineParallel runs the schedule over "pp";
 //   3. recompute: activation checkpointing of each layer this rank holds (recompute_layers);
@@ -18,6 +18,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/layout.h"
 #include "parallel/mesh.h"
+#include "parallel/parallel_model.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
 
@@ -32,15 +33,10 @@ struct ModelShare {
 ModelShare model_share(DecoderOptions base, const ParallelLayout& layout, DeviceMesh& mesh,
                        const TrainConfig& config);
 
-// The built model wrapped: its pipeline (pp > 1) and its data parallelism; `tp` is the
-// tensor-parallel group when the model is sliced.
-struct ParallelModel {
-  Communicator* tp = nullptr;
-  std::unique_ptr<PipelineParallel> pipeline;
-  std::unique_ptr<DataParallel> dp;
-};
-// Collective over the mesh. `model` must have been built with model_share()'s options for this
-// mesh (a UserError says what disagrees otherwise).
-ParallelModel parallelize(DecoderModel& model, DeviceMesh& mesh, const TrainConfig& config);
+// The built model wrapped (parallel/parallel_model.h): its pipeline (pp > 1) and its data
+// parallelism. Collective over the mesh (nullptr: this process alone). `model` must have been
+// built with model_share()'s options for this mesh (an error says what disagrees otherwise).
+std::unique_ptr<ParallelModel> parallelize(std::unique_ptr<DecoderModel> model, DeviceMesh* mesh,
+                                           const TrainConfig& config);
 
 }  // namespace fab

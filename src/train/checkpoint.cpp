@@ -21,6 +21,7 @@
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
+#include "models/peft_adapter.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "train/finetuning.h"
@@ -56,8 +57,9 @@ std::vector<fs::path> checkpoints_by_step(const std::string& output_dir) {
 
 // Each pipeline stage's optimizer files carry the stage in their name: stages hold different
 // parameters (and a tied head's copy of the embedding has its own moments).
-std::string stage_prefix(const PipelineParallel* pipeline) {
-  return pipeline ? format("stage-{}-of-{}-", pipeline->stage(), pipeline->num_stages()) : "";
+std::string stage_prefix(const ParallelModel& model) {
+  const auto [stage, stages] = model.stage_place();
+  return stages > 1 ? format("stage-{}-of-{}-", stage, stages) : "";
 }
 
 // Tensor parallel: (this rank's slot, slots) of the group, (0, 1) without it.
@@ -333,18 +335,6 @@ std::vector<NamedTensor> copied(const std::vector<NamedTensor>& tensors) {
   return out;
 }
 
-// The whole model's tensors on the rank that writes them: the pipeline's stages gathered on
-// stage 0, a tensor-parallel model's slices gathered, or the model's own parameters (views: the
-// parameters must stay gathered while they are used). Collective, as save_checkpoint.
-std::vector<NamedTensor> whole_weights(DataParallel& dp, Communicator* tp, PipelineParallel* pipeline, bool main) {
-  if (pipeline) return gather_stage_weights(*pipeline, tp, dp.group().rank() == 0);
-  if (tp) return gather_full_tensors(dp.model(), *tp);
-  std::vector<NamedTensor> tensors;
-  if (main && !dp.model().lora().enabled())
-    for (const auto& [p, buffer] : dp.model().base_parameters()) tensors.push_back({p->name, buffer->values_f32(*p)});
-  return tensors;
-}
-
 std::string trainer_state_json(const TrainerState& state, int64_t world_size, int64_t stages, bool save_only_model) {
   nlohmann::json j = {{"global_step", state.global_step},
                       {"sampler_epoch", state.sampler.epoch},
@@ -359,16 +349,17 @@ std::string trainer_state_json(const TrainerState& state, int64_t world_size, in
 // Everything this rank writes of the checkpoint, its tensors copied when `copy` (async_save);
 // the main rank makes the temporary folder (and writes a LoRA adapter into it). Collective. The
 // caller keeps the parameters gathered until the part's weights are written or copied.
-CheckpointPart take_part(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                         const std::string& config_yaml, Communicator* tp, const std::string& base_model,
-                         PipelineParallel* pipeline, bool copy, bool save_only_model) {
+CheckpointPart take_part(const std::string& dir, ParallelModel& model, const TrainerState& state,
+                         const std::string& config_yaml, const std::string& base_model, bool copy,
+                         bool save_only_model) {
+  DataParallel& dp = model.data_parallel();
   Communicator& group = dp.group();
   const bool stage_main = group.rank() == 0;  // of this stage's data-parallel group
   CheckpointPart part;
   part.final_dir = dir;
   part.tmp = part.final_dir.string() + ".tmp";
-  part.main = stage_main && (!tp || tp->rank() == 0) && (!pipeline || pipeline->stage() == 0);
-  std::vector<NamedTensor> weights = whole_weights(dp, tp, pipeline, part.main);
+  part.main = model.is_main();
+  std::vector<NamedTensor> weights = model.whole_weights(part.main);
   if (part.main) {
     fs::remove_all(part.tmp);
     fs::create_directories(part.tmp);
@@ -376,10 +367,10 @@ CheckpointPart take_part(const std::string& dir, DataParallel& dp, const Trainer
       removing_tmp_on_failure(part.tmp, [&] { save_trained_weights(dp.model(), part.tmp.string(), base_model); });
     part.model_config = dp.model().config();
     part.weights = copy ? copied(weights) : std::move(weights);
-    part.trainer_state = trainer_state_json(state, group.size(), pipeline ? pipeline->num_stages() : 1, save_only_model);
+    part.trainer_state = trainer_state_json(state, group.size(), model.stage_place().second, save_only_model);
     part.config_yaml = config_yaml;
   }
-  const std::string shard = stage_prefix(pipeline) + optimizer_file(group.rank(), group.size(), tp_place(dp));
+  const std::string shard = stage_prefix(model) + optimizer_file(group.rank(), group.size(), tp_place(dp));
   // Without ZeRO every data-parallel rank of a stage holds the whole optimizer state (of its
   // tensor-parallel slices): data-parallel rank 0 writes it once. save_only_model: nobody does.
   if (!save_only_model && (dp.zero_stage() > 0 || stage_main)) {
@@ -389,7 +380,7 @@ CheckpointPart take_part(const std::string& dir, DataParallel& dp, const Trainer
     part.shard_metadata = s.metadata;
   }
   part.marker = ".written-" + shard;
-  part.job_ranks = int64_t(group.size()) * tp_place(dp).second * (pipeline ? pipeline->num_stages() : 1);
+  part.job_ranks = model.processes();
   return part;
 }
 
@@ -455,21 +446,15 @@ void write_in_background(const CheckpointPart& part, std::chrono::seconds peers_
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml, Communicator* tp, const std::string& base_model,
-                     PipelineParallel* pipeline, bool save_only_model) {
+void save_checkpoint(const std::string& dir, ParallelModel& model, const TrainerState& state,
+                     const std::string& config_yaml, const std::string& base_model, bool save_only_model) {
+  DataParallel& dp = model.data_parallel();
   dp.gather_all_parameters();
-  CheckpointPart part = take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, false, save_only_model);
+  CheckpointPart part = take_part(dir, model, state, config_yaml, base_model, false, save_only_model);
   if (part.main) removing_tmp_on_failure(part.tmp, [&] { write_main_files(part); });
   part.weights.clear();
   dp.release_gathered_parameters();
-  // The data-parallel group's barrier, then the tensor-parallel group's or the pipeline's:
-  // together every rank of the job.
-  auto barrier = [&](const std::string& what) {
-    dp.group().barrier(what);
-    if (tp) tp->barrier(what);
-    if (pipeline) pipeline->group().barrier(what);
-  };
+  auto barrier = [&](const std::string& what) { model.barrier(what); };
   barrier("checkpoint: folder made");
   pause_for_tests();
   removing_tmp_on_failure(part.tmp, [&] { write_shard(part); });
@@ -483,18 +468,16 @@ AsyncCheckpointWriter::~AsyncCheckpointWriter() {
   if (writer_.joinable()) writer_.join();
 }
 
-void AsyncCheckpointWriter::save(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                                 const std::string& config_yaml, Communicator* tp, const std::string& base_model,
-                                 PipelineParallel* pipeline, int64_t keep, bool save_only_model) {
+void AsyncCheckpointWriter::save(const std::string& dir, ParallelModel& model, const TrainerState& state,
+                                 const std::string& config_yaml, const std::string& base_model, int64_t keep,
+                                 bool save_only_model) {
   wait();
+  DataParallel& dp = model.data_parallel();
   dp.gather_all_parameters();
-  auto part = std::make_shared<CheckpointPart>(
-      take_part(dir, dp, state, config_yaml, tp, base_model, pipeline, true, save_only_model));
+  auto part = std::make_shared<CheckpointPart>(take_part(dir, model, state, config_yaml, base_model, true, save_only_model));
   dp.release_gathered_parameters();
   // On the training thread, in the step's order: the folder exists before any rank writes into it.
-  dp.group().barrier("checkpoint: folder made");
-  if (tp) tp->barrier("checkpoint: folder made");
-  if (pipeline) pipeline->group().barrier("checkpoint: folder made");
+  model.barrier("checkpoint: folder made");
   done_ = false;
   writer_ = std::thread([this, part, keep] {
     try {

@@ -18,11 +18,10 @@
 
 #include "config/train_config.h"
 #include "parallel/data_parallel.h"
+#include "parallel/parallel_model.h"
 #include "train/sampler.h"
 
 namespace fab {
-
-class PipelineParallel;
 
 struct TrainerState {
   int64_t global_step = 0;  // optimizer steps done
@@ -35,16 +34,15 @@ struct TrainerState {
   }
 };
 
-// Collective over the data-parallel group, `tp`, the tensor-parallel group, and `pipeline`'s
-// stages (nullptr: none): every rank calls it; the weights are gathered whole. They are a Hugging
+// Collective over every rank of `model`'s layout: every rank calls it; the weights are gathered
+// whole. They are a Hugging
 // Face folder, or with LoRA the adapter folder alone (`base_model` is its base_model_name_or_path).
 // With a pipeline, stage 0 writes the weights of every stage as one HF folder and each stage's
 // optimizer files are named stage-S-of-P-optimizer-rank-R-of-N.safetensors. `save_only_model`
 // (Hugging Face's): no optimizer files, and trainer_state.json says so; such a checkpoint holds
 // the weights and is never resumed (checkpoint_to_resume and load_checkpoint refuse it).
-void save_checkpoint(const std::string& dir, DataParallel& dp, const TrainerState& state,
-                     const std::string& config_yaml, Communicator* tp = nullptr, const std::string& base_model = "",
-                     PipelineParallel* pipeline = nullptr, bool save_only_model = false);
+void save_checkpoint(const std::string& dir, ParallelModel& model, const TrainerState& state,
+                     const std::string& config_yaml, const std::string& base_model = "", bool save_only_model = false);
 // async_save: save() copies this rank's part of a checkpoint (the gathered weights, its optimizer
 // shard, the trainer state) to host memory at the step — the collective part, on the training
 // thread, in the step's order — and a background thread writes it while training goes on. No
@@ -66,9 +64,8 @@ class AsyncCheckpointWriter {
   AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
 
   // Collective, as save_checkpoint; the main rank's writer then prunes to `keep` (save_total_limit).
-  void save(const std::string& dir, DataParallel& dp, const TrainerState& state, const std::string& config_yaml,
-            Communicator* tp, const std::string& base_model, PipelineParallel* pipeline, int64_t keep,
-            bool save_only_model = false);
+  void save(const std::string& dir, ParallelModel& model, const TrainerState& state, const std::string& config_yaml,
+            const std::string& base_model, int64_t keep, bool save_only_model = false);
   // Rethrows the failure of a finished background write, if any.
   void check();
   // Waits for the save in flight to be on disk (and renamed, on the main rank); rethrows its failure.

@@ -108,17 +108,4 @@ void load_initial_adapter(const TrainConfig& c, DecoderModel& model) {
   if (c.finetuning_type == "lora" && !c.adapter_name_or_path.empty()) load_adapter(model, c.adapter_name_or_path);
 }
 
-void save_trained_weights(const DecoderModel& model, const std::string& dir, const std::string& base_model) {
-  if (!model.lora().enabled()) return save_model_folder(model, dir);
-  save_adapter(model, dir, base_model);
-  if (model.options().value_head) save_value_head(model, dir);  // LLaMA-Factory's LoRA reward model
-}
-
-void load_trained_weights(DecoderModel& model, const std::string& dir) {
-  if (model.lora().enabled())
-    load_adapter(model, dir);
-  else
-    load_weights(model, HfWeights::open(dir));
-}
-
 }  // namespace fab

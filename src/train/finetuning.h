@@ -21,10 +21,4 @@ void use_lora(const LoraOptions& lora, DecoderOptions& options);
 // After the base weights are loaded: the adapter of adapter_name_or_path, if any.
 void load_initial_adapter(const TrainConfig& config, DecoderModel& model);
 
-// What a checkpoint and the final output hold of the model: the adapter folder (lora) or the
-// whole model as a Hugging Face folder; and the way back.
-// `base_model`: the adapter's base_model_name_or_path.
-void save_trained_weights(const DecoderModel& model, const std::string& dir, const std::string& base_model);
-void load_trained_weights(DecoderModel& model, const std::string& dir);
-
 }  // namespace fab

@@ -247,7 +247,7 @@ for stage in grpo ppo; do
   # shellcheck disable=SC2046
   "$fabrica" train run.yaml output_dir=nan_$stage stage=$stage num_generations=2 "${blow_up[@]}" learning_rate=1e6 \
     $([ $stage = ppo ] && echo critic_learning_rate=1e-3) >nan_$stage.log 2>&1 || rc=$?
-  [ "$rc" -eq 2 ] && grep -qF "stage $stage: step 1: the loss is not finite on rank 0: stopping, saving nothing new; no checkpoint was saved before it" nan_$stage.log \
+  [ "$rc" -eq 2 ] && grep -qF "stage $stage: step 1: the loss is not finite on rank 0: stopping, saving nothing new (nan_policy: stop); no checkpoint was saved before it" nan_$stage.log \
     || { cat nan_$stage.log; fail "$stage: non-finite loss: exit $rc"; }
   rc=0
   # shellcheck disable=SC2046

@@ -23,7 +23,9 @@
 #include "models/model_config.h"
 #include "tokenizer/tokenizer.h"
 #include "train/finetuning.h"
-#include "train/grpo_stage.h"
+#include "train/stages/rollout_stage.h"
+#include "parallel/parallelize.h"
+#include "train/stages/rollout_stage.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -122,8 +124,8 @@ std::vector<StepRecord> train_rl(const std::string& stage, const std::string& mo
   apply_finetuning(c, 2, o);
   auto m = load_model_folder(model, o, uint64_t(c.seed));
   TrainData td{data.train, data.eval, tokenizer.pad_id().value_or(0)};
-  td.grpo = grpo_environment(c, tokenizer);
-  Trainer trainer(c, std::move(m), std::move(td));
+  td.rollout = rollout_environment(c, tokenizer);
+  Trainer trainer(c, parallelize(std::move(m), nullptr, c), std::move(td));
   EXPECT_TRUE(trainer.run());
   return trainer.history();
 }

@@ -21,6 +21,7 @@
 #include "test_util.h"
 #include "train/synthetic_data.h"
 #include "train/finetuning.h"
+#include "parallel/parallelize.h"
 #include "train/trainer.h"
 
 namespace fab {
@@ -166,7 +167,7 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, Device device) {
   // Preference stages read sequences 2i and 2i + 1 as item i (kto: with a tag per item).
   TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(6, 2), 0};
   if (c.stage == Stage::kto) data.train_desirable = {1, 0, 1, 1, 0, 1, 0, 0, 1, 1}, data.eval_desirable = {1, 0, 1};
-  return std::make_unique<Trainer>(c, std::move(model), std::move(data));
+  return std::make_unique<Trainer>(c, parallelize(std::move(model), nullptr, c), std::move(data));
 }
 
 void expect_same_history(const Trainer& got, const Trainer& want) {
@@ -261,7 +262,7 @@ TEST(GuardDevice, WhatIsNotImplementedOnADeviceIsRefusedByName) {
     try {
       const TrainConfig c = config_for(out, extra);
       auto model = load_model_folder(c.model_name_or_path, o, 1);
-      Trainer t(c, std::move(model), TrainData{test::synthetic_samples(4, 1), {}, 0});
+      Trainer t(c, parallelize(std::move(model), nullptr, c), TrainData{test::synthetic_samples(4, 1), {}, 0});
       ADD_FAILURE() << "not refused: " << says;
     } catch (const UserError& e) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();

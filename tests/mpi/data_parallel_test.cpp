@@ -11,6 +11,7 @@
 #include "models/hf_model.h"
 #include "mpi/mpi_world.h"
 #include "train/synthetic_data.h"
+#include "parallel/parallelize.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -47,7 +48,7 @@ std::vector<StepRecord> train(const TrainConfig& c, Communicator* group) {
   auto model = load_model_folder(c.model_name_or_path, {Precision::fp32, false, 64}, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(48, 1), test::synthetic_samples(6, 2), 0};
   DeviceMesh mesh(*group, ParallelSizes{.dp = group->size()});
-  Trainer trainer(c, std::move(model), std::move(data), &mesh);
+  Trainer trainer(c, parallelize(std::move(model), &mesh, c), std::move(data));
   trainer.run();
   return trainer.history();
 }

@@ -19,6 +19,7 @@
 #include "mpi/mpi_world.h"
 #include "parallel/tensor_parallel.h"
 #include "train/synthetic_data.h"
+#include "parallel/parallelize.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -52,7 +53,7 @@ std::vector<StepRecord> train(const std::string& model, const std::string& outpu
   auto m = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
   DeviceMesh mesh(test::world(), ParallelSizes{.dp = test::world().size()});
   if (!device.is_host()) mesh.set_device_collectives(test::guard_collectives);
-  Trainer trainer(c, std::move(m), TrainData{test::synthetic_samples(48, 1), {}, 0}, &mesh);
+  Trainer trainer(c, parallelize(std::move(m), &mesh, c), TrainData{test::synthetic_samples(48, 1), {}, 0});
   EXPECT_TRUE(trainer.run());
   return trainer.history();
 }
@@ -116,7 +117,7 @@ std::vector<StepRecord> train_tp(const std::string& model, const std::string& ou
   DecoderOptions o(Precision::fp32, false, 64, &tp);
   o.device = device;
   auto m = load_model_folder(c.model_name_or_path, o, uint64_t(c.seed));
-  Trainer trainer(c, std::move(m), TrainData{test::synthetic_samples(24, 1), {}, 0}, &mesh);
+  Trainer trainer(c, parallelize(std::move(m), &mesh, c), TrainData{test::synthetic_samples(24, 1), {}, 0});
   EXPECT_TRUE(trainer.run());
   return trainer.history();
 }

@@ -144,7 +144,7 @@ std::vector<StepRecord> train(const TrainConfig& c, Communicator& group) {
   apply_finetuning(c, model_config.num_hidden_layers, share.options);
   auto model = load_model_folder(c.model_name_or_path, share.options, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(64, 1), test::synthetic_samples(6, 2), 0};
-  Trainer trainer(c, std::move(model), std::move(data), &mesh);
+  Trainer trainer(c, parallelize(std::move(model), &mesh, c), std::move(data));
   trainer.run();
   return trainer.history();
 }

@@ -7,7 +7,7 @@
 
 #include "comm/communicator.h"
 #include "mpi/mpi_world.h"
-#include "train/ppo_stage.h"
+#include "train/stages/ppo_stage.h"
 
 namespace fab {
 namespace {

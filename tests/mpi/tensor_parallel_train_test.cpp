@@ -16,6 +16,7 @@
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
 #include "train/synthetic_data.h"
+#include "parallel/parallelize.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -72,7 +73,7 @@ std::vector<StepRecord> train(const TrainConfig& c, DeviceMesh* mesh, Sharding* 
   const Precision precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   auto model = load_model_folder(c.model_name_or_path, {precision, c.recompute_layers, 64, tp}, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(48, 1), test::synthetic_samples(6, 2), 0};
-  Trainer trainer(c, std::move(model), std::move(data), mesh);
+  Trainer trainer(c, parallelize(std::move(model), mesh, c), std::move(data));
   trainer.run();
   return trainer.history();
 }

@@ -161,7 +161,7 @@ std::vector<StepRecord> train(const TrainConfig& c, Communicator& group) {
   const ModelShare share = model_share({Precision::fp32, false, 64}, layout, mesh, c);
   auto model = load_model_folder(c.model_name_or_path, share.options, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(64, 1), test::synthetic_samples(6, 2), 0};
-  Trainer trainer(c, std::move(model), std::move(data), &mesh);
+  Trainer trainer(c, parallelize(std::move(model), &mesh, c), std::move(data));
   trainer.run();
   return trainer.history();
 }

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "models/hf_model.h"
 #include "train/synthetic_data.h"
+#include "parallel/parallelize.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -39,7 +40,7 @@ std::unique_ptr<Trainer> make_trainer(const std::string& output, const std::stri
       "test.yaml", test::as_overrides(extra));
   auto model = load_model_folder(c.model_name_or_path, {Precision::fp32, false, 64}, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(5, 2), 0};
-  return std::make_unique<Trainer>(c, std::move(model), std::move(data));
+  return std::make_unique<Trainer>(c, parallelize(std::move(model), nullptr, c), std::move(data));
 }
 
 // While alive, no file this process writes may grow past `bytes` (SIGXFSZ ignored: the write

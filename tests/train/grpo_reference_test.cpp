@@ -11,7 +11,7 @@
 
 #include "io/safetensors.h"
 #include "models/hf_model.h"
-#include "train/grpo_stage.h"
+#include "train/stages/rollout_stage.h"
 #include "test_util.h"
 
 namespace fab {

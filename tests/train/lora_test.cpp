@@ -20,6 +20,7 @@
 #include "optim/lr_schedule.h"
 #include "train/finetuning.h"
 #include "train/synthetic_data.h"
+#include "parallel/parallelize.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -58,7 +59,7 @@ std::unique_ptr<DecoderModel> model_for(const TrainConfig& c) {
 
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
   TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(5, 2), 0};
-  return std::make_unique<Trainer>(c, model_for(c), std::move(data));
+  return std::make_unique<Trainer>(c, parallelize(model_for(c), nullptr, c), std::move(data));
 }
 
 class LoraReference : public ::testing::TestWithParam<std::string> {};

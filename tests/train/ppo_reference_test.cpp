@@ -14,7 +14,7 @@
 #include "config/train_config.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
-#include "train/ppo_stage.h"
+#include "train/stages/ppo_stage.h"
 #include "test_util.h"
 
 namespace fab {

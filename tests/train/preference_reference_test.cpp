@@ -12,7 +12,7 @@
 #include "io/safetensors.h"
 #include "models/hf_model.h"
 #include "parallel/data_parallel.h"
-#include "train/stage_objective.h"
+#include "train/stages/preference_objective.h"
 #include "test_util.h"
 
 namespace fab {
@@ -71,7 +71,7 @@ std::vector<double> fabrica_losses(const PreferenceFixture& f, const std::string
   dp_options.adamw = AdamWConfig{0.9f, 0.999f, 1e-8f, 0.0f};
   DataParallel dp(*model, group, dp_options);
   const StageData data{c.stage == Stage::kto ? &f.kto_rows : &f.rows, &f.none, &f.desirable, &f.no_tags, 0};
-  auto objective = make_stage_objective(c, data);
+  auto objective = make_preference_objective(c, data);
   objective->prepare(*model, group);
   StageMetrics metrics(objective->metric_names());
   const std::vector<int64_t> items = {0, 1, 2, 3};

@@ -11,8 +11,8 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "train/grpo_loss.h"
-#include "train/rewards.h"
+#include "train/stages/grpo_loss.h"
+#include "train/stages/rewards.h"
 
 namespace fab {
 namespace {

@@ -13,6 +13,7 @@
 #include "models/hf_model.h"
 #include "train/checkpoint.h"
 #include "train/synthetic_data.h"
+#include "parallel/parallelize.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -43,7 +44,7 @@ TrainConfig config_for(const std::string& output, const std::string& extra = "")
 std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
   auto model = load_model_folder(c.model_name_or_path, {Precision::fp32, false, 64}, uint64_t(c.seed));
   TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(5, 2), 0};
-  return std::make_unique<Trainer>(c, std::move(model), std::move(data));
+  return std::make_unique<Trainer>(c, parallelize(std::move(model), nullptr, c), std::move(data));
 }
 
 std::vector<std::string> files_of(const std::string& dir) {

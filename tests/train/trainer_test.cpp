@@ -16,6 +16,7 @@
 #include "models/hf_model.h"
 #include "train/checkpoint.h"
 #include "train/synthetic_data.h"
+#include "parallel/parallelize.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -46,7 +47,7 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
   auto model = load_model_folder(c.model_name_or_path, {c.bf16 ? Precision::bf16 : Precision::fp32, false, 64},
                                  uint64_t(c.seed));
   TrainData data{test::synthetic_samples(20, 1), test::synthetic_samples(5, 2), 0};
-  return std::make_unique<Trainer>(c, std::move(model), std::move(data));
+  return std::make_unique<Trainer>(c, parallelize(std::move(model), nullptr, c), std::move(data));
 }
 
 TEST(Trainer, ResumeReproducesTheUninterruptedRunBitForBit) {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "train/grpo_loss.h"
+#include "train/stages/grpo_loss.h"
 
 namespace fab {
 

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "train/grpo_stage.h"
-#include "train/ppo_loss.h"
+#include "train/stages/rollout_stage.h"
+#include "train/stages/ppo_loss.h"
 
 namespace fab {
 
@@ -46,24 +46,21 @@ ValueLossResult value_minibatch(DecoderModel& critic, const std::vector<const Ro
 void set_advantages(std::vector<RolloutSequence>& rollouts, const TrainConfig& config, Communicator& group,
                     double* kl_sum = nullptr);
 
-class PpoStage : public GrpoStage {
+class PpoStage final : public RolloutStage {
  public:
-  PpoStage(const TrainConfig& config, DecoderModel& model, DataParallel& dp, Communicator& group,
-           const TokenSequences& train, GrpoEnvironment env, int32_t pad_id);
+  explicit PpoStage(const StageContext& context);
   ~PpoStage() override;
-  GrpoStepResult step(int64_t step, const std::vector<int64_t>& prompts, double lr) override;
-  nlohmann::json metrics_json() override;
-  nlohmann::json memory_json() const override;
-  void save_checkpoint_part(const std::string& dir, const TrainerState& state, const std::string& config_yaml) override;
-  void load_checkpoint_part(const std::string& dir) override;
-  void save_final(const std::string& output_dir, bool main) override;
+  StepResult step(int64_t step, double lr, Sampler& sampler) override;
+  nlohmann::json metrics(bool evaluated) override;
+  void save_part(const std::string& dir, const TrainerState& state, const std::string& yaml) override;
+  void load_part(const std::string& dir) override;
+  void save_final(const std::string& output_dir) override;
 
  private:
   void critic_values(std::vector<RolloutSequence>& rollouts, size_t per_mini);
-  void critic_update(const std::vector<const RolloutSequence*>& rows, double lr);
+  void critic_update(int64_t step, const std::vector<const RolloutSequence*>& rows, double lr);
 
-  std::unique_ptr<DecoderModel> critic_;
-  std::unique_ptr<DataParallel> critic_dp_;
+  std::unique_ptr<ParallelModel> critic_;  // data parallel over the actor's data-parallel group
   ValueLossOptions value_options_;
   StageMetrics critic_means_;
 };

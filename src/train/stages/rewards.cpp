@@ -1,4 +1,4 @@
-#include "train/rewards.h"
+#include "train/stages/rewards.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +17,7 @@
 #include "nn/sequence_logps.h"
 #include "tokenizer/regex.h"
 #include "train/batch.h"
-#include "train/reward_model.h"
+#include "train/stages/reward_model.h"
 
 namespace fab {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "train/ppo_stage.h"
+#include "train/stages/ppo_stage.h"
 
 #include <chrono>
 #include <cmath>
@@ -147,14 +147,13 @@ void set_advantages(std::vector<RolloutSequence>& rollouts, const TrainConfig& c
   for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].token_advantages = std::move(advantages[i]);
 }
 
-PpoStage::PpoStage(const TrainConfig& config, DecoderModel& model, DataParallel& dp, Communicator& group,
-                   const TokenSequences& train, GrpoEnvironment env, int32_t pad_id)
-    : GrpoStage(config, model, dp, group, train, std::move(env), pad_id),
-      critic_(make_critic(config, model)),
-      critic_dp_(std::make_unique<DataParallel>(*critic_, group, critic_parallel_options(config, dp))),
-      value_options_{config.cliprange_value, parse_loss_agg_mode(config.loss_agg_mode)},
+PpoStage::PpoStage(const StageContext& context)
+    : RolloutStage(context),
+      critic_(std::make_unique<ParallelModel>(make_critic(config_, model_), group_,
+                                              critic_parallel_options(config_, context.model.data_parallel()))),
+      value_options_{config_.cliprange_value, parse_loss_agg_mode(config_.loss_agg_mode)},
       critic_means_(ppo_metric_names()) {
-  needs_reference_ = needs_reference_ || config.use_kl_in_reward;
+  needs_reference_ = needs_reference_ || config_.use_kl_in_reward;
 }
 
 PpoStage::~PpoStage() = default;
@@ -163,32 +162,27 @@ void PpoStage::critic_values(std::vector<RolloutSequence>& rollouts, size_t per_
   const auto start = Clock::now();
   for (size_t first = 0; first < rollouts.size(); first += per_mini) {
     const auto rows = mini_batch(rollouts, first, per_mini);
-    const auto values = response_values(*critic_, rows, pad_id_);
+    const auto values = response_values(critic_->model(), rows, pad_id_);
     for (size_t i = 0; i < rows.size(); ++i) rollouts[first + i].values = values[i];
   }
   critic_means_.add(kTimeValues, seconds_since(start));
 }
 
-// One critic optimizer step on `rows`, its loss agreed finite over the ranks first.
-void PpoStage::critic_update(const std::vector<const RolloutSequence*>& rows, double lr) {
-  critic_dp_->begin_step(1);
-  critic_dp_->begin_micro_batch(0);
-  const ValueLossResult r =
-      value_minibatch(*critic_, rows, value_options_, pad_id_, float(1.0 / double(group_.size())), true);
-  critic_dp_->finish_gradients();
-  std::vector<double> bad(size_t(group_.size()), 0.0);  // one flag per rank: its value loss is not finite
-  bad[size_t(group_.rank())] = std::isfinite(r.vf_loss) ? 0.0 : 1.0;
-  group_.all_reduce(bad.data(), int64_t(bad.size()), "ppo value loss").wait();
-  const std::string ranks = flagged_ranks(bad);
-  if (!ranks.empty())
-    stop_not_finite(format("the critic's value loss is not finite on rank {}", ranks),
-                    "Lower critic_learning_rate or check the rewards");
-  const double norm = critic_dp_->clip_grad_norm(config_.critic_max_grad_norm);
-  if (!std::isfinite(norm))
-    stop_not_finite(format("the critic's gradient norm (of the gradients summed over every rank) is {}",
-                           std::isnan(norm) ? "NaN" : "infinite"),
-                    "Lower critic_learning_rate or critic_max_grad_norm, or check the rewards");
-  critic_dp_->optimizer_step(float(lr));
+// One critic optimizer update on `rows`, through the same OptimizerStep as the actor's.
+void PpoStage::critic_update(int64_t step, const std::vector<const RolloutSequence*>& rows, double lr) {
+  ValueLossResult r;
+  const double loss_sum = critic_->accumulate(1, [&](int64_t) {
+    r = value_minibatch(critic_->model(), rows, value_options_, pad_id_, float(1.0 / double(group_.size())), true);
+    return r.vf_loss;
+  });
+  UpdateRule rule;
+  rule.max_grad_norm = config_.critic_max_grad_norm;
+  rule.loss = "the critic's value loss";
+  rule.gradient = "the critic's gradient norm";
+  rule.advice = "Lower critic_learning_rate or critic_max_grad_norm, or check the rewards";
+  const UpdateResult u = c_.optimizer.apply(*critic_, step, loss_sum, lr, rule);
+  if (u.skipped) return;
+  const double norm = u.grad_norm;
   critic_means_.add(kVfLoss, r.vf_loss);
   critic_means_.add(kVfClipfrac, r.vf_clipfrac);
   critic_means_.add(kVpredMean, r.vpred_mean);
@@ -196,9 +190,9 @@ void PpoStage::critic_update(const std::vector<const RolloutSequence*>& rows, do
   critic_means_.add(kCriticLr, lr);
 }
 
-GrpoStepResult PpoStage::step(int64_t step, const std::vector<int64_t>& prompts, double lr) {
-  GrpoStepResult out;
-  std::vector<RolloutSequence> rollouts = roll_out(step, prompts);
+StepResult PpoStage::step(int64_t step, double lr, Sampler& sampler) {
+  StepResult out;
+  std::vector<RolloutSequence> rollouts = roll_out(step, sampler);
   const size_t per_mini = per_mini_batch();
   old_logps(rollouts, per_mini);
   if (needs_reference_) reference_logps(rollouts, per_mini);
@@ -223,25 +217,20 @@ GrpoStepResult PpoStage::step(int64_t step, const std::vector<int64_t>& prompts,
   const auto start = Clock::now();
   for (int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch)
     for (size_t first = 0; first < rollouts.size(); first += per_mini)
-      critic_update(mini_batch(rollouts, first, per_mini), critic_lr);
+      critic_update(step, mini_batch(rollouts, first, per_mini), critic_lr);
   critic_means_.add(kTimeUpdateCritic, seconds_since(start));
-  if (config_.critic_warmup <= step + 1) out.loss = actor_updates(rollouts, per_mini, lr, &out.grad_norm);
+  if (config_.critic_warmup <= step + 1) out.loss = actor_updates(step, rollouts, per_mini, lr, &out.grad_norm);
   out.tokens = count_tokens(rollouts);
   return out;
 }
 
-nlohmann::json PpoStage::metrics_json() {
-  nlohmann::json j = GrpoStage::metrics_json();
+nlohmann::json PpoStage::metrics(bool evaluated) {
+  nlohmann::json j = RolloutStage::metrics(evaluated);
   critic_means_.all_reduce(group_);
   for (size_t m = 0; m < kNumPpoMetrics; ++m)
     if (critic_means_.has(m)) j[critic_means_.names()[m]] = critic_means_.mean(m);
   critic_means_.clear();
-  return j;
-}
-
-nlohmann::json PpoStage::memory_json() const {
-  nlohmann::json j = GrpoStage::memory_json();
-  const ModelStateBytes b = critic_dp_->state_bytes();
+  const ModelStateBytes b = critic_->data_parallel().state_bytes();
   j["critic_parameters_bytes"] = b.parameters;
   j["critic_gradients_bytes"] = b.gradients;
   j["critic_optimizer_state_bytes"] = b.optimizer_state;
@@ -250,10 +239,9 @@ nlohmann::json PpoStage::memory_json() const {
 
 // The critic goes into the actor's checkpoint-N, renamed into place already: when its write fails
 // (a full disk) the checkpoint goes too, since a ppo checkpoint without its critic cannot resume.
-void PpoStage::save_checkpoint_part(const std::string& dir, const TrainerState& state, const std::string& config_yaml) {
+void PpoStage::save_part(const std::string& dir, const TrainerState& state, const std::string& config_yaml) {
   try {
-    save_checkpoint((fs::path(dir) / "critic").string(), *critic_dp_, state, config_yaml, nullptr, "", nullptr,
-                    config_.save_only_model);
+    save_checkpoint((fs::path(dir) / "critic").string(), *critic_, state, config_yaml, "", config_.save_only_model);
   } catch (const UserError&) {
     std::error_code ignored;
     fs::remove_all(dir, ignored);
@@ -261,17 +249,17 @@ void PpoStage::save_checkpoint_part(const std::string& dir, const TrainerState& 
   }
 }
 
-void PpoStage::load_checkpoint_part(const std::string& dir) {
+void PpoStage::load_part(const std::string& dir) {
   const fs::path critic = fs::path(dir) / "critic";
   FAB_USER_CHECK(fs::exists(critic / "trainer_state.json"),
                  "{}: a stage ppo checkpoint holds its critic in critic/, which is missing or incomplete (was it "
                  "saved by another stage, or interrupted while saving the critic?)",
                  dir);
-  load_checkpoint(critic.string(), *critic_dp_);
+  load_checkpoint(critic.string(), critic_->data_parallel());
 }
 
-void PpoStage::save_final(const std::string& output_dir, bool main) {
-  if (main) save_model_folder(*critic_, (fs::path(output_dir) / "critic").string());
+void PpoStage::save_final(const std::string& output_dir) {
+  if (c_.model.is_main()) save_model_folder(critic_->model(), (fs::path(output_dir) / "critic").string());
 }
 
 }  // namespace fab

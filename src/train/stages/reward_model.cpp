@@ -1,4 +1,4 @@
-#include "train/reward_model.h"
+#include "train/stages/reward_model.h"
 
 #include <filesystem>
 

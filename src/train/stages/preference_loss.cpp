@@ -1,4 +1,4 @@
-#include "train/preference_loss.h"
+#include "train/stages/preference_loss.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "train/grpo_stage.h"
+#include "train/stages/rollout_stage.h"
 
 #include <algorithm>
 #include <chrono>
@@ -49,7 +49,7 @@ const std::vector<std::string>& grpo_metric_names() {
   return names;
 }
 
-RewardOptions reward_options(const TrainConfig& c, const DecoderModel& model, const GrpoEnvironment& env,
+RewardOptions reward_options(const TrainConfig& c, const DecoderModel& model, const RolloutEnvironment& env,
                              int32_t pad_id) {
   RewardOptions o;
   o.pad_id = pad_id;
@@ -73,21 +73,21 @@ int64_t response_row(int64_t i, int64_t seq, const RolloutSequence& r, size_t k)
   return i * seq + int64_t(r.prompt.size()) - 1 + int64_t(k);
 }
 
-GrpoEnvironment grpo_environment(const TrainConfig& c, const Tokenizer& tokenizer) {
+RolloutEnvironment rollout_environment(const TrainConfig& c, const Tokenizer& tokenizer) {
   const TokenizerEncoder encoder(tokenizer);
   TemplateOptions options;
   options.enable_thinking = c.enable_thinking;
   const ChatTemplate chat(get_template(c.chat_template), encoder, options);
-  GrpoEnvironment env{&tokenizer, {chat.eos_id()}, chat.eos_token(), {}};
+  RolloutEnvironment env{&tokenizer, {chat.eos_id()}, chat.eos_token(), {}};
   if (tokenizer.eos_id() && *tokenizer.eos_id() != chat.eos_id()) env.stop_ids.push_back(*tokenizer.eos_id());
   return env;
 }
 
-std::vector<GrpoPrompt> grpo_prompts(const TokenSequences& rows, const GrpoEnvironment& env) {
-  std::vector<GrpoPrompt> out;
+std::vector<RolloutPrompt> rollout_prompts(const TokenSequences& rows, const RolloutEnvironment& env) {
+  std::vector<RolloutPrompt> out;
   for (int64_t i = 0; i < rows.size(); ++i) {
     const int64_t begin = rows.offsets[size_t(i)], end = rows.offsets[size_t(i) + 1];
-    GrpoPrompt p;
+    RolloutPrompt p;
     std::vector<int32_t> answer;
     for (int64_t t = begin; t < end; ++t) {
       if (rows.labels[size_t(t)] == -100 && answer.empty()) p.ids.push_back(rows.tokens[size_t(t)]);
@@ -198,30 +198,30 @@ uint64_t rollout_seed(uint64_t seed, int64_t step, int64_t prompt, int64_t sampl
   return h;
 }
 
-GrpoStage::GrpoStage(const TrainConfig& config, DecoderModel& model, DataParallel& dp, Communicator& group,
-                     const TokenSequences& train, GrpoEnvironment env, int32_t pad_id)
-    : config_(config),
-      model_(model),
-      dp_(dp),
-      group_(group),
-      prompts_(grpo_prompts(train, env)),
-      env_(std::move(env)),
-      pad_id_(pad_id),
-      loss_options_(grpo_loss_options(config)),
-      rewards_(std::make_unique<Rewards>(config.reward, reward_options(config, model, env_, pad_id))),
-      needs_reference_(config.kl_loss_coef != 0),
+RolloutStage::RolloutStage(const StageContext& context)
+    : c_(context),
+      config_(context.config),
+      model_(context.model.model()),
+      group_(context.model.data_group()),
+      prompts_(rollout_prompts(context.data.train, context.data.rollout)),
+      env_(context.data.rollout),
+      pad_id_(context.data.pad_id),
+      loss_options_(grpo_loss_options(config_)),
+      rewards_(std::make_unique<Rewards>(config_.reward, reward_options(config_, model_, env_, pad_id_))),
+      needs_reference_(config_.kl_loss_coef != 0),
       means_(grpo_metric_names()),
       extremes_(4, -INFINITY) {}
 
-GrpoStage::~GrpoStage() = default;
+RolloutStage::~RolloutStage() = default;
 
-void GrpoStage::prepare() {
+void RolloutStage::prepare() {
   if (!needs_reference_ || model_.lora().enabled() || reference_weights_.defined()) return;
   reference_weights_ = model_.params().values().clone(MemoryCategory::parameters);
 }
 
-std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector<int64_t>& prompts) {
-  step_ = step;
+std::vector<RolloutSequence> RolloutStage::roll_out(int64_t step, Sampler& sampler) {
+  model_.set_dropout_seed(dropout_seed(config_, group_.rank(), step));
+  const std::vector<int64_t> prompts = sampler.next_batch();
   const int64_t n = config_.num_generations;
   std::vector<RolloutRequest> requests;
   for (int64_t p : prompts)
@@ -241,7 +241,7 @@ std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector
   std::vector<RolloutSequence> rollouts(requests.size());
   std::vector<RewardSample> samples(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
-    const GrpoPrompt& p = prompts_[size_t(prompts[i / size_t(n)])];
+    const RolloutPrompt& p = prompts_[size_t(prompts[i / size_t(n)])];
     rollouts[i].prompt = p.ids;
     rollouts[i].response = outputs[i].tokens;
     FAB_CHECK(!rollouts[i].response.empty(), "rollout {}: no tokens generated", i);
@@ -267,7 +267,7 @@ std::vector<RolloutSequence> GrpoStage::roll_out(int64_t step, const std::vector
   return rollouts;
 }
 
-void GrpoStage::note_advantages(const std::vector<double>& advantages) {
+void RolloutStage::note_advantages(const std::vector<double>& advantages) {
   for (double a : advantages) {
     means_.add(kAdvantageMean, a);
     extremes_[1] = std::max(extremes_[1], a);
@@ -277,7 +277,7 @@ void GrpoStage::note_advantages(const std::vector<double>& advantages) {
 
 // The reference's log-probabilities: the adapters off under LoRA, else the start weights swapped
 // in (and back out) around the forward passes.
-void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
+void RolloutStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
   const auto start = Clock::now();
   const bool lora = model_.lora().enabled();
   auto swap_weights = [&] {
@@ -302,54 +302,40 @@ void GrpoStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_t p
   means_.add(kTimeRef, seconds_since(start));
 }
 
-void GrpoStage::stop_not_finite(const std::string& what, const std::string& advice) const {
-  const std::string last = latest_checkpoint(config_.output_dir);
-  throw UserError(format("stage {}: step {}: {}: stopping, saving nothing new; {}. {}", config_.stage, step_ + 1, what,
-                         last.empty() ? "no checkpoint was saved before it" : "the last checkpoint is " + last, advice));
+UpdateRule RolloutStage::actor_rule() const {
+  UpdateRule rule;
+  rule.max_grad_norm = config_.max_grad_norm;
+  rule.advice = "Lower learning_rate or max_grad_norm, or check the rewards";
+  return rule;
 }
 
-std::string GrpoStage::flagged_ranks(const std::vector<double>& flags) {
-  std::string ranks;
-  for (size_t r = 0; r < flags.size(); ++r)
-    if (flags[r] > 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  return ranks;
-}
-
-// One optimizer step on `rows`; the loss and whether it is finite on each rank are agreed over the
-// ranks first.
-double GrpoStage::update(const std::vector<const RolloutSequence*>& rows, double lr, double* grad_norm) {
-  dp_.begin_step(1);
-  dp_.begin_micro_batch(0);
-  const GrpoLossResult r =
-      grpo_minibatch(model_, rows, loss_options_, pad_id_, float(1.0 / double(group_.size())), true);
-  dp_.finish_gradients();
-  std::vector<double> sums(1 + size_t(group_.size()), 0.0);  // the loss, then one flag per rank: not finite
-  sums[0] = r.loss;
-  sums[1 + size_t(group_.rank())] = std::isfinite(r.loss) ? 0.0 : 1.0;
-  group_.all_reduce(sums.data(), int64_t(sums.size()), "grpo loss").wait();
-  const std::string ranks = flagged_ranks({sums.begin() + 1, sums.end()});
-  if (!ranks.empty())
-    stop_not_finite(format("the loss is not finite on rank {}", ranks), "Lower learning_rate or check the rewards");
-  *grad_norm = dp_.clip_grad_norm(config_.max_grad_norm);
-  if (!std::isfinite(*grad_norm))
-    stop_not_finite(format("the gradient norm (of the gradients summed over every rank) is {}",
-                           std::isnan(*grad_norm) ? "NaN" : "infinite"),
-                    "Lower learning_rate or max_grad_norm, or check the rewards");
-  dp_.optimizer_step(float(lr));
+// One optimizer update on `rows`: the loss of each rank's mini-batch, averaged over the ranks, as
+// verl's data-parallel actor does.
+double RolloutStage::update(int64_t step, const std::vector<const RolloutSequence*>& rows, double lr,
+                            double* grad_norm) {
+  ParallelModel& model = c_.model;
+  GrpoLossResult r;
+  const double loss_sum = model.accumulate(1, [&](int64_t) {
+    r = grpo_minibatch(model_, rows, loss_options_, pad_id_, float(1.0 / double(group_.size())), true);
+    return r.loss;
+  });
+  const UpdateResult u = c_.optimizer.apply(model, step, loss_sum, lr, actor_rule());
+  *grad_norm = u.grad_norm;
+  if (u.skipped) return NAN;
   means_.add(kPgLoss, r.pg_loss);
   means_.add(kPgClipfrac, r.pg_clipfrac);
   means_.add(kPgClipfracLower, r.pg_clipfrac_lower);
   means_.add(kPpoKl, r.ppo_kl);
   if (loss_options_.kl_loss_coef != 0) means_.add(kKl, r.kl_loss);
-  return sums[0] / double(group_.size());
+  return u.loss_sum / double(group_.size());
 }
 
-size_t GrpoStage::per_mini_batch() const {
+size_t RolloutStage::per_mini_batch() const {
   return size_t(config_.num_generations) *
          size_t(config_.ppo_mini_batch_size > 0 ? config_.ppo_mini_batch_size : config_.per_device_train_batch_size);
 }
 
-void GrpoStage::old_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
+void RolloutStage::old_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
   const auto start = Clock::now();
   double entropy = 0, tokens = 0;
   for (size_t first = 0; first < rollouts.size(); first += per_mini) {
@@ -364,28 +350,28 @@ void GrpoStage::old_logps(std::vector<RolloutSequence>& rollouts, size_t per_min
   means_.add(kTimeOld, seconds_since(start));
 }
 
-double GrpoStage::actor_updates(const std::vector<RolloutSequence>& rollouts, size_t per_mini, double lr,
-                                double* grad_norm) {
+double RolloutStage::actor_updates(int64_t step, const std::vector<RolloutSequence>& rollouts, size_t per_mini,
+                                   double lr, double* grad_norm) {
   const auto start = Clock::now();
   double loss_sum = 0;
   int64_t updates = 0;
   for (int64_t epoch = 0; epoch < config_.ppo_epochs; ++epoch)
     for (size_t first = 0; first < rollouts.size(); first += per_mini, ++updates)
-      loss_sum += update(mini_batch(rollouts, first, per_mini), lr, grad_norm);
+      loss_sum += update(step, mini_batch(rollouts, first, per_mini), lr, grad_norm);
   means_.add(kTimeUpdate, seconds_since(start));
   return updates > 0 ? loss_sum / double(updates) : 0.0;
 }
 
-int64_t GrpoStage::count_tokens(const std::vector<RolloutSequence>& rollouts) {
+int64_t RolloutStage::count_tokens(const std::vector<RolloutSequence>& rollouts) {
   double counted[1] = {0};
   for (const RolloutSequence& r : rollouts) counted[0] += double(r.prompt.size() + r.response.size());
   group_.all_reduce(counted, 1, "grpo tokens").wait();
   return int64_t(counted[0]);
 }
 
-GrpoStepResult GrpoStage::step(int64_t step, const std::vector<int64_t>& prompts, double lr) {
-  GrpoStepResult out;
-  std::vector<RolloutSequence> rollouts = roll_out(step, prompts);
+StepResult GrpoStage::step(int64_t step, double lr, Sampler& sampler) {
+  StepResult out;
+  std::vector<RolloutSequence> rollouts = roll_out(step, sampler);
   std::vector<double> rewards;
   std::vector<int64_t> group;
   for (size_t i = 0; i < rollouts.size(); ++i) {
@@ -398,12 +384,12 @@ GrpoStepResult GrpoStage::step(int64_t step, const std::vector<int64_t>& prompts
   const size_t per_mini = per_mini_batch();
   old_logps(rollouts, per_mini);
   if (loss_options_.kl_loss_coef != 0) reference_logps(rollouts, per_mini);
-  out.loss = actor_updates(rollouts, per_mini, lr, &out.grad_norm);
+  out.loss = actor_updates(step, rollouts, per_mini, lr, &out.grad_norm);
   out.tokens = count_tokens(rollouts);
   return out;
 }
 
-nlohmann::json GrpoStage::metrics_json() {
+nlohmann::json RolloutStage::metrics(bool) {
   means_.all_reduce(group_);
   std::vector<double> slots(4 * size_t(group_.size()), 0.0);
   std::copy(extremes_.begin(), extremes_.end(), slots.begin() + 4 * group_.rank());
@@ -422,11 +408,8 @@ nlohmann::json GrpoStage::metrics_json() {
   }
   means_.clear();
   std::fill(extremes_.begin(), extremes_.end(), -INFINITY);
+  j["reference_weights_bytes"] = reference_weights_.defined() ? reference_weights_.numel() * 4 : 0;
   return j;
-}
-
-nlohmann::json GrpoStage::memory_json() const {
-  return {{"reference_weights_bytes", reference_weights_.defined() ? reference_weights_.numel() * 4 : 0}};
 }
 
 }  // namespace fab

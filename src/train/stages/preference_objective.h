@@ -1,8 +1,7 @@
 #pragma once
-// The preference stages (dpo, kto, rm) as objectives the Trainer calls once per micro-batch: they
-// turn a micro-batch of items (a pair for dpo and rm, an example for kto) into a loss and its
-// gradient. The loop, normalisation over the global step, clipping, the optimizer, checkpoints and
-// logging stay the Trainer's.
+// The preference stages' objectives (dpo, kto, rm), which PreferenceStage calls once per
+// micro-batch: they turn a micro-batch of items (a pair for dpo and rm, an example for kto) into a
+// loss and its gradient. Normalisation over the global step and the optimizer are the stage's.
 //
 // Data layout (dataset/prepare.h): item i is sequences 2i and 2i + 1 of its split: chosen and
 // rejected (dpo, rm), or the completion and the mismatched completion of the KL term (kto).
@@ -17,7 +16,8 @@
 #include "dataset/token_sequences.h"
 #include "models/decoder.h"
 #include "train/batch.h"
-#include "train/preference_loss.h"
+#include "train/stages/preference_loss.h"
+#include "train/stages/stage.h"
 
 namespace fab {
 
@@ -33,26 +33,6 @@ struct StageData {
   const std::vector<uint8_t>& desirable(DataSplit s) const {
     return s == DataSplit::train ? *train_desirable : *eval_desirable;
   }
-};
-
-// Named sums and counts, logged as sum / count over the logging window and every rank.
-class StageMetrics {
- public:
-  explicit StageMetrics(std::vector<std::string> names) : names_(std::move(names)), values_(2 * names_.size(), 0.0) {}
-  void add(size_t metric, double sum, double count = 1) {
-    values_[2 * metric] += sum;
-    values_[2 * metric + 1] += count;
-  }
-  const std::vector<std::string>& names() const { return names_; }
-  double mean(size_t metric) const { return values_[2 * metric] / values_[2 * metric + 1]; }
-  bool has(size_t metric) const { return values_[2 * metric + 1] > 0; }
-  // every rank: the sums of all ranks
-  void all_reduce(Communicator& group) { group.all_reduce(values_.data(), int64_t(values_.size()), "metrics").wait(); }
-  void clear() { std::fill(values_.begin(), values_.end(), 0.0); }
-
- private:
-  std::vector<std::string> names_;
-  std::vector<double> values_;  // sum, count per name
 };
 
 // The reference model's summed log-probabilities of sequences. The seam between full fine-tuning
@@ -97,9 +77,9 @@ std::unique_ptr<ReferenceLogps> make_reference(DecoderModel& model, const StageD
 // The summed log-probabilities of every row of `batch` (no gradient).
 std::vector<ResponseLogp> batch_logps(DecoderModel& model, const Batch& batch);
 
-class StageObjective {
+class PreferenceObjective {
  public:
-  virtual ~StageObjective() = default;
+  virtual ~PreferenceObjective() = default;
   int64_t items(const TokenSequences& rows) const { return rows.size() / 2; }
   // Run before the first step, on the starting weights (also when resuming: the reference is the
   // starting model, not the checkpoint's). Collective.
@@ -116,7 +96,7 @@ class StageObjective {
   virtual nlohmann::json memory_json() const { return nlohmann::json::object(); }
 };
 
-// dpo, kto or rm; nullptr for pt and sft. The sequences `data` points to must outlive the objective.
-std::unique_ptr<StageObjective> make_stage_objective(const TrainConfig& config, const StageData& data);
+// dpo, kto or rm (`config.stage`). The sequences `data` points to must outlive the objective.
+std::unique_ptr<PreferenceObjective> make_preference_objective(const TrainConfig& config, const StageData& data);
 
 }  // namespace fab

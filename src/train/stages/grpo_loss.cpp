@@ -1,4 +1,4 @@
-#include "train/grpo_loss.h"
+#include "train/stages/grpo_loss.h"
 
 #include <algorithm>
 #include <cmath>

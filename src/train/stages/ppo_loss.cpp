@@ -1,4 +1,4 @@
-#include "train/ppo_loss.h"
+#include "train/stages/ppo_loss.h"
 
 #include <algorithm>
 #include <cmath>

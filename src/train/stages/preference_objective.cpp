@@ -1,4 +1,4 @@
-#include "train/stage_objective.h"
+#include "train/stages/preference_objective.h"
 
 #include <algorithm>
 
@@ -46,7 +46,7 @@ double logp_forward(DecoderModel& model, const Batch& batch, bool with_grad,
 // ------------------------------------------------------------------------------------------------
 // dpo: the DPO family (pref_loss), chosen and rejected in one forward pass.
 
-class DpoObjective : public StageObjective {
+class DpoObjective : public PreferenceObjective {
  public:
   DpoObjective(const TrainConfig& c, const StageData& data) : data_(data), eval_batch_(c.per_device_eval_batch_size) {
     options_.loss = parse_pref_loss(c.pref_loss);
@@ -106,7 +106,7 @@ class DpoObjective : public StageObjective {
 // ------------------------------------------------------------------------------------------------
 // kto: desirable and undesirable examples against a KL estimate from mismatched completions.
 
-class KtoObjective : public StageObjective {
+class KtoObjective : public PreferenceObjective {
  public:
   KtoObjective(const TrainConfig& c, const StageData& data) : data_(data), eval_batch_(c.per_device_eval_batch_size) {
     options_.beta = c.pref_beta;
@@ -123,7 +123,7 @@ class KtoObjective : public StageObjective {
   }
 
   nlohmann::json metrics_json(const StageMetrics& m, const std::string& prefix) const override {
-    nlohmann::json j = StageObjective::metrics_json(m, prefix);
+    nlohmann::json j = PreferenceObjective::metrics_json(m, prefix);
     if (m.has(0) && m.has(1)) j[prefix + "rewards/margins"] = m.mean(0) - m.mean(1);
     return j;
   }
@@ -173,7 +173,7 @@ class KtoObjective : public StageObjective {
 // ------------------------------------------------------------------------------------------------
 // rm: the value head's score at each sequence's last token, pairwise loss.
 
-class RewardObjective : public StageObjective {
+class RewardObjective : public PreferenceObjective {
  public:
   explicit RewardObjective(const StageData& data) : data_(data) {}
 
@@ -282,14 +282,14 @@ int64_t PrecomputedReference::bytes() const {
   return int64_t((train_.size() + eval_.size()) * sizeof(ResponseLogp));
 }
 
-nlohmann::json StageObjective::metrics_json(const StageMetrics& m, const std::string& prefix) const {
+nlohmann::json PreferenceObjective::metrics_json(const StageMetrics& m, const std::string& prefix) const {
   nlohmann::json j = nlohmann::json::object();
   for (size_t i = 0; i < m.names().size(); ++i)
     if (m.has(i)) j[prefix + m.names()[i]] = m.mean(i);
   return j;
 }
 
-std::unique_ptr<StageObjective> make_stage_objective(const TrainConfig& c, const StageData& data) {
+std::unique_ptr<PreferenceObjective> make_preference_objective(const TrainConfig& c, const StageData& data) {
   if (c.stage == Stage::dpo) return std::make_unique<DpoObjective>(c, data);
   if (c.stage == Stage::kto) return std::make_unique<KtoObjective>(c, data);
   if (c.stage == Stage::rm) return std::make_unique<RewardObjective>(data);

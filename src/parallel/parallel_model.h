@@ -1,0 +1,95 @@
+#pragma once
+// The model as training sees it: the single-device decoder with the strategies parallelize()
+// applied — tensor parallel inside it (its Sharding), the pipeline executor and data parallelism
+// (ZeRO) around it. Whatever depends on the layout is answered here: how a step's micro-batches
+// run, which groups a loss or a flag is summed over, barriers, gathering the whole weights for a
+// save, and the per-rank memory and communication report. The trainer, the stages and the
+// checkpoints never ask which strategies run.
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "config/train_config.h"
+#include "io/safetensors.h"
+#include "models/decoder.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline_parallel.h"
+
+namespace fab {
+
+// One micro-batch: (B, T) ids and labels and, for packed rows, their layout.
+using MicroBatch = PipelineMicroBatch;
+
+class ParallelModel {
+ public:
+  // Data parallelism alone over `group` (stage ppo's critic).
+  ParallelModel(std::unique_ptr<DecoderModel> model, Communicator& group, const DataParallelOptions& options);
+  // What parallelize() (parallel/parallelize.h) builds over `mesh` (nullptr: this process alone).
+  ParallelModel(std::unique_ptr<DecoderModel> model, DeviceMesh* mesh, const TrainConfig& config);
+  ~ParallelModel();
+
+  DecoderModel& model() { return *model_; }
+  const DecoderModel& model() const { return *model_; }
+  DataParallel& data_parallel() { return *dp_; }
+  Communicator& data_group() { return dp_->group(); }
+  // Rank 0 of every group: writes the logs, metrics and the final model.
+  bool is_main() const;
+  int processes() const;  // every rank: data x tensor x pipeline
+  // Where this rank's checkpoint shards sit: (tensor-parallel rank, size), (stage, stages).
+  std::pair<int, int> tensor_place() const;
+  std::pair<int, int> stage_place() const;
+
+  // The micro-batches of one optimizer step, forward and backward: next(m) gives micro-batch m when
+  // it runs (a pipeline takes them all first, then runs its schedule). Accumulates the gradient of
+  // scale * (the token losses); returns this rank's loss sum (a pipeline's last stage's; 0 on the
+  // others: sum_over_stages shares it).
+  double forward_backward(int64_t micro_batches, float scale, const std::function<MicroBatch(int64_t)>& next);
+  // Gradient accumulation for an objective that runs the model itself (the preference stages; no
+  // pipeline): body(m) runs micro-batch m's forward and backward and returns its loss sum.
+  double accumulate(int64_t micro_batches, const std::function<double(int64_t)>& body);
+  // The loss sum of an evaluation batch, without gradients (a pipeline's last stage's; 0 elsewhere).
+  double loss_sum(const MicroBatch& batch);
+  // After the step's backward: the data-parallel reduction, and a pipeline's tied embedding.
+  void finish_gradients();
+
+  // Sums over the data-parallel group, and over the pipeline's stages (what only the last stage
+  // computes, every stage learns). Collective.
+  void sum_over_data(double* values, int64_t n, const std::string& what);
+  void sum_over_stages(double* values, int64_t n, const std::string& what);
+  // Flags (0 or 1) set on any rank of the job are set on every rank afterwards (the values may
+  // exceed 1). Collective.
+  void any_rank(double* flags, int64_t n, const std::string& what);
+  void barrier(const std::string& what);  // every rank
+
+  // The whole model's Hugging Face tensors on the main rank (`main`): the pipeline's stages and the
+  // tensor-parallel slices gathered, else views of the parameters (none under LoRA), which the
+  // caller keeps gathered while it uses them. Collective.
+  std::vector<NamedTensor> whole_weights(bool main);
+  // The trained model into `dir` as an HF folder (LoRA: the adapter folder), written by the main
+  // rank. Collective.
+  void save_trained_model(const std::string& dir, const std::string& base_model);
+
+  // Since the last call: the model-state bytes of every rank, the bytes this rank sent per step
+  // (data parallel, tensor parallel), the fraction of data-parallel communication hidden behind
+  // computation, and a pipeline's idle fraction and bytes per stage. Collective.
+  nlohmann::json report(int64_t steps);
+
+ private:
+  nlohmann::json pipeline_report();
+
+  std::unique_ptr<Communicator> own_world_;  // a mesh of one process, when training alone
+  std::unique_ptr<DeviceMesh> own_mesh_;
+  std::unique_ptr<DecoderModel> model_;
+  Communicator* tp_ = nullptr;  // the tensor-parallel group, when the model is sliced
+  std::unique_ptr<PipelineParallel> pipeline_;
+  std::unique_ptr<DataParallel> dp_;
+  CommStats comm_at_last_report_, tp_at_last_report_;
+};
+
+}  // namespace fab

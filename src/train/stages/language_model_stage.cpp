@@ -1,0 +1,90 @@
+#include "train/stages/language_model_stage.h"
+
+#include <algorithm>
+
+#include "core/trace.h"
+#include "train/batch.h"
+
+namespace fab {
+namespace {
+
+MicroBatch micro_batch_of(const TokenSequences& set, const std::vector<int64_t>& samples, int32_t pad,
+                          bool neat_packing) {
+  trace::Scope traced(trace::kData, "collate");
+  Batch b = collate(set, samples, pad, neat_packing);
+  return {b.ids, b.labels, {b.positions, b.doc_start}};
+}
+
+// The targets and tokens of this rank's next `micro_batches` micro-batches, counted on a copy of
+// the sampler: each batch is collated, counted and dropped, so memory holds one micro-batch
+// however many the step accumulates.
+std::pair<double, double> count_step(const Sampler& sampler, int64_t micro_batches, const TrainData& data,
+                                     bool neat_packing) {
+  trace::Scope traced(trace::kData, "count the step's targets");
+  Sampler ahead = sampler;
+  double targets = 0, tokens = 0;
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    const Batch b = collate(data.train, ahead.next_batch(), data.pad_id, neat_packing);
+    targets += double(DecoderModel::count_targets(b.labels));
+    tokens += double(b.tokens);
+  }
+  return {targets, tokens};
+}
+
+}  // namespace
+
+// Micro-batches are collated when they run; the loss of each is normalised by the target count of
+// the whole global step, summed over the ranks first (one small all-reduce before backward).
+StepResult LanguageModelStage::step(int64_t step, double lr, Sampler& sampler) {
+  const TrainConfig& config = c_.config;
+  ParallelModel& model = c_.model;
+  const int64_t micro_batches = config.gradient_accumulation_steps;
+  const auto [my_targets, my_tokens] = count_step(sampler, micro_batches, c_.data, config.neat_packing);
+  double counts[2] = {my_targets, my_tokens};
+  model.sum_over_data(counts, 2, "target count");
+  const double targets = counts[0];
+  const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
+  const int rank = model.data_group().rank();
+  const double loss_sum = model.forward_backward(micro_batches, scale, [&](int64_t m) {
+    model.model().set_dropout_seed(dropout_seed(config, rank, step * micro_batches + m));
+    return micro_batch_of(c_.data.train, sampler.next_batch(), c_.data.pad_id, config.neat_packing);
+  });
+  const UpdateResult u = c_.optimizer.apply(model, step, loss_sum, lr, UpdateRule{config.max_grad_norm});
+  StepResult out;
+  out.tokens = int64_t(counts[1]);
+  out.grad_norm = u.grad_norm;
+  out.loss = u.skipped ? NAN : targets > 0 ? u.loss_sum / targets : 0.0;
+  return out;
+}
+
+// Mean loss over the evaluation set (no gradients); each rank takes every N-th batch. Every rank
+// runs the same number of forward passes (ZeRO-3 gathers parameters in each): one without a
+// batch of its own in the last round runs a one-token pass with no target, which adds nothing.
+double LanguageModelStage::evaluate() {
+  const TokenSequences& eval = c_.data.eval;
+  if (eval.size() == 0) return NAN;
+  ParallelModel& model = c_.model;
+  double sums[2] = {0, 0};  // loss, targets
+  const int64_t batch = c_.config.per_device_eval_batch_size, ranks = model.data_group().size();
+  const int64_t batches = (eval.size() + batch - 1) / batch, rounds = (batches + ranks - 1) / ranks;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t start = (round * ranks + model.data_group().rank()) * batch;
+    if (start >= eval.size()) {
+      Tensor none = Tensor::zeros({1, 1}, DType::i64, MemoryCategory::activations);
+      none.data<int64_t>()[0] = -100;
+      model.loss_sum({Tensor::zeros({1, 1}, DType::i64, MemoryCategory::activations), none, {}});
+      continue;
+    }
+    std::vector<int64_t> idx;
+    for (int64_t i = start; i < std::min(eval.size(), start + batch); ++i) idx.push_back(i);
+    const Batch b = collate(eval, idx, c_.data.pad_id, c_.config.neat_packing);
+    sums[0] += model.loss_sum({b.ids, b.labels, {b.positions, b.doc_start}});
+    sums[1] += double(DecoderModel::count_targets(b.labels));
+  }
+  model.data_parallel().release_gathered_parameters();
+  model.sum_over_data(sums, 2, "evaluation loss");
+  model.sum_over_stages(sums, 1, "evaluation loss");
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
+}
+
+}  // namespace fab
