@@ -15,7 +15,8 @@
 #    alike, and usable as reward: model:
 #  - rewards of ±1e308, greedy grpo, grpo with one generation: refused; critic_warmup past the
 #    run: a warning
-#  - a non-finite loss or gradient norm in grpo and ppo: the message names the step and the rank
+#  - a non-finite loss or gradient norm in grpo and ppo: the message names the step and the rank;
+#    nan_policy skip skips and counts such steps, as in the other stages
 # Usage: rl_guard_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -265,3 +266,22 @@ rc=0
 "$fabrica" train run.yaml output_dir=nan_dp nproc_per_node=2 "${blow_up[@]}" learning_rate=1e6 >nan_dp.log 2>&1 || rc=$?
 grep -qF "stage grpo: step 1: the loss is not finite on rank 0, 1: stopping" nan_dp.log || { cat nan_dp.log; fail "2 ranks: exit $rc"; }
 echo "ok: non-finite loss and gradient norm in grpo and ppo name the step and the ranks"
+# nan_policy skip holds for the rollout stages too: the non-finite updates of step 1 are skipped
+# and the step counted; the second skipped step is more than max_skipped_steps 1 and stops the run.
+for stage in grpo ppo; do
+  rc=0
+  # shellcheck disable=SC2046
+  "$fabrica" train run.yaml output_dir=skip_$stage stage=$stage num_generations=2 "${blow_up[@]}" max_steps=3 \
+    learning_rate=1e6 nan_policy=skip max_skipped_steps=1 logging_steps=1 \
+    $([ $stage = ppo ] && echo critic_learning_rate=1e-3) >skip_$stage.log 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] && grep -qF "stage $stage: step 1: the loss is not finite on rank 0: optimizer step skipped (nan_policy: skip, 1 of at most 1)" skip_$stage.log \
+    && grep -qF "stage $stage: step 2: the loss is not finite on rank 0: 2 optimizer steps skipped, more than max_skipped_steps 1: stopping" skip_$stage.log \
+    || { cat skip_$stage.log; fail "$stage: nan_policy skip: exit $rc"; }
+  python3 - skip_$stage/metrics.jsonl <<'PY' || fail "$stage: nan_policy skip: metrics.jsonl"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [1], rows
+assert rows[0]["skipped_steps"] == 1 and rows[0]["loss"] is None, rows[0]
+PY
+done
+echo "ok: nan_policy skip in grpo and ppo: step 1 skipped and counted, stopped at step 2"
