@@ -50,7 +50,8 @@ $(BUILD)/reference/spm_parity.json: tests/tokenizer/spm_parity.py tests/tokenize
 
 test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/reference.safetensors $(BUILD)/reference/grpo/reference.safetensors \
     $(BUILD)/reference/ppo/reference.safetensors $(BUILD)/reference/tokenizer_parity.json $(BUILD)/reference/spm_parity.json
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --output-junit ctest-results.xml
+	@python3 tests/check_skips.py $(BUILD)/ctest-results.xml
 	@python3 tests/tokenizer/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
 	  && tail -1 $(BUILD)/bpe_parity.log || (cat $(BUILD)/bpe_parity.log; exit 1)
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
@@ -65,7 +66,9 @@ test-asan: deps $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/refer
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFAB_SANITIZE=address -DFAB_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	rm -rf $(ASAN_BUILD)/reference && cp -r $(BUILD)/reference $(ASAN_BUILD)/reference
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --output-on-failure -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --output-on-failure -j $(JOBS) \
+	  --output-junit ctest-results.xml
+	@python3 tests/check_skips.py $(ASAN_BUILD)/ctest-results.xml
 
 # GPU tests: every CUDA kernel against the CPU kernel, and a short training run on the device.
 # Without a GPU (or without CUDA in the build) they print a skip line (exit 77 is that skip).

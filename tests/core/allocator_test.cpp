@@ -47,7 +47,7 @@ TEST(Tensor, ViewsCheckBoundsAndShareData) {
 // a CUDA tensor is a user error that says why.
 TEST(Backend, CudaWithoutADeviceIsAUserError) {
   Backend& cuda = backend(DeviceKind::cuda);
-  if (cuda.available()) GTEST_SKIP() << "a CUDA device is present (" << cuda.name() << ")";
+  if (cuda.available()) GTEST_SKIP() << "a CUDA device is present (" << cuda.name() << ") [needs: no gpu]";
   EXPECT_THROW(Tensor::empty({4}, DType::f32, MemoryCategory::temporaries, Device::cuda(0)), UserError);
 }
 

@@ -70,7 +70,7 @@ TEST(FileWrite, AtomicWriteReplacesTheFileAndLeavesNoTemporary) {
 
 TEST(FileWrite, FullDiskIsAUserErrorAndKeepsTheOldFile) {
   FullDisk disk("full-atomic");
-  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root?)";
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here [needs: root]";
   const std::string path = disk.dir() + "/config.json";
   write_file_atomically(path, "old\n");
   const std::string error = write_error([&] { write_file_atomically(path, std::string(256 << 10, 'x')); });
@@ -85,7 +85,7 @@ TEST(FileWrite, FailedAppendIsAUserErrorAndLeavesOnlyWholeLines) {
                 .find("/dev/full: cannot write (No space left on device)"),
             std::string::npos);
   FullDisk disk("full-append");
-  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root?)";
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here [needs: root]";
   const std::string path = disk.dir() + "/metrics.jsonl";
   AppendFile file(path, false);
   file.append_line("{\"step\": 1}");
@@ -96,7 +96,7 @@ TEST(FileWrite, FailedAppendIsAUserErrorAndLeavesOnlyWholeLines) {
 
 TEST(FileWrite, MetricsLogStopsOnAFullDisk) {
   FullDisk disk("full-metrics");
-  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (not root?)";
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here [needs: root]";
   MetricsLog log(disk.dir(), false);
   std::string error;
   for (int step = 0; step < 10000 && error.empty(); ++step)

@@ -10,7 +10,7 @@ source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
 ns_a=fab-a-$$ ns_b=fab-b-$$
 if ! ip netns add $ns_a 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and iproute2)"
+  echo "SKIP: cannot create network namespaces here [needs: root]"
   exit 77
 fi
 work=$(mktemp -d)

@@ -108,7 +108,7 @@ cmp weights_only/metrics.jsonl before.jsonl || fail "a refused resume changed me
 # the reason.
 mkdir "$full"
 if ! mount -t tmpfs -o size=64k tmpfs "$full" 2>/dev/null; then
-  echo "SKIP: cannot mount a tmpfs (full-disk checks); every other check passed"
+  echo "SKIP: cannot mount a tmpfs (full-disk checks); every other check passed [needs: root]"
   exit 77
 fi
 expect_exit2 "export onto a full disk" "No space left on device" "$fabrica" export --checkpoint out --output "$full/exported"

@@ -16,7 +16,7 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
 skip() { echo "SKIP: $*"; exit 77; }
-[ "$(id -u)" -eq 0 ] || skip "needs root (the test runs its own slurmd)"
+[ "$(id -u)" -eq 0 ] || skip "the test runs its own slurmd [needs: root]"
 for tool in munged slurmctld slurmd sbatch srun scancel scontrol sinfo squeue; do
   command -v $tool >/dev/null || skip "$tool not installed (apt-get install slurm-wlm munge)"
 done

@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   if (!cuda.available()) {
     const char* require = std::getenv("FAB_REQUIRE_GPU");
     const bool required = require && *require && *require != '0';
-    std::printf("fabrica_gpu_tests: SKIPPED, no usable CUDA device (%s)\n", required ? "FAB_REQUIRE_GPU is set: failing" : "nothing to test here");
+    std::printf("fabrica_gpu_tests: SKIPPED, no usable CUDA device (%s) [needs: gpu]\n", required ? "FAB_REQUIRE_GPU is set: failing" : "nothing to test here");
     return required ? 1 : 77;
   }
   testing::InitGoogleTest(&argc, argv);

@@ -276,7 +276,7 @@ TEST(GuardDevice, WhatIsNotImplementedOnADeviceIsRefusedByName) {
 TEST(GuardDevice, CudaWithoutAGpuIsAUserErrorNamingWhatIsMissing) {
   EXPECT_EQ(resolve_device("cpu"), Device::cpu());
   EXPECT_THROW(resolve_device("tpu"), UserError);
-  if (cuda_backend().available()) GTEST_SKIP() << "this machine has a GPU: " << cuda_backend().name();
+  if (cuda_backend().available()) GTEST_SKIP() << "this machine has a GPU: " << cuda_backend().name() << " [needs: no gpu]";
   EXPECT_EQ(resolve_device("auto"), Device::cpu());
   try {
     resolve_device("cuda");

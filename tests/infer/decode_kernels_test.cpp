@@ -54,7 +54,7 @@ class DecodeMatmul : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     kernels_ = cpu_kernels_for_isa(GetParam());
-    if (!kernels_) GTEST_SKIP() << "this CPU cannot run " << GetParam();
+    if (!kernels_) GTEST_SKIP() << "this CPU cannot run " << GetParam() << " [needs: " << GetParam() << "]";
   }
   const KernelTable* kernels_ = nullptr;
 };

@@ -20,7 +20,7 @@ TEST(KernelTable, CpuTablesHaveNoEmptySlot) {
     EXPECT_EQ(empty, nullptr) << isa << " table: slot " << (empty ? empty : "") << " is empty";
     EXPECT_STREQ(table->isa, isa);
   }
-  if (!missing_isas.empty()) GTEST_SKIP() << "this CPU cannot run:" << missing_isas;
+  if (!missing_isas.empty()) GTEST_SKIP() << "this CPU cannot run:" << missing_isas << " [needs: avx512]";
 }
 
 TEST(KernelTable, EmptySlotIsNamed) {

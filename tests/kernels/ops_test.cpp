@@ -66,7 +66,7 @@ class Ops : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     k_ = cpu_kernels_for_isa(GetParam());
-    if (!k_) GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels";
+    if (!k_) GTEST_SKIP() << "this CPU cannot run the " << GetParam() << " kernels [needs: " << GetParam() << "]";
     ops_ = std::make_unique<SafetensorsFile>(SafetensorsFile::open(test::reference_dir() + "/ops.safetensors"));
   }
   Floats get(const std::string& name) const { return to_vec(ops_->tensor(name)); }

@@ -9,9 +9,9 @@
 #include <fstream>
 
 #include "models/hf_model.h"
+#include "mpi/mpi_training.h"
 #include "mpi/mpi_world.h"
 #include "train/synthetic_data.h"
-#include "parallel/parallelize.h"
 #include "train/trainer.h"
 #include "test_util.h"
 
@@ -23,47 +23,28 @@ namespace fs = std::filesystem;
 // go on side by side.
 std::string shared_dir(const std::string& name) { return test::fresh_scratch_dir(name); }
 
-std::string model_folder(const std::string& config_json) {
-  const std::string dir = shared_dir("model");
-  if (test::world().rank() == 0) std::ofstream(dir + "/config.json") << config_json;
-  test::world().barrier("model folder");
-  return dir;
-}
+std::string model_folder(const std::string& config_json) { return test::model_folder("model", config_json); }
 
 const char* kTinyLlama = R"({"model_type":"llama","vocab_size":64,"hidden_size":32,"intermediate_size":48,
   "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"max_position_embeddings":64,
   "tie_word_embeddings":true})";
 
 TrainConfig config_for(const std::string& model, const std::string& output, int64_t batch, const std::string& extra) {
-  return parse_train_config("model_name_or_path: " + model + "\nstage: sft\noutput_dir: " + output +
-                                "\nmax_steps: 20\nper_device_train_batch_size: " + std::to_string(batch) +
-                                "\ngradient_accumulation_steps: 2\nlearning_rate: 1.0e-2\nlr_scheduler_type: cosine\n"
-                                "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\nsave_steps: 0\nseed: 5\n"
-                                "ddp_bucket_size: 0.01\neval_strategy: steps\neval_steps: 10\n"
-                                "per_device_eval_batch_size: 4\n",
-                            "test.yaml", test::as_overrides(extra));
+  return test::train_config(model, output, batch, "gradient_accumulation_steps: 2\n", extra);
 }
 
 std::vector<StepRecord> train(const TrainConfig& c, Communicator* group) {
   auto model = load_model_folder(c.model_name_or_path, {Precision::fp32, false, 64}, uint64_t(c.seed));
-  TrainData data{test::synthetic_samples(48, 1), test::synthetic_samples(6, 2), 0};
   DeviceMesh mesh(*group, ParallelSizes{.dp = group->size()});
-  Trainer trainer(c, parallelize(std::move(model), &mesh, c), std::move(data));
-  trainer.run();
-  return trainer.history();
+  return test::train_model(c, std::move(model), &mesh, 48);
 }
 
 // Rank 0 trains alone with the whole global batch; the losses go to every rank.
 std::vector<double> single_process_losses(const TrainConfig& c) {
-  Communicator& w = test::world();
-  std::vector<double> losses(size_t(c.max_steps), 0.0);
-  if (w.rank() == 0) {
+  return test::single_process_losses(c.max_steps, [&] {
     LocalCommunicator alone;
-    const auto history = train(c, &alone);
-    for (size_t i = 0; i < history.size(); ++i) losses[i] = history[i].loss;
-  }
-  w.all_reduce(losses.data(), int64_t(losses.size()), "reference losses").wait();
-  return losses;
+    return train(c, &alone);
+  });
 }
 
 TEST(DataParallel, EveryZeroStageReproducesTheSingleProcessLosses) {

@@ -15,6 +15,7 @@
 #include "core/backend.h"
 #include "kernels/kernel_table.h"
 #include "models/hf_model.h"
+#include "mpi/mpi_training.h"
 #include "mpi/mpi_world.h"
 #include "parallel/layout.h"
 #include "parallel/parallelize.h"
@@ -30,12 +31,7 @@ namespace fs = std::filesystem;
 
 std::string shared_dir(const std::string& name) { return test::fresh_scratch_dir(name); }
 
-std::string model_folder(const std::string& name, const std::string& config_json) {
-  const std::string dir = shared_dir(name);
-  if (test::world().rank() == 0) std::ofstream(dir + "/config.json") << config_json;
-  test::world().barrier("model folder");
-  return dir;
-}
+using test::model_folder;
 
 // 4 layers: 2 stages x 2 chunks at 2 ranks, 4 stages at 4.
 const char* kLlama = R"({"model_type":"llama","vocab_size":64,"hidden_size":32,"intermediate_size":48,
@@ -126,47 +122,21 @@ TEST(PipelineParallel, GradientsMatchOneProcessInterleaved) {
 }
 
 TrainConfig config_for(const std::string& model, const std::string& output, int64_t batch, const std::string& extra) {
-  return parse_train_config("model_name_or_path: " + model + "\nstage: sft\noutput_dir: " + output +
-                                "\nmax_steps: 20\nper_device_train_batch_size: " + std::to_string(batch) +
-                                "\ngradient_accumulation_steps: 4\nlearning_rate: 1.0e-2\nlr_scheduler_type: cosine\n"
-                                "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\nsave_steps: 0\nseed: 5\n"
-                                "max_grad_norm: 0.5\nddp_bucket_size: 0.01\neval_strategy: steps\neval_steps: 10\n"
-                                "per_device_eval_batch_size: 4\n",
-                            "test.yaml", test::as_overrides(extra));
+  return test::train_config(model, output, batch, "gradient_accumulation_steps: 4\nmax_grad_norm: 0.5\n", extra);
 }
 
 // Trains on `group` with the layout the config asks for (pipeline stages from the mesh).
-std::vector<StepRecord> train(const TrainConfig& c, Communicator& group) {
-  const ModelConfig model_config = load_model_config(c.model_name_or_path + "/config.json");
-  const ParallelLayout layout = parallel_layout(c, model_config, group.size());
-  DeviceMesh mesh(group, layout.sizes());
-  ModelShare share = model_share({Precision::fp32, false, 64}, layout, mesh, c);
-  apply_finetuning(c, model_config.num_hidden_layers, share.options);
-  auto model = load_model_folder(c.model_name_or_path, share.options, uint64_t(c.seed));
-  TrainData data{test::synthetic_samples(64, 1), test::synthetic_samples(6, 2), 0};
-  Trainer trainer(c, parallelize(std::move(model), &mesh, c), std::move(data));
-  trainer.run();
-  return trainer.history();
-}
+std::vector<StepRecord> train(const TrainConfig& c, Communicator& group) { return test::train_at_layout(c, group, 64); }
 
 // Rank 0 trains alone with the whole global batch; the losses go to every rank.
 std::vector<double> single_process_losses(const TrainConfig& c) {
-  Communicator& w = test::world();
-  std::vector<double> losses(size_t(c.max_steps), 0.0);
-  if (w.rank() == 0) {
+  return test::single_process_losses(c.max_steps, [&] {
     LocalCommunicator alone;
-    const auto history = train(c, alone);
-    for (size_t i = 0; i < history.size(); ++i) losses[i] = history[i].loss;
-  }
-  w.all_reduce(losses.data(), int64_t(losses.size()), "reference losses").wait();
-  return losses;
+    return train(c, alone);
+  });
 }
 
-void expect_same_losses(const std::vector<StepRecord>& got, const std::vector<double>& reference, const std::string& what) {
-  ASSERT_EQ(got.size(), reference.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i].loss, reference[i], 1e-5 * reference[i]) << what << " step " << i + 1;
-}
+using test::expect_same_losses;
 
 TEST(PipelineParallel, TwoStagesReproduceTheSingleProcessLosses) {
   Communicator& w = test::world();

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "io/hf_checkpoint.h"
 #include "models/hf_model.h"
+#include "mpi/mpi_training.h"
 #include "mpi/mpi_world.h"
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
@@ -40,20 +41,11 @@ std::string fresh_dir(const std::string& name) { return test::fresh_scratch_dir(
 
 // config.json only: every layout starts from the same seeded initialisation.
 std::string model_folder(const std::string& name, const std::string& config_json) {
-  const std::string dir = fresh_dir("model-" + name);
-  if (test::world().rank() == 0) std::ofstream(dir + "/config.json") << config_json;
-  test::world().barrier("model folder");
-  return dir;
+  return test::model_folder("tp-train-model-" + name, config_json);
 }
 
 TrainConfig config_for(const std::string& model, const std::string& output, int64_t batch, const std::string& extra) {
-  return parse_train_config("model_name_or_path: " + model + "\nstage: sft\noutput_dir: " + output +
-                                "\nmax_steps: 20\nper_device_train_batch_size: " + std::to_string(batch) +
-                                "\ngradient_accumulation_steps: 2\nlearning_rate: 1.0e-2\nlr_scheduler_type: cosine\n"
-                                "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\nsave_steps: 0\nseed: 5\n"
-                                "ddp_bucket_size: 0.01\nmax_grad_norm: 0.5\neval_strategy: steps\neval_steps: 10\n"
-                                "per_device_eval_batch_size: 4\n",
-                            "test.yaml", test::as_overrides(extra));
+  return test::train_config(model, output, batch, "gradient_accumulation_steps: 2\nmax_grad_norm: 0.5\n", extra);
 }
 
 // The mesh of the test world at tp 2 (dp = world / 2), and the tensor-parallel ops over it.
@@ -72,22 +64,12 @@ struct TpRun {
 std::vector<StepRecord> train(const TrainConfig& c, DeviceMesh* mesh, Sharding* tp) {
   const Precision precision = c.bf16 ? Precision::bf16 : Precision::fp32;
   auto model = load_model_folder(c.model_name_or_path, {precision, c.recompute_layers, 64, tp}, uint64_t(c.seed));
-  TrainData data{test::synthetic_samples(48, 1), test::synthetic_samples(6, 2), 0};
-  Trainer trainer(c, parallelize(std::move(model), mesh, c), std::move(data));
-  trainer.run();
-  return trainer.history();
+  return test::train_model(c, std::move(model), mesh, 48);
 }
 
 // Rank 0 trains alone with the whole global batch; the losses go to every rank.
 std::vector<double> single_process_losses(const TrainConfig& c) {
-  Communicator& w = test::world();
-  std::vector<double> losses(size_t(c.max_steps), 0.0);
-  if (w.rank() == 0) {
-    const auto history = train(c, nullptr, nullptr);
-    for (size_t i = 0; i < history.size(); ++i) losses[i] = history[i].loss;
-  }
-  w.all_reduce(losses.data(), int64_t(losses.size()), "reference losses").wait();
-  return losses;
+  return test::single_process_losses(c.max_steps, [&] { return train(c, nullptr, nullptr); });
 }
 
 void check_losses(const std::string& name, const char* config_json, const std::string& extra) {

@@ -15,6 +15,7 @@
 #include "core/backend.h"
 #include "kernels/kernel_table.h"
 #include "models/hf_model.h"
+#include "mpi/mpi_training.h"
 #include "mpi/mpi_world.h"
 #include "parallel/layout.h"
 #include "parallel/parallelize.h"
@@ -39,10 +40,7 @@ const char* kQwen3Tied = R"({"model_type":"qwen3","vocab_size":65,"hidden_size":
 std::string shared_dir(const std::string& name) { return test::fresh_scratch_dir("tpxpp-" + name); }
 
 std::string model_folder(const std::string& name, const std::string& config_json) {
-  const std::string dir = shared_dir(name);
-  if (test::world().rank() == 0) std::ofstream(dir + "/config.json") << config_json;
-  test::world().barrier("model folder");
-  return dir;
+  return test::model_folder("tpxpp-" + name, config_json);
 }
 
 // Rows of 2 x 11 tokens: 22 rows, which sequence parallel at tp 2 splits 11 / 11 (and with the
@@ -143,39 +141,18 @@ TEST(TensorTimesPipelineParallel, GradientsMatchOneProcess) {
 }
 
 TrainConfig config_for(const std::string& model, const std::string& output, int64_t batch, const std::string& extra) {
-  return parse_train_config("model_name_or_path: " + model + "\nstage: sft\noutput_dir: " + output +
-                                "\nmax_steps: 20\nper_device_train_batch_size: " + std::to_string(batch) +
-                                "\ngradient_accumulation_steps: 4\nlearning_rate: 1.0e-2\nlr_scheduler_type: cosine\n"
-                                "warmup_steps: 2\nlogging_steps: 1\nweight_decay: 0.1\nsave_steps: 0\nseed: 5\n"
-                                "max_grad_norm: 0.5\nddp_bucket_size: 0.01\neval_strategy: steps\neval_steps: 10\n"
-                                "per_device_eval_batch_size: 4\n",
-                            "test.yaml", test::as_overrides(extra));
+  return test::train_config(model, output, batch, "gradient_accumulation_steps: 4\nmax_grad_norm: 0.5\n", extra);
 }
 
 // Trains on `group` with the layout the config asks for: each rank's stage, its layers' slices
 // (model_share), wrapped by the Trainer (parallelize).
-std::vector<StepRecord> train(const TrainConfig& c, Communicator& group) {
-  const ModelConfig model_config = load_model_config(c.model_name_or_path + "/config.json");
-  const ParallelLayout layout = parallel_layout(c, model_config, group.size());
-  DeviceMesh mesh(group, layout.sizes());
-  const ModelShare share = model_share({Precision::fp32, false, 64}, layout, mesh, c);
-  auto model = load_model_folder(c.model_name_or_path, share.options, uint64_t(c.seed));
-  TrainData data{test::synthetic_samples(64, 1), test::synthetic_samples(6, 2), 0};
-  Trainer trainer(c, parallelize(std::move(model), &mesh, c), std::move(data));
-  trainer.run();
-  return trainer.history();
-}
+std::vector<StepRecord> train(const TrainConfig& c, Communicator& group) { return test::train_at_layout(c, group, 64); }
 
 std::vector<double> single_process_losses(const TrainConfig& c) {
-  Communicator& w = test::world();
-  std::vector<double> losses(size_t(c.max_steps), 0.0);
-  if (w.rank() == 0) {
+  return test::single_process_losses(c.max_steps, [&] {
     LocalCommunicator alone;
-    const auto history = train(c, alone);
-    for (size_t i = 0; i < history.size(); ++i) losses[i] = history[i].loss;
-  }
-  w.all_reduce(losses.data(), int64_t(losses.size()), "reference losses").wait();
-  return losses;
+    return train(c, alone);
+  });
 }
 
 TEST(TensorTimesPipelineParallel, ReproducesTheSingleProcessLosses) {
