@@ -271,7 +271,7 @@ echo "ok: non-finite loss and gradient norm in grpo and ppo name the step and th
 for stage in grpo ppo; do
   rc=0
   # shellcheck disable=SC2046
-  "$fabrica" train run.yaml output_dir=skip_$stage stage=$stage num_generations=2 "${blow_up[@]}" max_steps=3 \
+  "$fabrica" train run.yaml output_dir=skip_$stage stage=$stage num_generations=2 "${blow_up[@]}" \
     learning_rate=1e6 nan_policy=skip max_skipped_steps=1 logging_steps=1 \
     $([ $stage = ppo ] && echo critic_learning_rate=1e-3) >skip_$stage.log 2>&1 || rc=$?
   [ "$rc" -eq 2 ] && grep -qF "stage $stage: step 1: the loss is not finite on rank 0: optimizer step skipped (nan_policy: skip, 1 of at most 1)" skip_$stage.log \
