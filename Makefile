@@ -1,9 +1,10 @@
-# Thin front over CMake. `make` builds build/fabrica (Release); `make test`, `make bench`,
-# `make demo` install what they need first (scripts/install-deps.sh).
+# Thin front over CMake. `make` builds build/fabrica and the test binaries (Release); `make test`,
+# `make bench`, `make demo` install what they need first (scripts/install-deps.sh). `make demo`
+# builds only the fabrica binary, not the test suite or the GPU test binaries.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build deps test test-asan bench demo demo-rl clean fuzz test-gpu gpu-pack
+.PHONY: all build fabrica deps test test-asan bench demo demo-rl clean fuzz test-gpu gpu-pack
 
 all: build
 
@@ -15,6 +16,10 @@ $(BUILD)/build.ninja: CMakeLists.txt
 
 build: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Only the `fabrica` target: what the demos need.
+fabrica: $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target fabrica
 
 # Reference fixtures from PyTorch (Debian's python3-torch, system python3).
 $(BUILD)/reference/ops.safetensors: tests/reference/make_reference.py tests/reference/safetensors_io.py \
@@ -101,13 +106,13 @@ bench: deps build
 	@bash bench/rollout_bench.sh
 	@if [ -n "$$LLAMAFACTORY_VENV" ]; then bash bench/llamafactory_side_by_side.sh; fi
 
-demo: deps build
+demo: deps fabrica
 	@bash scripts/demo.sh
 
 # Part-way SFT on the same task, then GRPO with the exact-match reward: accuracy before and after.
 # STAGE=ppo: the same demonstration with stage ppo (a critic, GAE) in place of grpo.
 STAGE ?= grpo
-demo-rl: deps build
+demo-rl: deps fabrica
 	@bash scripts/demo.sh --rl --stage $(STAGE)
 
 clean:

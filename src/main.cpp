@@ -13,6 +13,7 @@
 #include "cli/demo.h"
 #include "cli/tokenizer_train_command.h"
 #include "comm/mpi_communicator.h"
+#include "config/stage.h"
 #include "config/train_config.h"
 #include "core/backend.h"
 #include "core/error.h"
@@ -23,15 +24,27 @@ namespace {
 
 constexpr const char* kVersion = "0.1.0";
 
+// The stages `train` accepts, from the Stage enum ("pt, sft, rm, dpo, kto, grpo, ppo").
+std::string stage_list() {
+  std::string list;
+  for (int i = 0;; ++i) {
+    const char* name = fab::stage_name(fab::Stage(i));
+    if (!std::strcmp(name, "?")) return list;
+    list += (list.empty() ? "" : ", ") + std::string(name);
+  }
+}
+
 void print_usage() {
-  std::cout << "usage: fabrica <command>\n\n"
+  std::cout << "usage: fabrica <command> [options]    (fabrica <command> --help: its options and an example)\n\n"
                "commands:\n"
-               "  train CONFIG.yaml [key=value ...]   train (stages pt, sft, dpo, kto, rm) with LLaMA-Factory keys\n"
+               "  train CONFIG.yaml [key=value ...]   train with LLaMA-Factory's keys (docs/CONFIG.md); stages:\n"
+               "           " << stage_list() << "\n"
                "  data prepare CONFIG.yaml            tokenize the datasets into the cache, print counts\n"
-               "  generate --model DIR --prompt TEXT  generate text [--template NAME --max-new-tokens N\n"
-               "           --temperature T --top-p P --top-k K --seed S]\n"
+               "  generate --model DIR --prompt TEXT  generate text [--adapter DIR --template NAME --max-new-tokens N\n"
+               "           --temperature T --top-p P --top-k K --seed S]; --prompts FILE --output FILE: a file of prompts\n"
                "  chat --model DIR --template NAME    interactive multi-turn chat with the chat template\n"
-               "  export --checkpoint DIR --output DIR  write a checkpoint as a Hugging Face folder\n"
+               "  export --checkpoint DIR --output DIR  write a checkpoint (or merge a LoRA adapter) as a Hugging Face\n"
+               "           folder; export EXPORT.yaml takes llamafactory-cli export's keys\n"
                "  score --model DIR --dataset NAMES   a reward model's scores of a dataset's responses\n"
                "           [--dataset-dir DIR --template NAME --cutoff-len N --max-samples N]\n"
                "  tokenize --tokenizer PATH           one JSON array of ids per input line [--input FILE]\n"
@@ -46,22 +59,28 @@ void print_usage() {
                "           [--json]; plan --calibrate measures this machine\n"
                "  env        version, CPU features, kernel ISA in use, CUDA availability\n"
                "  demo       addition task -> BPE tokenizer -> tiny Qwen3 trained from scratch, accuracy\n"
-               "             before and after [--steps N] [--workdir DIR]\n"
+               "             before and after [--steps N] [--workdir DIR]; demo --rl: then GRPO (or --stage ppo)\n"
                "  config-reference  print the configuration reference (docs/CONFIG.md)\n"
                "  --version  print the version\n\n"
-               "examples:\n"
-               "  fabrica train examples/tiny_sft.yaml max_steps=20\n"
-               "  fabrica generate --model out/tiny --prompt 'Hello' --max-new-tokens 20\n"
-               "  echo 'Hello world' | fabrica tokenize --tokenizer ../shared/data/tokenizers/qwen3\n";
+               "examples, from the source folder, with a model downloaded to models/Qwen3-0.6B (Fabrica downloads\n"
+               "nothing: hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B) and LLaMA-Factory's data/ folder;\n"
+               "examples/README.md has one YAML per stage and per parallel layout:\n"
+               "  fabrica train examples/train_full/qwen3_full_sft.yaml\n"
+               "  fabrica generate --model saves/qwen3-0.6b/full/sft --template qwen3_nothink --prompt 'Who are you?'\n"
+               "  fabrica chat --model saves/qwen3-0.6b/full/sft --template qwen3_nothink\n"
+               "  fabrica train examples/train_lora/qwen3_lora_dpo.yaml\n"
+               "  fabrica train examples/train_full/qwen3_full_grpo.yaml\n"
+               "  fabrica plan examples/parallel/qwen3_full_sft_auto.yaml\n"
+               "  echo 'Hello world' | fabrica tokenize --tokenizer models/Qwen3-0.6B\n";
 }
 
 // `fabrica COMMAND --help`: what the command does, its options and an example.
 int print_command_help(const std::string& command) {
   static const std::map<std::string, const char*> help = {
       {"train",
-       "fabrica train CONFIG.yaml [key=value ...]\n  Trains with a LLaMA-Factory-style YAML (stages pt, sft, dpo, kto, rm; keys in "
-       "docs/CONFIG.md).\n  key=value pairs override the file.\nexample:\n  fabrica train run.yaml max_steps=100 "
-       "resume_from_checkpoint=true\n"},
+       "fabrica train CONFIG.yaml [key=value ...]\n  Trains with a LLaMA-Factory-style YAML (stages STAGES; keys in "
+       "docs/CONFIG.md; one example per stage and layout in examples/).\n  key=value pairs override the "
+       "file.\nexample:\n  fabrica train examples/train_lora/qwen3_lora_sft.yaml max_steps=100 output_dir=saves/try\n"},
       {"data",
        "fabrica data prepare CONFIG.yaml [key=value ...]\n  Tokenizes the config's datasets into the cache and prints "
        "samples, tokens, truncated, skipped.\nexample:\n  fabrica data prepare run.yaml cutoff_len=1024\n"},
@@ -134,7 +153,9 @@ int print_command_help(const std::string& command) {
     print_usage();
     return 2;
   }
-  std::cout << "usage: " << it->second;
+  std::string text = it->second;
+  if (const size_t at = text.find("STAGES"); at != std::string::npos) text.replace(at, 6, stage_list());
+  std::cout << "usage: " << text;
   return 0;
 }
 
