@@ -17,6 +17,7 @@
 #include "core/file_write.h"
 #include "core/rng.h"
 #include "dataset/prepare.h"
+#include "io/checkpoint_names.h"
 #include "dataset/tokenizer_encoder.h"
 #include "infer/rollout.h"
 #include "models/hf_model.h"
@@ -175,7 +176,7 @@ int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std:
   std::unique_ptr<DecoderModel> partial;
   double before = 0;
   for (int step = sft_steps * 4 / 9 / kCheckpointEvery * kCheckpointEvery; step <= sft_steps; step += kCheckpointEvery) {
-    start_dir = step < sft_steps ? work + "/out/checkpoint-" + std::to_string(step) : work + "/out";
+    start_dir = step < sft_steps ? work + "/out/" + checkpoint_name(step) : work + "/out";
     if (!fs::exists(start_dir + "/model.safetensors")) continue;
     partial = load_model_folder(start_dir, {Precision::fp32, false, 64});
     before = accuracy(*partial, tokenizer, test);

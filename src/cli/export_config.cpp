@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "config/train_config.h"
+#include "config/yaml_file.h"
 #include "core/error.h"
 
 namespace fab {
@@ -31,17 +32,8 @@ std::string keys_text() {
 }  // namespace
 
 ExportYaml load_export_yaml(const std::string& path) {
-  FAB_USER_CHECK(!std::filesystem::is_directory(path), "{}: is a folder; expected an export YAML (model_name_or_path, "
-                 "adapter_name_or_path, export_dir)", path);
-  FAB_USER_CHECK(std::filesystem::exists(path), "{}: no such file", path);
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::ParserException& e) {
-    throw UserError(format("{}:{}:{}: not valid YAML ({})", path, e.mark.line + 1, e.mark.column + 1, e.msg));
-  } catch (const YAML::Exception& e) {
-    throw UserError(format("{}: cannot read ({})", path, e.what()));
-  }
+  const YAML::Node root =
+      load_yaml_file(path, "an export YAML (model_name_or_path, adapter_name_or_path, export_dir)");
   FAB_USER_CHECK(!root.IsNull(), "{}: no settings (the file is empty or only comments); export needs "
                  "model_name_or_path and export_dir (and adapter_name_or_path to merge a LoRA adapter)", path);
   FAB_USER_CHECK(root.IsMap(), "{}: expected a mapping of keys to values", path);

@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/export_config.h"
 #include "cli/model_folders.h"
+#include "config/yaml_file.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/file_write.h"
@@ -340,9 +341,10 @@ void check_export_job(ExportJob& job) {
 // The model_name_or_path of the run that saved a checkpoint (its train_config.yaml), or "".
 std::string run_model_of(const std::string& checkpoint) {
   try {
-    const YAML::Node y = YAML::LoadFile((fs::path(checkpoint) / "train_config.yaml").string());
+    const YAML::Node y =
+        load_yaml_file((fs::path(checkpoint) / "train_config.yaml").string(), "the train_config.yaml its run saved");
     return y["model_name_or_path"] && y["model_name_or_path"].IsScalar() ? y["model_name_or_path"].Scalar() : "";
-  } catch (const YAML::Exception&) {
+  } catch (const UserError&) {
     return "";
   }
 }

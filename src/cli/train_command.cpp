@@ -17,6 +17,7 @@
 #include "cli/commands.h"
 #include "comm/device_collectives.h"
 #include "comm/world.h"
+#include "config/yaml_file.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "dataset/prepare.h"
@@ -106,9 +107,10 @@ namespace {
 void check_resumed_stage(const TrainConfig& c, const std::string& checkpoint) {
   std::string saved;
   try {
-    const YAML::Node y = YAML::LoadFile((fs::path(checkpoint) / "train_config.yaml").string());
+    const YAML::Node y =
+        load_yaml_file((fs::path(checkpoint) / "train_config.yaml").string(), "the train_config.yaml its run saved");
     if (y["stage"] && y["stage"].IsScalar()) saved = y["stage"].Scalar();
-  } catch (const YAML::Exception&) {
+  } catch (const UserError&) {
     return;  // no train_config.yaml, or one the resume itself reports as unreadable
   }
   FAB_USER_CHECK(saved.empty() || saved == stage_name(c.stage),
@@ -136,7 +138,7 @@ void check_run_config(const TrainConfig& c) {
                                  .max_position_embeddings, nullptr);
   check_writable(c.output_dir);
   resolve_device(c.device);  // device: cuda without a GPU fails here, naming what is missing
-  const std::string checkpoint = checkpoint_to_resume(c);
+  const std::string checkpoint = checkpoint_to_resume(c.resume_from_checkpoint, c.output_dir);
   const bool resuming = !checkpoint.empty();
   if (resuming) check_resumed_stage(c, checkpoint);
   FAB_USER_CHECK(resuming || c.overwrite_output_dir || !fs::exists(fs::path(c.output_dir) / "metrics.jsonl"),

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "config/yaml_file.h"
 #include "core/error.h"
 #include "optim/lr_schedule.h"
 
@@ -394,24 +395,10 @@ std::string nearest_name(const std::string& word, const std::vector<std::string>
   return best;
 }
 
-std::optional<bool> parse_bool(std::string_view text) {
-  std::string lower(text);
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
-  for (const char* yes : {"true", "yes", "on", "y", "1"})
-    if (lower == yes) return true;
-  for (const char* no : {"false", "no", "off", "n", "0"})
-    if (lower == no) return false;
-  return std::nullopt;
-}
+namespace {
 
-TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
-                               const std::vector<std::string>& overrides) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    throw UserError(format("{}:{}:{}: not valid YAML ({})", source, e.mark.line + 1, e.mark.column + 1, e.msg));
-  }
+TrainConfig config_from_yaml(const YAML::Node& root, const std::string& source,
+                             const std::vector<std::string>& overrides) {
   FAB_USER_CHECK(root.IsMap() || root.IsNull(), "{}: expected a mapping of keys to values", source);
   TrainConfig c;
   Problems problems;
@@ -476,23 +463,20 @@ TrainConfig parse_train_config(const std::string& yaml_text, const std::string& 
   return c;
 }
 
+}  // namespace
+
+TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
+  return config_from_yaml(parse_yaml(yaml_text, source), source, overrides);
+}
+
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
-  FAB_USER_CHECK(!std::filesystem::is_directory(path), "{}: is a folder; expected a YAML file of settings (e.g. "
-                 "fabrica train run.yaml)", path);
-  std::ifstream in(path);
-  FAB_USER_CHECK(in, "{}: cannot open", path);
-  std::stringstream text;
-  text << in.rdbuf();
-  bool empty = false;  // no keys at all: an empty file, or only comments
-  try {
-    empty = YAML::Load(text.str()).IsNull();
-  } catch (const YAML::Exception&) {  // parse_train_config reports it with its line
-  }
-  FAB_USER_CHECK(!empty || !overrides.empty(),
+  const YAML::Node root = load_yaml_file(path, "a YAML file of settings (e.g. fabrica train run.yaml)");
+  FAB_USER_CHECK(!root.IsNull() || !overrides.empty(),  // no keys at all: an empty file, or only comments
                  "{}: no settings (the file is empty or only comments); expected LLaMA-Factory keys such as "
                  "model_name_or_path, stage, dataset, template and output_dir",
                  path);
-  return parse_train_config(text.str(), path, overrides);
+  return config_from_yaml(root, path, overrides);
 }
 
 namespace {

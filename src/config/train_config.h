@@ -8,6 +8,7 @@
 
 #include "config/config_keys.h"
 #include "config/stage.h"
+#include "core/parse_bool.h"  // parse_bool: every boolean setting
 
 namespace fab {
 
@@ -29,10 +30,6 @@ struct TrainConfig {
 TrainConfig parse_train_config(const std::string& yaml_text, const std::string& source,
                                const std::vector<std::string>& overrides = {});
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
-
-// The one reading of a boolean written as text, for every boolean setting (YAML or key=value) and
-// for resume_from_checkpoint: true/yes/on/y/1 and false/no/off/n/0 in any case; nullopt otherwise.
-std::optional<bool> parse_bool(std::string_view text);
 
 // The name among `names` nearest to `word` (fewer than 4 edits away), or "": a did-you-mean hint.
 std::string nearest_name(const std::string& word, const std::vector<std::string>& names);

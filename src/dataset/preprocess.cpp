@@ -5,7 +5,7 @@
 #include <tuple>
 
 #include "core/error.h"
-#include "core/parallel.h"
+#include "core/parallel_map.h"
 
 namespace fab {
 

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <set>
 
+#include "config/yaml_file.h"
 #include "core/error.h"
 #include "core/file_write.h"
 
@@ -32,14 +33,7 @@ void check_host_names(const std::vector<ClusterHost>& hosts, const std::string& 
 }
 
 ClusterFile load_cluster_file(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw UserError(format("cluster file {}: cannot open", path));
-  } catch (const YAML::ParserException& e) {
-    throw UserError(format("{}:{}: not valid YAML ({})", path, e.mark.line + 1, e.msg));
-  }
+  const YAML::Node root = load_yaml_file(path, "a cluster file (`hosts:`, each {name, slots})");
   ClusterFile c;
   try {
     FAB_USER_CHECK(root["hosts"] && root["hosts"].IsSequence() && root["hosts"].size() > 0,

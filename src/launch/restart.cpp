@@ -12,8 +12,8 @@
 #include "core/error.h"
 #include "core/file_write.h"
 #include "core/stop_signals.h"
+#include "io/checkpoint_names.h"
 #include "launch/host_probe.h"
-#include "train/checkpoint.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -40,11 +40,6 @@ bool wait_unless_stopped(double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (!stopped && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   return !stopped;
-}
-
-int64_t step_of_checkpoint(const std::string& dir) {
-  const std::string name = fs::path(dir).filename().string();
-  return std::stoll(name.substr(name.find('-') + 1));
 }
 
 // min_nodes: the hosts that answer now (all of them without min_nodes); those left out are
@@ -91,7 +86,7 @@ int run_with_restarts(const TrainConfig& c, const ClusterFile& cluster, const La
       return result.exit_code;
     }
     const std::string checkpoint = latest_checkpoint(c.output_dir);
-    const int64_t step = checkpoint.empty() ? 0 : step_of_checkpoint(checkpoint);
+    const int64_t step = checkpoint.empty() ? 0 : checkpoint_step(checkpoint);
     // The workers' own resume_from_checkpoint / overwrite_output_dir come first; these win.
     extra = checkpoint.empty() ? std::vector<std::string>{"resume_from_checkpoint=false", "overwrite_output_dir=true"}
                                : std::vector<std::string>{"resume_from_checkpoint=" + checkpoint};

@@ -8,15 +8,16 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "config/yaml_file.h"
 #include "core/allocator.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/pages.h"
+#include "io/checkpoint_names.h"
 #include "models/decoder.h"
 #include "models/model_config.h"
+#include "monitor/metrics_log.h"
 #include "tokenizer/tokenizer.h"
-#include "train/checkpoint.h"
-#include "train/metrics_log.h"
 
 namespace fab {
 namespace {
@@ -45,14 +46,25 @@ std::string percent_text(double predicted, double measured) {
   return format("{}{}%", error >= 0 ? "+" : "", std::round(error * 10) / 10);
 }
 
-// Resuming keeps the layout the checkpoint was trained with (its optimizer state is cut for it):
-// its saved config's layout keys fix the search.
+}  // namespace
+
 void keep_checkpoint_layout(const std::string& checkpoint, PlanConstraints& fixed) {
   const fs::path saved = fs::path(checkpoint) / "train_config.yaml";
   if (!fs::exists(saved)) return;
-  const YAML::Node y = YAML::LoadFile(saved.string());
-  auto number = [&](const char* key, int64_t fallback) { return y[key] ? y[key].as<int64_t>() : fallback; };
-  auto flag = [&](const char* key) { return y[key] && y[key].as<bool>(); };
+  const YAML::Node y = load_yaml_file(saved.string(), "the train_config.yaml its run saved");
+  auto number = [&](const char* key, int64_t fallback) {
+    try {
+      return y[key] ? y[key].as<int64_t>() : fallback;
+    } catch (const YAML::Exception&) {
+      throw UserError(format("{}: {}: expected an integer, got \"{}\"", saved.string(), key, YAML::Dump(y[key])));
+    }
+  };
+  auto flag = [&](const char* key) {
+    const std::optional<bool> value = y[key] && y[key].IsScalar() ? parse_bool(y[key].Scalar()) : std::optional<bool>();
+    FAB_USER_CHECK(!y[key] || value, "{}: {}: expected true or false, got \"{}\"", saved.string(), key,
+                   YAML::Dump(y[key]));
+    return value.value_or(false);
+  };
   fixed.tp = int(number("tensor_parallel_size", 1));
   fixed.pp = int(number("pipeline_parallel_size", 1));
   fixed.vpp = int(number("virtual_pipeline_parallel_size", 1));
@@ -62,6 +74,8 @@ void keep_checkpoint_layout(const std::string& checkpoint, PlanConstraints& fixe
   fixed.micro_batch_size = number("per_device_train_batch_size", 1);
   fixed.keys = {"the layout of " + checkpoint};
 }
+
+namespace {
 
 std::string layout_text(const nlohmann::json& l) {
   return format("tp {} x pp {}{} x dp {}{}, zero_stage {}, recompute {}, micro-batch {} x {} accumulation steps",
@@ -101,7 +115,7 @@ AutoPlan plan_on_rank_zero(const TrainConfig& config, int world_size) {
   if (cluster.device.host && config.plan_cluster.empty()) cluster.device.reserved_bytes = warm_worker_resident_bytes();
   const PlanProblem problem = problem_for_run(config, world_size, cluster);
   PlanConstraints fixed = plan_constraints(config);
-  const std::string checkpoint = checkpoint_to_resume(config);
+  const std::string checkpoint = checkpoint_to_resume(config.resume_from_checkpoint, config.output_dir);
   if (!checkpoint.empty()) keep_checkpoint_layout(checkpoint, fixed);
   const Plan plan = make_plan(problem, cluster, fixed);
   const PlannedLayout* chosen = first_runnable(plan);

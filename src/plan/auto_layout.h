@@ -39,6 +39,11 @@ using AutoPlan = nlohmann::json;
 // rank when nothing can run.
 std::optional<AutoPlan> plan_parallel_auto(TrainConfig& config, Communicator& world);
 
+// Resuming keeps the layout the checkpoint was trained with (its optimizer state is cut for it):
+// the layout keys of its saved train_config.yaml fix the search. A checkpoint without one changes
+// nothing; one that is not valid YAML, or a layout key of the wrong type, is a UserError naming it.
+void keep_checkpoint_layout(const std::string& checkpoint, PlanConstraints& fixed);
+
 // Sets a layout (layout_json's keys) in a config: what plan_parallel_auto does on every rank.
 void apply_planned_layout(const nlohmann::json& layout, TrainConfig& config);
 

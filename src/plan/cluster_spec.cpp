@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "config/yaml_file.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/cpu/matmul_onednn.h"
@@ -142,14 +143,8 @@ ClusterSpec this_machine(int processes) {
 }
 
 ClusterSpec load_cluster_spec(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw UserError(format("cluster file {}: cannot open", path));
-  } catch (const YAML::ParserException& e) {
-    throw UserError(format("{}:{}: not valid YAML ({})", path, e.mark.line + 1, e.msg));
-  }
+  const YAML::Node root =
+      load_yaml_file(path, "a cluster spec (`device:`, as `fabrica plan --calibrate` writes; plan_cluster)");
   FAB_USER_CHECK(root.IsMap() && root["device"], "{}: expected `device:` (a preset name or a map of its figures)",
                  path);
   ClusterSpec c;

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/file_write.h"
 #include "core/trace.h"
+#include "io/checkpoint_names.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
@@ -36,23 +37,6 @@ void fsync_path(const fs::path& path) {
   if (fd < 0) return;
   ::fsync(fd);
   ::close(fd);
-}
-
-int64_t step_of(const fs::path& p) {
-  const std::string name = p.filename().string();
-  if (name.rfind("checkpoint-", 0) != 0) return -1;
-  const std::string digits = name.substr(11);
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(digits);
-}
-
-std::vector<fs::path> checkpoints_by_step(const std::string& output_dir) {
-  std::vector<fs::path> found;
-  if (!fs::exists(output_dir)) return found;
-  for (const auto& e : fs::directory_iterator(output_dir))
-    if (e.is_directory() && step_of(e.path()) >= 0) found.push_back(e.path());
-  std::sort(found.begin(), found.end(), [](const fs::path& a, const fs::path& b) { return step_of(a) < step_of(b); });
-  return found;
 }
 
 // Each pipeline stage's optimizer files carry the stage in their name: stages hold different
@@ -499,25 +483,6 @@ void AsyncCheckpointWriter::wait() {
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
-namespace {
-
-// A checkpoint saved with save_only_model holds no optimizer state: it cannot continue the run
-// (Hugging Face's Trainer says the same of its own). A trainer_state.json that cannot be read is
-// load_checkpoint's to report.
-void check_resumable(const std::string& dir) {
-  std::ifstream in(fs::path(dir) / "trainer_state.json");
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  const bool model_only = j.is_object() && j.value("save_only_model", false) == true;
-  FAB_USER_CHECK(!model_only,
-                 "resume_from_checkpoint: {} was saved with save_only_model: true: it holds the weights but no "
-                 "optimizer state, so the run cannot resume from it. Export its weights (fabrica export "
-                 "--checkpoint {} --output DIR) to start a new run from them, or save resumable checkpoints with "
-                 "save_only_model: false",
-                 dir, dir);
-}
-
-}  // namespace
-
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   FAB_USER_CHECK(fs::exists(fs::path(dir) / "trainer_state.json"), "{}: not a Fabrica checkpoint (no trainer_state.json)",
                  dir);
@@ -542,37 +507,6 @@ TrainerState load_checkpoint(const std::string& dir, DataParallel& dp) {
   } catch (const nlohmann::json::exception& e) {
     throw UserError(format("{}/trainer_state.json: {}", dir, e.what()));
   }
-}
-
-std::string latest_checkpoint(const std::string& output_dir) {
-  auto found = checkpoints_by_step(output_dir);
-  return found.empty() ? "" : found.back().string();
-}
-
-std::string checkpoint_to_resume(const TrainConfig& config) {
-  const std::string& value = config.resume_from_checkpoint;
-  const std::optional<bool> flag = parse_bool(value);
-  if (value.empty() || flag == false) return "";
-  if (flag == true) {
-    const std::string latest = latest_checkpoint(config.output_dir);
-    FAB_USER_CHECK(!latest.empty(),
-                   "resume_from_checkpoint: true: no valid checkpoint found in output_dir {} (no checkpoint-N folder)",
-                   config.output_dir);
-    check_resumable(latest);
-    return latest;
-  }
-  FAB_USER_CHECK(fs::exists(fs::path(value) / "trainer_state.json"),
-                 "resume_from_checkpoint: {}: not a Fabrica checkpoint (expected a checkpoint-N folder with "
-                 "trainer_state.json)",
-                 value);
-  check_resumable(value);
-  return value;
-}
-
-void prune_checkpoints(const std::string& output_dir, int64_t keep) {
-  if (keep <= 0) return;
-  auto found = checkpoints_by_step(output_dir);
-  for (size_t i = 0; i + size_t(keep) < found.size(); ++i) fs::remove_all(found[i]);
 }
 
 }  // namespace fab

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "config/train_config.h"
+#include "io/checkpoint_names.h"  // checkpoint-N folders: naming, the latest, the one to resume, pruning
 #include "parallel/data_parallel.h"
 #include "parallel/parallel_model.h"
 #include "train/sampler.h"
@@ -83,15 +84,5 @@ class AsyncCheckpointWriter {
 // world size, ZeRO stage, tensor_parallel_size and pipeline_parallel_size may all differ (each
 // optimizer piece records where it sits in the whole HF tensor; each rank reads what it holds).
 TrainerState load_checkpoint(const std::string& dir, DataParallel& dp);
-
-// The checkpoint-<N> folder of output_dir with the largest N, or "" when there is none.
-std::string latest_checkpoint(const std::string& output_dir);
-// The checkpoint folder resume_from_checkpoint asks for: "" when it is empty or false; for true,
-// the latest checkpoint of output_dir; else the folder it names. Asking for one that is not there
-// is a UserError ("no valid checkpoint found in <output_dir>", as Hugging Face's Trainer says),
-// never a fresh start over the earlier run; so is one saved with save_only_model.
-std::string checkpoint_to_resume(const TrainConfig& config);
-// Deletes the oldest checkpoints beyond `keep` (save_total_limit; 0 keeps all).
-void prune_checkpoints(const std::string& output_dir, int64_t keep);
 
 }  // namespace fab

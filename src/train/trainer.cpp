@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "config/yaml_file.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/file_write.h"
@@ -26,7 +27,7 @@
 #include "monitor/progress_bar.h"
 #include "monitor/tensorboard.h"
 #include "train/finetuning.h"
-#include "train/metrics_log.h"
+#include "monitor/metrics_log.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -72,12 +73,7 @@ void note_changed_settings(const std::string& checkpoint, const TrainConfig& now
   const fs::path path = fs::path(checkpoint) / "train_config.yaml";
   if (!fs::exists(path)) return;
   std::string changes;
-  YAML::Node saved_config;
-  try {
-    saved_config = YAML::LoadFile(path.string());
-  } catch (const YAML::Exception& e) {
-    throw UserError(format("{}: not valid YAML ({})", path.string(), e.what()));
-  }
+  const YAML::Node saved_config = load_yaml_file(path.string(), "the train_config.yaml its run saved");
   for (const auto& [key, value] : {std::pair{"per_device_train_batch_size", now.per_device_train_batch_size},
                                    std::pair{"gradient_accumulation_steps", now.gradient_accumulation_steps},
                                    std::pair{"seed", now.seed}}) {
@@ -243,10 +239,10 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
 }
 
 void Trainer::save(int64_t step) {
-  trace::Scope traced(trace::kCheckpoint, "save checkpoint-" + std::to_string(step));
+  trace::Scope traced(trace::kCheckpoint, "save " + checkpoint_name(step));
   last_save_ = std::chrono::steady_clock::now();
   state_.sampler = sampler_->state();
-  const std::string dir = (fs::path(config_.output_dir) / ("checkpoint-" + std::to_string(step))).string();
+  const std::string dir = (fs::path(config_.output_dir) / checkpoint_name(step)).string();
   if (async_writer_)
     return async_writer_->save(dir, *model_, state_, config_yaml_, config_.model_name_or_path,
                                config_.save_total_limit, config_.save_only_model);
@@ -287,7 +283,7 @@ void Trainer::resume(const std::string& checkpoint) {
 bool Trainer::run() {
   StopOnSignal signals;
   const LrSchedule schedule = make_schedule(config_, total_steps_, warmup_steps_);
-  const std::string checkpoint = checkpoint_to_resume(config_);
+  const std::string checkpoint = checkpoint_to_resume(config_.resume_from_checkpoint, config_.output_dir);
   const bool resuming = !checkpoint.empty();
   stage_->prepare();  // a reference is the starting weights: before a resume replaces them
   if (resuming) resume(checkpoint);

@@ -14,7 +14,7 @@
 #include "monitor/tensorboard.h"
 #include "parallel/parallel_model.h"
 #include "train/checkpoint.h"
-#include "train/metrics_log.h"
+#include "monitor/metrics_log.h"
 #include "train/optimizer_step.h"
 #include "train/sampler.h"
 #include "train/stages/stage.h"

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/file_write.h"
-#include "train/metrics_log.h"
+#include "monitor/metrics_log.h"
 #include "test_util.h"
 
 namespace fab {

@@ -9,7 +9,7 @@
 
 #include "config/train_config.h"
 #include "core/error.h"
-#include "core/parallel.h"
+#include "core/parallel_map.h"
 #include "dataset/prepare.h"
 #include "dataset/preprocess.h"
 #include "template_test_support.h"

@@ -358,6 +358,41 @@ TEST(PlanAuto, AFixedLayoutThatCannotRunSaysWhy) {
       << no_layout_reason(plan, 2);
 }
 
+// A resumed `parallel: auto` run reads its checkpoint's train_config.yaml; a damaged one was a
+// yaml-cpp exception that reached the CLI as "internal error" (exit 1) instead of naming the file.
+TEST(PlanAuto, AResumedRunKeepsItsCheckpointsLayoutAndADamagedConfigIsAUserError) {
+  const std::string checkpoint = test::fresh_dir("plan-resume/checkpoint-4");
+  const auto write_config = [&](const std::string& text) {
+    std::FILE* f = std::fopen((checkpoint + "/train_config.yaml").c_str(), "w");
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  };
+  PlanConstraints fixed;
+  keep_checkpoint_layout(checkpoint, fixed);  // no train_config.yaml: nothing fixed
+  EXPECT_TRUE(fixed.keys.empty());
+  write_config("tensor_parallel_size: 2\npipeline_parallel_size: 1\nzero_stage: 1\nsequence_parallel: yes\n");
+  keep_checkpoint_layout(checkpoint, fixed);
+  EXPECT_EQ(fixed.tp, 2);
+  EXPECT_EQ(fixed.zero_stage, 1);
+  EXPECT_EQ(fixed.sequence_parallel, true);
+  EXPECT_EQ(fixed.recompute, false);
+  EXPECT_EQ(fixed.keys, std::vector<std::string>{"the layout of " + checkpoint});
+  for (const auto& [text, expected] :
+       {std::pair<std::string, std::string>{"tensor_parallel_size: [2\n", "/train_config.yaml:2:1: not valid YAML"},
+        {"tensor_parallel_size: two\n", "/train_config.yaml: tensor_parallel_size: expected an integer"},
+        {"recompute_layers: maybe\n", "/train_config.yaml: recompute_layers: expected true or false"}}) {
+    write_config(text);
+    try {
+      keep_checkpoint_layout(checkpoint, fixed);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(checkpoint + expected, 0), 0u) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << text << ": not a UserError: " << e.what();
+    }
+  }
+}
+
 TEST(PlanCluster, FileRoundTripsAndBadFilesAreUserErrors) {
   const ClusterSpec c = preset_cluster("a100-80g", 16, 8);
   const std::string path = test::scratch_path("plan_cluster.yaml");

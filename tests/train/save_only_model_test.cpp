@@ -103,7 +103,7 @@ TEST(SaveOnlyModel, AResumeFromSuchACheckpointIsRefusedNamingItAndTheKey) {
     SCOPED_TRACE(resume);
     const TrainConfig c = config_for(out, "max_steps: 8\nresume_from_checkpoint: " + resume + "\n");
     try {
-      checkpoint_to_resume(c);  // what `fabrica train` checks before it writes anything
+      checkpoint_to_resume(c.resume_from_checkpoint, c.output_dir);  // what `fabrica train` checks before it writes anything
       ADD_FAILURE() << "checkpoint_to_resume accepted it";
     } catch (const UserError& e) {
       EXPECT_EQ(std::string(e.what()).rfind(expected, 0), 0u) << e.what();
@@ -117,7 +117,8 @@ TEST(SaveOnlyModel, AResumeFromSuchACheckpointIsRefusedNamingItAndTheKey) {
   // A checkpoint with its optimizer state still resumes beside it.
   const std::string resumable = fresh_dir("resumable");
   ASSERT_TRUE(make_trainer(config_for(resumable))->run());
-  EXPECT_EQ(checkpoint_to_resume(config_for(resumable, "resume_from_checkpoint: true\n")), resumable + "/checkpoint-3");
+  const TrainConfig resume = config_for(resumable, "resume_from_checkpoint: true\n");
+  EXPECT_EQ(checkpoint_to_resume(resume.resume_from_checkpoint, resume.output_dir), resumable + "/checkpoint-3");
 }
 
 TEST(SaveOnlyModel, RestartsNeedResumableCheckpoints) {

@@ -310,6 +310,9 @@ TEST(Trainer, FailedResumeKeepsTheRunsTrainConfig) {
 
 TEST(Trainer, ResumeFromCheckpointReadsBooleansLikeEveryOtherKey) {
   const std::string dir = fresh_dir("resume-flag");
+  const auto checkpoint_to_resume = [](const TrainConfig& c) {
+    return fab::checkpoint_to_resume(c.resume_from_checkpoint, c.output_dir);
+  };
   for (const char* no : {"false", "False", "no", "0"})
     EXPECT_EQ(checkpoint_to_resume(config_for(dir, std::string("resume_from_checkpoint: \"") + no + "\"\n")), "") << no;
   for (const char* yes : {"true", "True", "yes", "1"})

@@ -1,4 +1,4 @@
-#include "train/metrics_log.h"
+#include "monitor/metrics_log.h"
 
 #include <filesystem>
 
