@@ -279,9 +279,9 @@
   X(include_effective_tokens_per_second, include_effective_tokens_per_second, bool, false, Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
   /* generation (LLaMA-Factory's GeneratingArguments) */ \
   X(do_sample, do_sample, bool, true, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
-  X(temperature, temperature, double, 0.95, Supported, "grpo, ppo: rollout sampling temperature (0: greedy; verl uses 1.0). Other stages: no effect") \
-  X(top_p, top_p, double, 0.7, Supported, "grpo, ppo: rollout nucleus sampling (1: off; verl uses 1.0). Other stages: no effect") \
-  X(top_k, top_k, int64_t, 50, Supported, "grpo, ppo: rollout top-k filter (0: off; verl uses -1, off). Other stages: no effect") \
+  X(temperature, temperature, double, 0.95, Supported, "grpo, ppo: rollout sampling temperature, and the one the log-probabilities of the loss are taken at (softmax(logits / temperature), as verl and TRL; 0: greedy, log-probabilities at 1). Not set: 1.0, verl's and TRL's RL default (the 0.95 shown is LLaMA-Factory's generation default). Other stages: no effect") \
+  X(top_p, top_p, double, 0.7, Supported, "grpo, ppo: rollout nucleus sampling (1: off). Not set: 1.0, verl's and TRL's RL default, so that the loss sees the whole distribution sampled from (the 0.7 shown is LLaMA-Factory's generation default). Other stages: no effect") \
+  X(top_k, top_k, int64_t, 50, Supported, "grpo, ppo: rollout top-k filter (0: off). Not set: 0, as verl (-1) and TRL (0) for RL (the 50 shown is LLaMA-Factory's generation default). Other stages: no effect") \
   X(num_beams, num_beams, int64_t, 1, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
   X(max_length, max_length, int64_t, 1024, Accepted, "Accepted; a generation setting (LLaMA-Factory's predict/chat), no effect on training") \
   X(max_new_tokens, max_new_tokens, int64_t, 1024, Supported, "grpo, ppo: most tokens per rollout response. Other stages: no effect") \
@@ -470,6 +470,16 @@ what verl's `data.truncation` does instead:
 | `middle` | keeps its first `cutoff_len / 2` and last `cutoff_len - cutoff_len / 2` tokens |
 
 Cut prompts are counted as `truncated` in the `data:` line.
+
+## Rollout sampling (stages grpo and ppo)
+
+Responses are sampled at `temperature` with `top_p` and `top_k`, and every log-probability of the
+loss (the rollout policy's "old" ones, the reference's, the policy's during the updates) and the
+`entropy` metric are of softmax(logits / temperature), the distribution sampled from, as verl's
+actor and TRL's GRPOTrainer compute them. Left unset, the three keys take verl's and TRL's RL
+defaults for these stages: temperature 1, top_p 1, top_k 0 (off), not LLaMA-Factory's generation
+defaults (0.95, 0.7, 50), under which the responses would come from a truncated distribution whose
+probabilities the loss never sees. What the config sets is kept.
 
 ## Settings under which nothing is learned (stages grpo and ppo)
 

@@ -383,6 +383,19 @@ void apply_deepspeed_config(TrainConfig& c, const std::string& source, Problems&
   c.zero_stage = stage->get<int64_t>();
 }
 
+// Stages grpo and ppo sample their rollouts as verl and TRL do for RL unless the config says
+// otherwise: temperature 1, no top-p or top-k truncation. LLaMA-Factory's generation defaults
+// (0.95, 0.7, 50) would sample from a truncated distribution whose probabilities the loss never sees.
+void use_rl_sampling_defaults(TrainConfig& c) {
+  if (!is_rollout(c.stage)) return;
+  auto given = [&](const char* key) {
+    return std::find(c.given_keys.begin(), c.given_keys.end(), key) != c.given_keys.end();
+  };
+  if (!given("temperature")) c.temperature = 1.0;
+  if (!given("top_p")) c.top_p = 1.0;
+  if (!given("top_k")) c.top_k = 0;
+}
+
 }  // namespace
 
 std::string nearest_name(const std::string& word, const std::vector<std::string>& names) {
@@ -443,6 +456,7 @@ TrainConfig config_from_yaml(const YAML::Node& root, const std::string& source,
   }
   if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
   if (c.num_generations == 0) c.num_generations = c.stage == Stage::ppo ? 1 : 8;
+  use_rl_sampling_defaults(c);
   if (c.critic_learning_rate == 0) c.critic_learning_rate = c.learning_rate;
   // Megatron infers the interleaved schedule from virtual pipeline stages; so does a config that
   // does not name one.

@@ -26,9 +26,11 @@ void for_each_sequence_piece(int64_t r0, int64_t n, int64_t seq, Fn&& fn) {
 // of g_piece * sum log p(y_r): per chunk of rows the logits z = h W^T again, then for each piece
 // dL/dz = -g (softmax(z) - onehot(y)) (cross_entropy_chunk's gradient with scale -g), and
 // dh += dz W, dW += dz^T h. `pieces(r0, n, piece)` calls piece(first row, rows, g) over the chunk.
+// With an inverse temperature s != 1 the log-probabilities are of softmax(s z): the kernel takes
+// the scaled logits, and dL/dz = s dL/d(s z) = -g s (softmax(s z) - onehot(y)), its scale -g s.
 template <typename Pieces>
 void logp_head_backward(const Var& hidden, const Linear& head, const Tensor& h, const Tensor& w_compute,
-                        const int64_t* y, int64_t chunk_rows, Pieces&& pieces) {
+                        const int64_t* y, int64_t chunk_rows, float inverse_temperature, Pieces&& pieces) {
   const Tensor& w = head.weight->value;
   const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
   const KernelTable& k = kernels_for(w);
@@ -41,9 +43,10 @@ void logp_head_backward(const Var& hidden, const Linear& head, const Tensor& h, 
     const int64_t n = std::min(chunk_rows, rows - r0);
     const Tensor h_chunk = h.view(r0 * c, {n, c});
     gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+    if (inverse_temperature != 1.0f) k.scale(logits.data<float>(), n * vocab, inverse_temperature);
     pieces(r0, n, [&](int64_t first, int64_t count, float g) {
       const int64_t at = (first - r0) * vocab;
-      k.cross_entropy_chunk(logits.data<float>() + at, y + first, count, vocab, -g,
+      k.cross_entropy_chunk(logits.data<float>() + at, y + first, count, vocab, -g * inverse_temperature,
                             bf16 ? dz_bf16.data<fab::bf16>() + at : nullptr);
     });
     const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
@@ -99,7 +102,7 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
   if (!tape.recording()) return out;
   tape.push([hidden, head, targets_there, seq, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
     ProfileScope profile("sequence_logps backward");
-    logp_head_backward(hidden, head, hidden_compute(), w_compute, targets_there.data<int64_t>(), chunk_rows,
+    logp_head_backward(hidden, head, hidden_compute(), w_compute, targets_there.data<int64_t>(), chunk_rows, 1.0f,
                        [&](int64_t r0, int64_t n, auto&& piece) {
                          for_each_sequence_piece(r0, n, seq, [&](int64_t s, int64_t first, int64_t count) {
                            piece(first, count, (*grad)[size_t(s)]);
@@ -125,15 +128,18 @@ double row_entropy(const float* z, int64_t vocab) {
 
 }  // namespace
 
-// Forward: log p(y_r) = -(lse(z_r) - z_r[y_r]), cross_entropy_chunk's loss of the one row, negated.
-// Backward, with g_r = dL/d logp_r: dL/dz_r = -g_r (softmax(z_r) - onehot(y_r)), the kernel's
-// gradient with scale -g_r, row by row; then dh = dz W and dW += dz^T h as in sequence_logps.
+// Forward, with s = 1 / temperature: log p(y_r) = -(lse(s z_r) - s z_r[y_r]), cross_entropy_chunk's
+// loss of the one row of scaled logits, negated. Backward, with g_r = dL/d logp_r:
+// dL/dz_r = -g_r s (softmax(s z_r) - onehot(y_r)), the kernel's gradient with scale -g_r s, row by
+// row; then dh = dz W and dW += dz^T h as in sequence_logps.
 TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets, bool with_entropy,
-                       int64_t chunk_rows) {
+                       double temperature, int64_t chunk_rows) {
   ProfileScope profile("token_logps");
   const Tensor& w = head.weight->value;
   const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
   FAB_CHECK(targets.numel() == rows, "{} targets for {} rows", targets.numel(), rows);
+  FAB_CHECK(temperature > 0 && std::isfinite(temperature), "token_logps at temperature {}", temperature);
+  const float inverse_temperature = float(1.0 / temperature);
   const KernelTable& k = kernels_for(w);
   const bool bf16 = head.weight_bf16.defined();
   const Tensor& w_compute = bf16 ? head.weight_bf16 : w;
@@ -155,6 +161,7 @@ TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const 
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - r0);
       gemm(k, h.view(r0 * c, {n, c}), false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+      if (inverse_temperature != 1.0f) k.scale(logits.data<float>(), n * vocab, inverse_temperature);
       // The entropy is taken on the host, from the logits before the kernel overwrites them (a
       // copy of the chunk where they live on a device).
       const Tensor host_logits = with_entropy ? logits.to(Device::cpu(), MemoryCategory::temporaries) : Tensor();
@@ -167,10 +174,10 @@ TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const 
     }
   }
   if (!tape.recording()) return out;
-  tape.push([hidden, head, targets_there, chunk_rows, grad = out.grad, hidden_compute, w_compute] {
+  tape.push([hidden, head, targets_there, chunk_rows, inverse_temperature, grad = out.grad, hidden_compute, w_compute] {
     ProfileScope profile("token_logps backward");
     logp_head_backward(hidden, head, hidden_compute(), w_compute, targets_there.data<int64_t>(), chunk_rows,
-                       [&](int64_t r0, int64_t n, auto&& piece) {
+                       inverse_temperature, [&](int64_t r0, int64_t n, auto&& piece) {
                          for (int64_t r = r0; r < r0 + n; ++r) piece(r, 1, (*grad)[size_t(r)]);
                        });
   });

@@ -4,7 +4,8 @@
 // both sequences' values first):
 //   sequence_logps: sum over a sequence's targets of log p(target), through the output head,
 //                   chunked like lm_head_cross_entropy (never the full (B*T, V) logits);
-//   token_logps:    log p(target) of every row, the same way, for per-token losses (GRPO);
+//   token_logps:    log p(target) of every row, the same way, for per-token losses (GRPO), of
+//                   the softmax of the logits divided by a temperature (verl's and TRL's RL actor);
 //   row_scores:     a scalar head (the reward model's value head) read at one row per sequence.
 #include <cstdint>
 #include <memory>
@@ -34,9 +35,11 @@ struct TokenLogps {
 };
 
 // The per-token form of sequence_logps, for losses of each token (GRPO): the same chunked head,
-// one log-probability and one upstream gradient per row.
+// one log-probability and one upstream gradient per row. The distribution is softmax(z / temperature)
+// (the entropy too), z = h W^T: the policy that sampled at that temperature, as verl's actor
+// (logits.div_(temperature)) and TRL's GRPOTrainer (logits / temperature) score their rollouts.
 TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets, bool with_entropy,
-                       int64_t chunk_rows = 1024);
+                       double temperature = 1.0, int64_t chunk_rows = 1024);
 
 struct RowScores {
   std::vector<double> value;                 // w · hidden[row] + b for each chosen row

@@ -197,6 +197,31 @@ TEST(TrainConfig, RlSettingsThatLearnNothingAreRefused) {
   EXPECT_DOUBLE_EQ(c.reward_timeout, 600.0);
 }
 
+// Stages grpo and ppo sample as verl and TRL do unless told otherwise (temperature 1, top_p 1,
+// top_k off), not with LLaMA-Factory's generation defaults; what the config sets is kept, each key
+// on its own, from the YAML or the command line; other stages keep the documented defaults.
+TEST(TrainConfig, RlStagesSampleWithVerlDefaultsUnlessSet) {
+  for (const std::string stage : {"grpo", "ppo"}) {
+    const std::string yaml = "stage: " + stage + "\nreward: exact_match\n";
+    const TrainConfig c = parse_train_config(yaml, "run.yaml");
+    EXPECT_EQ(c.temperature, 1.0) << stage;
+    EXPECT_EQ(c.top_p, 1.0) << stage;
+    EXPECT_EQ(c.top_k, 0) << stage;
+    const TrainConfig set = parse_train_config(yaml + "temperature: 0.95\ntop_k: 50\n", "run.yaml", {"top_p=0.7"});
+    EXPECT_EQ(set.temperature, 0.95) << stage;
+    EXPECT_EQ(set.top_p, 0.7) << stage;
+    EXPECT_EQ(set.top_k, 50) << stage;
+    const TrainConfig one = parse_train_config(yaml, "run.yaml", {"temperature=0.6"});
+    EXPECT_EQ(one.temperature, 0.6) << stage;
+    EXPECT_EQ(one.top_p, 1.0) << stage;
+    EXPECT_EQ(one.top_k, 0) << stage;
+  }
+  const TrainConfig sft = parse_train_config("stage: sft\n", "run.yaml");
+  EXPECT_EQ(sft.temperature, 0.95);
+  EXPECT_EQ(sft.top_p, 0.7);
+  EXPECT_EQ(sft.top_k, 50);
+}
+
 // LLaMA-Factory's `deepspeed: examples/deepspeed/ds_z3_config.json` selects ZeRO-3; a stage that
 // contradicts zero_stage, a missing file and bad JSON are errors naming the file.
 TEST(TrainConfig, DeepSpeedConfigSelectsTheZeroStage) {

@@ -5,9 +5,13 @@ dual-clip, agg_loss, kl_penalty), gradients by torch autograd.
 
 A fixed batch of rollouts of make_reference.py's tiny Llama (prompts masked; responses of
 different lengths), with "old" and reference log-probabilities set near the policy's so that the
-ratio clip, the dual clip and the KL clamps are all reached. For each loss_agg_mode and each KL
-setting (none, k1, k2, k3): the loss and the gradient of every parameter. And the group-normalised
-advantages of groups of 1, 2 and 8 responses, with and without the std.
+ratio clip, the dual clip and the KL clamps are all reached. The policy's log-probabilities are
+of softmax(logits / TEMPERATURE), the rollout temperature, as verl's actor (dp_actor.py:
+logits.div_(temperature)) and TRL's GRPOTrainer (logits / temperature) take them. For each
+loss_agg_mode and each KL setting (none, k1, k2, k3): the loss and the gradient of every
+parameter; one more case at temperature 1; the policy's per-token log-probabilities and entropies
+at TEMPERATURE. And the group-normalised advantages of groups of 1, 2 and 8 responses, with and
+without the std.
 
 usage: make_grpo_reference.py OUT_DIR    (writes OUT_DIR/grpo/)
 """
@@ -25,6 +29,7 @@ CFG = dict(CONFIGS["llama"])
 SEED = 1818
 CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
 KL_COEF = 0.1
+TEMPERATURE = 0.7  # the rollout temperature the log-probabilities are taken at (not 1: the tests see it)
 AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 KL_TYPES = ["none", "k1", "k2", "k3"]
 
@@ -79,13 +84,18 @@ def policy_loss(logp, old, adv, mask, mode):
     return agg_loss(losses, mask, mode), clipfrac, lower
 
 
-def token_logps(params, ids, labels):
-    """log p of each target (position t predicts token t + 1), (B, T - 1), and the target mask."""
-    logits = forward(CFG, params, ids).double()
-    lp = logits[:, :-1].log_softmax(-1)
+def token_logps(params, ids, labels, temperature, with_entropy=False):
+    """log p of each target (position t predicts token t + 1) under softmax(logits / temperature),
+    (B, T - 1), and the target mask (and the entropy of each position's distribution)."""
+    logits = forward(CFG, params, ids) / temperature  # verl: logits.div_(temperature), in the logits' f32
+    lp = logits.double()[:, :-1].log_softmax(-1)
     target = labels[:, 1:]
     mask = (target != IGNORE_INDEX).double()
-    return torch.gather(lp, 2, target.clamp(min=0).unsqueeze(2)).squeeze(2) * mask, mask
+    logp = torch.gather(lp, 2, target.clamp(min=0).unsqueeze(2)).squeeze(2) * mask
+    if not with_entropy:
+        return logp, mask
+    entropy = -(lp.exp() * lp).sum(-1) * mask
+    return logp, mask, entropy
 
 
 def make_rollouts(g):
@@ -116,7 +126,7 @@ def main(argv):
     save_file(init, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     ids, labels, prompt_lens, response_lens = make_rollouts(g)
     with torch.no_grad():
-        logp, mask = token_logps(init, ids, labels)
+        logp, mask, entropy = token_logps(init, ids, labels, TEMPERATURE, with_entropy=True)
     # Old log-probabilities: ratios spread over the clip range, some far past 1 + clip (dual clip
     # for negative advantages), one past the -20 clamp; reference ones across the k3 clamps.
     shift = (torch.rand(logp.shape, generator=g, dtype=torch.float64) * 1.2 - 0.6)
@@ -133,27 +143,29 @@ def main(argv):
     index = [0, 0, 0, 1, 1, 2]
     adv = group_advantages(rewards, index, True)
     fixture = {"ids": ids, "labels": labels, "prompt_lengths": prompt_lens, "response_lengths": response_lens,
-               "old_logp": old.float(), "ref_logp": ref.float(), "advantages": adv.float()}  # the C++ side reads f32
+               "old_logp": old.float(), "ref_logp": ref.float(), "advantages": adv.float(),  # the C++ side reads f32
+               "policy_logp": logp.float(), "policy_entropy": entropy.float()}
     meta = {"clip_ratio_low": repr(CLIP_LOW), "clip_ratio_high": repr(CLIP_HIGH), "clip_ratio_c": repr(CLIP_C),
-            "kl_loss_coef": repr(KL_COEF), "torch_version": torch.__version__}
+            "kl_loss_coef": repr(KL_COEF), "temperature": repr(TEMPERATURE), "torch_version": torch.__version__}
     names = param_names(CFG)
     cases = []
-    for mode in AGG_MODES:
-        for kind in KL_TYPES:
-            p = {n: init[n].clone().requires_grad_(True) for n in names}
-            lp, m = token_logps(p, ids, labels)
-            pg, clipfrac, lower = policy_loss(lp, old.float().double(), adv.float().double().unsqueeze(1), m, mode)
-            loss = pg
-            if kind != "none":
-                loss = loss + KL_COEF * agg_loss(kl_penalty(lp, ref.float().double(), kind), m, mode)
-            loss.backward()
-            name = f"{mode}.{kind}"
-            cases.append(name)
-            meta[name] = json.dumps({"loss": float(loss), "pg_clipfrac": float(clipfrac),
-                                     "pg_clipfrac_lower": float(lower)})
-            for n in names:
-                fixture[name + ".grad." + n] = p[n].grad.float()
-            print(f"[{name}] loss {float(loss):.8f} clipfrac {float(clipfrac):.4f} lower {float(lower):.4f}")
+    # Every mode and KL type at TEMPERATURE; one case at temperature 1 (named NAME@1).
+    runs = [(mode, kind, TEMPERATURE) for mode in AGG_MODES for kind in KL_TYPES] + [("token-mean", "k3", 1.0)]
+    for mode, kind, temperature in runs:
+        p = {n: init[n].clone().requires_grad_(True) for n in names}
+        lp, m = token_logps(p, ids, labels, temperature)
+        pg, clipfrac, lower = policy_loss(lp, old.float().double(), adv.float().double().unsqueeze(1), m, mode)
+        loss = pg
+        if kind != "none":
+            loss = loss + KL_COEF * agg_loss(kl_penalty(lp, ref.float().double(), kind), m, mode)
+        loss.backward()
+        name = f"{mode}.{kind}" + ("" if temperature == TEMPERATURE else f"@{temperature:g}")
+        cases.append(name)
+        meta[name] = json.dumps({"loss": float(loss), "pg_clipfrac": float(clipfrac),
+                                 "pg_clipfrac_lower": float(lower)})
+        for n in names:
+            fixture[name + ".grad." + n] = p[n].grad.float()
+        print(f"[{name}] loss {float(loss):.8f} clipfrac {float(clipfrac):.4f} lower {float(lower):.4f}")
     meta["cases"] = json.dumps(cases)
     # Advantages of groups of 1, 2 and 8 (one of them with equal rewards: std 0).
     adv_index = [0, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3]

@@ -9,7 +9,11 @@ padded to the longest response as verl holds them (response lengths 1 to 8), wit
 rollout-time ("old") and reference log-probabilities and old values. For several (gamma, lam)
 and with and without the KL penalty in the reward: the whitened advantages and the returns. For
 each loss_agg_mode: the value loss, vf_clipfrac, vpred_mean and the gradient of every critic
-parameter, the old values set so that the value clip is hit on both sides.
+parameter, the old values set so that the value clip is hit on both sides. And the actor side at
+a rollout temperature of TEMPERATURE: the policy's (the same Llama's) per-token log-probabilities
+and entropies of softmax(logits / TEMPERATURE), as verl's actor takes them (dp_actor.py:
+logits.div_(temperature)), and the clipped surrogate with the GAE advantages (compute_policy_loss,
+token-mean) with the gradient of every policy parameter.
 
 usage: make_ppo_reference.py OUT_DIR    (writes OUT_DIR/ppo/)
 """
@@ -27,6 +31,8 @@ CFG = dict(CONFIGS["llama"])
 SEED = 1819
 CLIPRANGE_VALUE = 0.5
 KL_COEF = 0.1
+TEMPERATURE = 0.7  # the rollout temperature of the actor's log-probabilities (not 1: the test sees it)
+CLIP_RATIO = 0.2
 AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 # (gamma, lam, kl penalty in the reward or "none")
 GAE_CASES = [(1.0, 1.0, "none"), (1.0, 0.95, "none"), (0.99, 0.95, "k1"), (0.9, 0.0, "k3"), (1.0, 1.0, "k2")]
@@ -116,6 +122,29 @@ def critic_values(params, ids, prompts, responses):
     return out
 
 
+def actor_logps(params, ids, prompts, responses):
+    """log p of response token k (predicted at position P - 1 + k) under softmax(logits /
+    TEMPERATURE) and the entropy of that distribution, (B, R) padded with 0."""
+    lp = (forward(CFG, params, ids) / TEMPERATURE).double().log_softmax(-1)
+    logp = torch.zeros(ids.shape[0], int(responses.max()), dtype=torch.float64)
+    entropy = torch.zeros_like(logp)
+    for i, (p, r) in enumerate(zip(prompts.tolist(), responses.tolist())):
+        rows = lp[i, p - 1 : p - 1 + r]
+        logp[i, :r] = torch.gather(rows, 1, ids[i, p : p + r].unsqueeze(1)).squeeze(1)
+        entropy[i, :r] = -(rows.exp() * rows).sum(-1)
+    return logp, entropy
+
+
+def actor_loss(logp, old, adv, mask):
+    """verl's compute_policy_loss (dual-clip 3), token-mean, with per-token advantages."""
+    ratio = torch.exp(torch.clamp(logp - old, min=-20.0, max=20.0))
+    clip1 = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - CLIP_RATIO, 1 + CLIP_RATIO))
+    losses = torch.where(adv < 0, torch.minimum(-adv * 3.0, clip1), clip1)
+    clipfrac = masked_mean(torch.gt(-adv * torch.clamp(ratio, 1 - CLIP_RATIO, 1 + CLIP_RATIO), -adv * ratio).double(),
+                           mask)
+    return masked_mean(losses, mask), clipfrac
+
+
 def make_batch(g):
     prompts = [3, 4, 5, 3, 4, 6, 2]
     responses = [5, 1, 7, 4, 8, 3, 2]
@@ -174,6 +203,7 @@ def main(argv):
                                  "returns": rows(ret), "reward_kl_penalty": current_kl})
         if len(gae_cases) - 1 == LOSS_CASE:
             fixture["returns"] = ret.float()
+            fixture["actor_advantages"] = adv.float()
         print(f"[{name}] advantages mean {float(masked_mean(adv, mask)):.3e} returns mean "
               f"{float(masked_mean(ret, mask)):.6f}")
     meta["gae_cases"] = json.dumps(gae_cases)
@@ -192,6 +222,23 @@ def main(argv):
             grad = p[n].grad if p[n].grad is not None else torch.zeros_like(p[n])
             fixture[name + ".grad." + n] = grad.float()
         print(f"[{name}] vf_loss {float(loss):.8f} vf_clipfrac {float(clipfrac):.4f}")
+    # The actor: the policy's log-probabilities at TEMPERATURE; rollout-time ones near them, so that
+    # some ratios leave the clip range; the surrogate with the whitened GAE advantages.
+    with torch.no_grad():
+        logp, entropy = actor_logps(init, ids, prompts, responses)
+    actor_old = f32((logp + torch.rand(mask.shape, generator=g, dtype=torch.float64) * 0.6 - 0.3) * mask)
+    fixture.update({"actor_logp": logp.float(), "actor_entropy": (entropy * mask).float(), "actor_old_logp":
+                    actor_old.float()})
+    p = {n: init[n].clone().requires_grad_(True) for n in param_names(CFG)}
+    loss, clipfrac = actor_loss(actor_logps(p, ids, prompts, responses)[0], actor_old,
+                                f32(fixture["actor_advantages"].double()), mask)
+    assert 0 < float(clipfrac) < 1, clipfrac
+    loss.backward()
+    meta["actor"] = json.dumps({"temperature": TEMPERATURE, "clip_ratio": CLIP_RATIO, "pg_loss": float(loss),
+                                "pg_clipfrac": float(clipfrac)})
+    for n in param_names(CFG):
+        fixture["actor.grad." + n] = p[n].grad.float()
+    print(f"[actor at temperature {TEMPERATURE}] pg_loss {float(loss):.8f} pg_clipfrac {float(clipfrac):.4f}")
     save_file(fixture, os.path.join(out, "reference.safetensors"), metadata=meta)
     return 0
 

@@ -2,9 +2,12 @@
 // formulas): on a fixed batch of the reference's tiny Llama critic, the whitened GAE advantages
 // and returns for several (gamma, lam) with and without the KL penalty in the reward; the value
 // loss, vf_clipfrac, vpred_mean and every critic parameter gradient within 1e-5 for each
-// loss_agg_mode, with the value clip hit on both sides. And GAE's edge cases by hand.
+// loss_agg_mode, with the value clip hit on both sides. The actor at a rollout temperature of 0.7:
+// its per-token log-probabilities and entropies of softmax(logits / 0.7), and the clipped surrogate
+// with the GAE advantages with every policy gradient. And GAE's edge cases by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -129,6 +132,45 @@ TEST(PpoReference, ValuesOfTheCriticItselfAreUnclipped) {
   const ValueLossResult r = value_minibatch(*critic, f.rows(), ValueLossOptions{}, 0, 1.0f, false);
   EXPECT_NEAR(r.vf_loss, 0.0, 1e-12);
   EXPECT_EQ(r.vf_clipfrac, 0.0);
+}
+
+// The actor's log-probabilities (old, reference and current alike: response_logps and
+// grpo_minibatch) at the rollout temperature, and its loss and gradients with per-token advantages.
+TEST(PpoReference, ActorAtTheRolloutTemperatureMatchesPyTorch) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_ppo_reference.py (make test does)";
+  PpoFixture f;
+  const nlohmann::json want = f.json("actor");
+  const Tensor logp = f.ref.tensor("actor_logp"), entropy = f.ref.tensor("actor_entropy");
+  const Tensor old = f.ref.tensor("actor_old_logp"), adv = f.ref.tensor("actor_advantages");
+  const int64_t width = logp.dim(1);
+  GrpoLossOptions o;
+  o.temperature = want["temperature"].get<double>();
+  ASSERT_NE(o.temperature, 1.0);
+  o.clip_ratio_low = o.clip_ratio_high = want["clip_ratio"].get<double>();
+  auto actor = load_model_folder(fixture_dir(), DecoderOptions{});
+  double entropy_sum = 0, want_entropy = 0;
+  const auto logps = response_logps(*actor, f.rows(), 0, o.temperature, &entropy_sum);
+  for (size_t i = 0; i < f.rollouts.size(); ++i) {
+    RolloutSequence& r = f.rollouts[i];
+    ASSERT_EQ(logps[i].size(), r.response.size());
+    r.old_logp.clear();
+    r.token_advantages.clear();
+    for (size_t k = 0; k < r.response.size(); ++k) {
+      const int64_t at = int64_t(i) * width + int64_t(k);
+      EXPECT_NEAR(logps[i][k], logp.data<float>()[at], 1e-5) << i << "," << k;
+      want_entropy += entropy.data<float>()[at];
+      r.old_logp.push_back(old.data<float>()[at]);
+      r.token_advantages.push_back(adv.data<float>()[at]);
+    }
+  }
+  EXPECT_NEAR(entropy_sum, want_entropy, 1e-4);
+  actor->params().grads().zero_();
+  const GrpoLossResult r = grpo_minibatch(*actor, f.rows(), o, 0, 1.0f, true);
+  EXPECT_NEAR(r.pg_loss, want["pg_loss"].get<double>(), 1e-5 * std::max(1.0, std::fabs(want["pg_loss"].get<double>())));
+  EXPECT_NEAR(r.pg_clipfrac, want["pg_clipfrac"].get<double>(), 1e-12);
+  for (const ParamInfo& p : actor->params().params())
+    test::expect_close(actor->params().grads().view(p.offset, p.shape), f.ref.tensor("actor.grad." + p.name), 1e-5,
+                       "actor grad " + p.name);
 }
 
 TEST(PpoGae, ResponseOfOneToken) {

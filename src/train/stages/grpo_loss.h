@@ -36,6 +36,9 @@ struct GrpoLossOptions {
   LossAggMode loss_agg_mode = LossAggMode::token_mean;
   double kl_loss_coef = 0.0;  // 0: no KL term (verl's use_kl_loss false)
   KlType kl_loss_type = KlType::k3;
+  // The policy's log-probabilities are of softmax(logits / temperature), the distribution the
+  // rollouts were sampled from (verl's actor and TRL's GRPOTrainer divide by the rollout temperature).
+  double temperature = 1.0;
 };
 
 // One response: the policy's, the rollout policy's ("old") and the reference's log-probability of

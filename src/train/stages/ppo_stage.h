@@ -1,8 +1,9 @@
 #pragma once
 // stage ppo: verl's PPO with a critic (adv_estimator gae). One trainer step: the rollouts, rewards
-// and old (and reference) log-probabilities of stage grpo (num_generations defaults to 1); the
-// critic's values of every response token (no gradient); token-level rewards (the score on the
-// last token, minus kl_coef * KL(rollout policy, reference) per token under use_kl_in_reward);
+// and old (and reference) log-probabilities of stage grpo, at the rollout temperature
+// (num_generations defaults to 1); the critic's values of every response token (no gradient);
+// token-level rewards (the score on the last token, minus kl_coef * KL(rollout policy, reference)
+// per token under use_kl_in_reward);
 // GAE with gamma and lam, returns = advantages + values, the advantages whitened over every
 // response token of the step on every rank; then ppo_epochs passes over the mini-batches updating
 // the critic (clipped value loss, its own AdamW and critic_max_grad_norm) and then, from step

@@ -134,13 +134,13 @@ Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t 
 }
 
 std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::vector<const RolloutSequence*>& rows,
-                                                int32_t pad_id, double* entropy_sum) {
+                                                int32_t pad_id, double temperature, double* entropy_sum) {
   const Batch batch = collate_rollouts(rows, pad_id);
   const Tensor targets = model.shifted_labels(batch.labels);
   const int64_t seq = batch.ids.dim(1);
   std::vector<std::vector<double>> out(rows.size());
   model.forward_with_head(batch.ids, false, [&](Tape& tape, const Var& hidden) {
-    const TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, entropy_sum != nullptr);
+    const TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, entropy_sum != nullptr, temperature);
     for (size_t i = 0; i < rows.size(); ++i)
       for (size_t k = 0; k < rows[i]->response.size(); ++k) {
         const size_t row = size_t(response_row(int64_t(i), seq, *rows[i], k));
@@ -159,7 +159,7 @@ GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const Rollo
   const int64_t seq = batch.ids.dim(1);
   GrpoLossResult result;
   model.forward_with_head(batch.ids, with_grad, [&](Tape& tape, const Var& hidden) {
-    TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, false);
+    TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, false, options.temperature);
     std::vector<ResponseTokens> tokens(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       tokens[i].old_logp = rows[i]->old_logp;
@@ -186,8 +186,11 @@ GrpoLossOptions grpo_loss_options(const TrainConfig& c) {
   o.loss_agg_mode = parse_loss_agg_mode(c.loss_agg_mode);
   o.kl_loss_coef = c.kl_loss_coef;
   o.kl_loss_type = parse_kl_type(c.kl_loss_type);
+  o.temperature = logp_temperature(c);
   return o;
 }
+
+double logp_temperature(const TrainConfig& c) { return c.temperature > 0 ? c.temperature : 1.0; }
 
 uint64_t rollout_seed(uint64_t seed, int64_t step, int64_t prompt, int64_t sample) {
   uint64_t h = seed * 0x9e3779b97f4a7c15ull;
@@ -289,7 +292,7 @@ void RolloutStage::reference_logps(std::vector<RolloutSequence>& rollouts, size_
   try {
     for (size_t first = 0; first < rollouts.size(); first += per_mini) {
       const auto rows = mini_batch(rollouts, first, per_mini);
-      const auto logps = response_logps(model_, rows, pad_id_);
+      const auto logps = response_logps(model_, rows, pad_id_, loss_options_.temperature);
       for (size_t i = 0; i < rows.size(); ++i) rollouts[first + i].ref_logp = logps[i];
     }
   } catch (...) {
@@ -340,7 +343,7 @@ void RolloutStage::old_logps(std::vector<RolloutSequence>& rollouts, size_t per_
   double entropy = 0, tokens = 0;
   for (size_t first = 0; first < rollouts.size(); first += per_mini) {
     const auto rows = mini_batch(rollouts, first, per_mini);
-    const auto logps = response_logps(model_, rows, pad_id_, &entropy);
+    const auto logps = response_logps(model_, rows, pad_id_, loss_options_.temperature, &entropy);
     for (size_t i = 0; i < rows.size(); ++i) {
       rollouts[first + i].old_logp = logps[i];
       tokens += double(logps[i].size());

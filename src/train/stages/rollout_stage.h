@@ -4,7 +4,8 @@
 // sample, so runs reproduce and resume); rewards; group-normalised advantages (each prompt's group
 // lives on one rank); the rollout policy's per-token log-probabilities ("old", a forward without
 // gradient) and, with kl_loss_coef, the reference's (the starting weights, or the adapters off
-// under LoRA); then ppo_epochs passes over mini-batches of ppo_mini_batch_size prompts' responses,
+// under LoRA), these, the updates' and the entropy metric all of softmax(logits / temperature),
+// the distribution sampled from (verl's actor and TRL's GRPOTrainer divide by it too); then ppo_epochs passes over mini-batches of ppo_mini_batch_size prompts' responses,
 // each one optimizer step (clipped by max_grad_norm). Gradients are averaged over the ranks, as
 // verl's data-parallel actor does.
 #include <cstdint>
@@ -69,12 +70,18 @@ int64_t response_row(int64_t i, int64_t seq, const RolloutSequence& r, size_t k)
 // (B, T) ids and labels of prompt + response, the prompt's labels -100.
 Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t pad_id);
 
-// Per response token log-probabilities under `model` (no gradient); `entropy_sum` (optional)
-// adds each response token's entropy.
+// Per response token log-probabilities under `model` at `temperature` (of softmax(logits /
+// temperature); no gradient); `entropy_sum` (optional) adds each response token's entropy of that
+// distribution.
 std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::vector<const RolloutSequence*>& rows,
-                                                int32_t pad_id, double* entropy_sum = nullptr);
+                                                int32_t pad_id, double temperature, double* entropy_sum = nullptr);
 
-// Forward (and, with_grad, backward of scale * loss) of the GRPO loss of `rows`.
+// The temperature the log-probabilities of a rollout sampled at config.temperature are taken at:
+// that temperature (verl, TRL), or 1 for greedy rollouts (temperature 0).
+double logp_temperature(const TrainConfig& config);
+
+// Forward (and, with_grad, backward of scale * loss) of the GRPO loss of `rows`, the policy's
+// log-probabilities at options.temperature.
 GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const RolloutSequence*>& rows,
                               const GrpoLossOptions& options, int32_t pad_id, float scale, bool with_grad);
 
