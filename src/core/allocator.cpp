@@ -88,6 +88,8 @@ void system_free(void* p, size_t bytes) {
 
 void HostAllocator::release_cached() { cache_->drain(system_free); }
 
+void HostAllocator::hold_cached(bool on) { on ? cache_->hold() : cache_->end_hold(); }
+
 void* HostAllocator::raw_allocate(size_t bytes) {
   const size_t rounded = BlockCache::size_class(bytes);
   if (void* p = cache_->take(rounded)) return p;

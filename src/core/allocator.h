@@ -31,7 +31,21 @@ class Allocator {
   // Starts a new peak window: each peak becomes the current live figure.
   void reset_peaks();
 
+  // While one lives, released blocks stay cached for reuse rather than being freed to make room
+  // for other sizes (block_cache.h says when that matters: generation's decode passes).
+  class HoldCachedBlocks {
+   public:
+    explicit HoldCachedBlocks(Allocator& allocator) : allocator_(allocator) { allocator_.hold_cached(true); }
+    ~HoldCachedBlocks() { allocator_.hold_cached(false); }
+    HoldCachedBlocks(const HoldCachedBlocks&) = delete;
+    HoldCachedBlocks& operator=(const HoldCachedBlocks&) = delete;
+
+   private:
+    Allocator& allocator_;
+  };
+
  protected:
+  virtual void hold_cached(bool) {}  // allocators without a cache of blocks hold nothing
   virtual void* raw_allocate(size_t bytes) = 0;
   virtual void raw_release(void* ptr) = 0;
 
@@ -56,6 +70,7 @@ class HostAllocator final : public Allocator {
   void release_cached();  // returns every cached block to the OS
 
  protected:
+  void hold_cached(bool on) override;
   void* raw_allocate(size_t bytes) override;
   void raw_release(void* ptr) override;
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <utility>
 
+#include "core/backend.h"
 #include "core/error.h"
 #include "core/profiler.h"
 #include "core/trace.h"
@@ -67,8 +68,8 @@ PipelineStage stage_of(const ModelConfig& c, const DecoderOptions& options) {
 }  // namespace
 
 DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& options)
-    : config_(config), options_(options), stage_(stage_of(config, options)),
-      sharding_(options.sharding ? options.sharding : &single_device_) {
+    : config_(config), options_(options), sharding_(options.sharding ? options.sharding : &single_device_),
+      stage_(stage_of(config, options)) {
   // PEFT gives a module of modules_to_save its own copy, which unties a tied embedding; this
   // model keeps one tensor for both, so that combination is refused.
   for (const std::string& m : options_.lora.modules_to_save)
@@ -319,6 +320,7 @@ Var DecoderModel::decode_layers(const Tensor& ids, const Tensor& positions,
   check_whole("generation");
   FAB_CHECK(ids.ndim() == 1 && positions.numel() == ids.numel(), "decode_layers: ids (rows) and their positions");
   Tape none(false);
+  const Allocator::HoldCachedBlocks hold(backend(options_.device.kind).allocator());
   const LayerContext ctx = context(attention, on_device(positions), ids.numel(), decoding_);
   Var x = embedding(none, on_device(ids), embed_);
   for (const DecoderLayer& l : layers_) x = l.forward(none, ctx, x);

@@ -71,4 +71,6 @@ void* CudaAllocator::raw_allocate(size_t bytes) {
 
 void CudaAllocator::raw_release(void* ptr) { cache_->put(ptr); }
 
+void CudaAllocator::hold_cached(bool on) { on ? cache_->hold() : cache_->end_hold(); }
+
 }  // namespace fab::cuda

@@ -24,6 +24,7 @@ class CudaAllocator final : public Allocator {
   void release_cached();          // cudaFree of every cached block
 
  protected:
+  void hold_cached(bool on) override;
   void* raw_allocate(size_t bytes) override;
   void raw_release(void* ptr) override;
 
