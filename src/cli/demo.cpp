@@ -4,6 +4,7 @@
 // it with the same code path as `fabrica train` (data preparation, chatml template, Trainer), and
 // measures accuracy again, printing a few generations.
 #include "cli/demo.h"
+#include "cli/demo_task.h"
 
 #include <chrono>
 #include <cstdio>
@@ -14,14 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/file_write.h"
 #include "core/rng.h"
 #include "dataset/prepare.h"
 #include "io/checkpoint_names.h"
-#include "dataset/tokenizer_encoder.h"
-#include "infer/rollout.h"
-#include "models/hf_model.h"
-#include "tokenizer/bpe_trainer.h"
 #include "parallel/parallelize.h"
 #include "train/stages/rollout_stage.h"
 #include "train/trainer.h"
@@ -30,10 +26,6 @@ namespace fab {
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Problem {
-  std::string question, answer;
-};
 
 // Distinct a+b problems (0 <= a, b < 100) written at fixed width ("07+43=" -> "050"), so every
 // digit has a fixed place, split into train and held-out sets.
@@ -52,84 +44,13 @@ std::pair<std::vector<Problem>, std::vector<Problem>> make_problems(size_t train
   return {{all.begin(), all.begin() + long(train)}, {all.begin() + long(train), all.end()}};
 }
 
-void write_alpaca(const std::string& path, const std::vector<Problem>& problems) {
-  nlohmann::json records = nlohmann::json::array();
-  for (const Problem& p : problems) records.push_back({{"instruction", p.question}, {"input", ""}, {"output", p.answer}});
-  write_file_atomically(path, records.dump(1) + "\n");
-}
-
-void write_model_config(const std::string& dir, int64_t vocab) {
-  const nlohmann::json config = {{"architectures", {"Qwen3ForCausalLM"}},
-                                 {"model_type", "qwen3"},
-                                 {"vocab_size", vocab},
-                                 {"hidden_size", 128},
-                                 {"intermediate_size", 352},
-                                 {"num_hidden_layers", 3},
-                                 {"num_attention_heads", 4},
-                                 {"num_key_value_heads", 2},
-                                 {"head_dim", 32},
-                                 {"max_position_embeddings", 64},
-                                 {"rope_theta", 10000.0},
-                                 {"rms_norm_eps", 1e-6},
-                                 {"tie_word_embeddings", true}};
-  write_file_atomically(dir + "/config.json", config.dump(2) + "\n");
-}
-
-// Greedy answers through the chatml template; returns the fraction answered exactly.
-double accuracy(DecoderModel& model, const Tokenizer& tokenizer, const std::vector<Problem>& problems,
-                size_t show = 0) {
-  TokenizerEncoder encoder(tokenizer);
-  ChatTemplate chat(get_template("chatml"), encoder);
-  SamplingOptions greedy;
-  greedy.max_new_tokens = 6;
-  greedy.stop_ids = {*tokenizer.eos_id()};
-  std::vector<RolloutRequest> requests;
-  for (const Problem& p : problems)
-    requests.push_back({chat.encode_oneturn({{Role::user, p.question}, {Role::assistant, ""}}, "", "").first, 0});
-  const std::vector<RolloutOutput> outputs = rollout(model, requests, greedy, 32);
-  size_t right = 0;
-  for (size_t i = 0; i < problems.size(); ++i) {
-    const std::string answer = tokenizer.decode(outputs[i].tokens, true);
-    right += answer == problems[i].answer;
-    if (i < show) {
-      const std::string verdict = answer == problems[i].answer ? "right" : "wrong, expected " + problems[i].answer;
-      std::printf("  %s -> %-5s %s\n", problems[i].question.c_str(), answer.c_str(), verdict.c_str());
-    }
-  }
-  return double(right) / double(problems.size());
-}
-
-// stage grpo on the same task: exact_match reward, 8 samples per prompt at temperature 1.
-std::string grpo_yaml(const std::string& work, const std::string& start, int steps) {
-  return "model_name_or_path: " + start + "\nstage: grpo\nreward: exact_match\ndataset: " + work +
-         "/data/rl.json\ntemplate: chatml\ncutoff_len: 32\noutput_dir: " + work +
-         "/rl\noverwrite_output_dir: true\nper_device_train_batch_size: 8\nnum_generations: 8\n"
-         "temperature: 1.0\ntop_p: 1.0\ntop_k: 0\nmax_new_tokens: 6\nppo_epochs: 1\nppo_mini_batch_size: 4\n"
-         "learning_rate: 1.0e-4\nlr_scheduler_type: constant\nmax_steps: " +
-         std::to_string(steps) + "\nlogging_steps: " + std::to_string(std::max(1, steps / 10)) +
-         "\nsave_steps: 0\nseed: 7\ncache_dir: " + work + "/cache\n";
-}
-
 // stage ppo on the same task: one sample per prompt at temperature 1, as many samples per step
 // as grpo's; a critic from the same start with a zero value head, learning 10x faster than the actor.
 std::string ppo_yaml(const std::string& work, const std::string& start, int steps) {
-  return "model_name_or_path: " + start + "\nstage: ppo\nreward: exact_match\ndataset: " + work +
-         "/data/rl.json\ntemplate: chatml\ncutoff_len: 32\noutput_dir: " + work +
-         "/rl\noverwrite_output_dir: true\nper_device_train_batch_size: 64\nnum_generations: 1\n"
+  return demo_common_yaml(start, work + "/data/rl.json", work + "/rl", work + "/cache", steps) +
+         "stage: ppo\nreward: exact_match\nper_device_train_batch_size: 64\nnum_generations: 1\n"
          "temperature: 1.0\ntop_p: 1.0\ntop_k: 0\nmax_new_tokens: 6\nppo_epochs: 1\nppo_mini_batch_size: 32\n"
-         "gamma: 1.0\nlam: 1.0\ncritic_learning_rate: 1.0e-3\n"
-         "learning_rate: 1.0e-4\nlr_scheduler_type: constant\nmax_steps: " +
-         std::to_string(steps) + "\nlogging_steps: " + std::to_string(std::max(1, steps / 10)) +
-         "\nsave_steps: 0\nseed: 7\ncache_dir: " + work + "/cache\n";
-}
-
-std::string run_yaml(const std::string& work, int steps) {
-  return "model_name_or_path: " + work + "/model\nstage: sft\ndataset: " + work +
-         "/data/train.json\ntemplate: chatml\ncutoff_len: 32\noutput_dir: " + work +
-         "/out\noverwrite_output_dir: true\nper_device_train_batch_size: 32\nlearning_rate: 3.0e-3\n"
-         "lr_scheduler_type: cosine\nwarmup_ratio: 0.05\nweight_decay: 0.01\nmax_steps: " +
-         std::to_string(steps) + "\nlogging_steps: " + std::to_string(std::max(1, steps / 10)) +
-         "\nsave_steps: 0\nseed: 7\ncache_dir: " + work + "/cache\n";
+         "gamma: 1.0\nlam: 1.0\ncritic_learning_rate: 1.0e-3\nlearning_rate: 1.0e-4\nlr_scheduler_type: constant\n";
 }
 
 }  // namespace
@@ -156,20 +77,17 @@ int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std:
   std::printf("1. task: two-digit addition; %zu problems for SFT, %zu other ones for %s (only their answers, "
               "through the reward), %zu held out (%s/data)\n",
               sft.size(), rl.size(), name.c_str(), test.size(), work.c_str());
-  BpeTrainer bpe_trainer(BpeTrainerOptions{400, 2, default_special_tokens()});
-  for (const Problem& p : sft) bpe_trainer.add_text(p.question + p.answer + "\n");
-  save_bpe_tokenizer(bpe_trainer.train(), work + "/model");
-  const Tokenizer tokenizer = Tokenizer::load(work + "/model");
-  write_model_config(work + "/model", tokenizer.vocab_size());
+  const Tokenizer tokenizer = make_tiny_model_folder(work + "/model", sft, 400);
 
   std::printf("2. SFT part of the way: %d steps, a checkpoint every %d; the first checkpoint from step %d on "
               "with at least %.0f%% held-out accuracy is %s's start\n",
               sft_steps, kCheckpointEvery, sft_steps * 4 / 9 / kCheckpointEvery * kCheckpointEvery, 100 * kPartialAccuracy,
               name.c_str());
-  TrainConfig sft_config = parse_train_config(run_yaml(work, sft_steps), "demo-sft.yaml");
+  TrainConfig sft_config = parse_train_config(
+      demo_sft_yaml(work + "/model", work + "/data/train.json", work + "/out", work + "/cache", sft_steps), "demo-sft.yaml");
   sft_config.save_steps = kCheckpointEvery;
   PreparedData sft_data = prepare_data(sft_config, tokenizer);
-  Trainer(sft_config, parallelize(load_model_folder(work + "/model", {Precision::fp32, false, 64}, 7), nullptr, sft_config),
+  Trainer(sft_config, parallelize(load_tiny_model(work + "/model"), nullptr, sft_config),
           TrainData{sft_data.train, sft_data.eval, *tokenizer.pad_id()})
       .run();
   std::string start_dir = work + "/out";
@@ -178,8 +96,8 @@ int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std:
   for (int step = sft_steps * 4 / 9 / kCheckpointEvery * kCheckpointEvery; step <= sft_steps; step += kCheckpointEvery) {
     start_dir = step < sft_steps ? work + "/out/" + checkpoint_name(step) : work + "/out";
     if (!fs::exists(start_dir + "/model.safetensors")) continue;
-    partial = load_model_folder(start_dir, {Precision::fp32, false, 64});
-    before = accuracy(*partial, tokenizer, test);
+    partial = load_tiny_model(start_dir);
+    before = greedy_accuracy(*partial, tokenizer, test);
     std::printf("   %s: held-out accuracy %.1f%%\n", start_dir.c_str(), 100 * before);
     if (before >= kPartialAccuracy) break;
   }
@@ -187,7 +105,10 @@ int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std:
   std::printf("3. %s %d steps, reward exact_match, %s per step (config in %s/rl/train_config.yaml):\n", name.c_str(),
               rl_steps, stage == Stage::ppo ? "64 prompts x 1 sample, a critic" : "8 prompts x 8 samples", work.c_str());
   const TrainConfig rl_config =
-      parse_train_config(stage == Stage::ppo ? ppo_yaml(work, start_dir, rl_steps) : grpo_yaml(work, start_dir, rl_steps),
+      parse_train_config(stage == Stage::ppo ? ppo_yaml(work, start_dir, rl_steps)
+                                             : demo_grpo_yaml(start_dir, work + "/data/rl.json", work + "/rl",
+                                                              work + "/cache", rl_steps,
+                                                              "ppo_epochs: 1\nppo_mini_batch_size: 4\n"),
                          "demo-" + stage_text + ".yaml");
   PreparedData rl_data = prepare_data(rl_config, tokenizer);
   TrainData rl_train{rl_data.train, rl_data.eval, *tokenizer.pad_id()};
@@ -203,9 +124,9 @@ int run_demo_rl(int sft_steps, int rl_steps, const std::string& work, const std:
                 (long long)nlohmann::json::parse(first)["step"].get<int64_t>(),
                 nlohmann::json::parse(line)["reward_mean"].get<double>(),
                 (long long)nlohmann::json::parse(line)["step"].get<int64_t>());
-  auto after_rl = load_model_folder(work + "/rl", {Precision::fp32, false, 64});
+  auto after_rl = load_tiny_model(work + "/rl");
   std::printf("4. after %s, a few held-out problems:\n", name.c_str());
-  const double after = accuracy(*after_rl, tokenizer, test, 6);
+  const double after = greedy_accuracy(*after_rl, tokenizer, test, 6);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("   held-out accuracy: %.1f%% after SFT, %.1f%% after %s  (%.0f s in all; the model is in %s/rl)\n",
               100 * before, 100 * after, name.c_str(), seconds, work.c_str());
@@ -222,29 +143,26 @@ int run_demo(int steps, const std::string& work) {
   std::printf("1. task: two-digit addition, %zu training and %zu held-out problems (%s/data)\n", train.size(),
               test.size(), work.c_str());
 
-  BpeTrainer bpe_trainer(BpeTrainerOptions{400, 2, default_special_tokens()});
-  for (const Problem& p : train) bpe_trainer.add_text(p.question + p.answer + "\n");
-  save_bpe_tokenizer(bpe_trainer.train(), work + "/model");
-  const Tokenizer tokenizer = Tokenizer::load(work + "/model");
-  write_model_config(work + "/model", tokenizer.vocab_size());
+  const Tokenizer tokenizer = make_tiny_model_folder(work + "/model", train, 400);
   std::printf("2. tokenizer: byte-level BPE, %lld tokens (%s/model/tokenizer.json)\n",
               (long long)tokenizer.vocab_size(), work.c_str());
 
-  auto untrained = load_model_folder(work + "/model", {Precision::fp32, false, 64}, 7);
+  auto untrained = load_tiny_model(work + "/model");
   std::printf("3. model: Qwen3 architecture from scratch, %lld parameters; held-out accuracy before training: "
               "%.1f%%\n",
-              (long long)untrained->config().num_parameters(), 100 * accuracy(*untrained, tokenizer, test));
+              (long long)untrained->config().num_parameters(), 100 * greedy_accuracy(*untrained, tokenizer, test));
 
   std::printf("4. training %d steps (the `fabrica train` path; config in %s/out/train_config.yaml):\n", steps,
               work.c_str());
-  const TrainConfig config = parse_train_config(run_yaml(work, steps), "demo.yaml");
+  const TrainConfig config = parse_train_config(
+      demo_sft_yaml(work + "/model", work + "/data/train.json", work + "/out", work + "/cache", steps), "demo.yaml");
   PreparedData data = prepare_data(config, tokenizer);
   Trainer trainer(config, parallelize(std::move(untrained), nullptr, config), TrainData{data.train, data.eval, *tokenizer.pad_id()});
   trainer.run();
 
-  auto trained = load_model_folder(work + "/out", {Precision::fp32, false, 64});
+  auto trained = load_tiny_model(work + "/out");
   std::printf("5. after training, a few held-out problems:\n");
-  const double after = accuracy(*trained, tokenizer, test, 6);
+  const double after = greedy_accuracy(*trained, tokenizer, test, 6);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("   held-out accuracy after training: %.1f%%  (%.0f s in all; the model is in %s/out)\n", 100 * after,
               seconds, work.c_str());
