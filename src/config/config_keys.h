@@ -190,7 +190,7 @@
   X(kto_rejected_weight, kto_rejected_weight, double, 1.0, Supported, "The weight factor of the undesirable losses in KTO training") \
   X(simpo_gamma, simpo_gamma, double, 0.5, Supported, "The target reward margin term in SimPO loss") \
   X(ppo_buffer_size, ppo_buffer_size, int64_t, 1, Later, "The number of mini-batches to make experience buffer in a PPO optimization step") \
-  X(ppo_epochs, ppo_epochs, int64_t, 4, Supported, "grpo, ppo: passes over each rollout batch, each mini-batch one optimizer step of the actor (and ppo's critic; LLaMA-Factory's default 4; verl's is 1)") \
+  X(ppo_epochs, ppo_epochs, int64_t, 0, Supported, "grpo, ppo: passes over each rollout batch, each mini-batch one optimizer step of the actor (and ppo's critic). 0: 1 for grpo (verl's ppo_epochs, TRL's num_iterations: one on-policy update per rollout batch unless ppo_mini_batch_size cuts it), 4 for ppo (LLaMA-Factory's default)") \
   X(num_generations, num_generations, int64_t, 0, Own, "grpo, ppo: responses sampled per prompt, one group (verl's rollout.n, TRL's num_generations; 0: 8 for grpo, 1 for ppo)") \
   X(reward, reward, std::string, "", Own, "grpo, ppo: comma-separated rewards, summed: exact_match, gsm8k, boxed, format:REGEX, command:CMD, model:PATH (see the notes)") \
   X(reward_timeout, reward_timeout, double, 600.0, Own, "grpo, ppo: seconds one call of a command:CMD reward may take (each step and rank); past it its process group is killed and the run stops naming the command. Keep it below ddp_timeout") \

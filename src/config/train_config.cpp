@@ -456,6 +456,7 @@ TrainConfig config_from_yaml(const YAML::Node& root, const std::string& source,
   }
   if (problems.lines.empty()) apply_deepspeed_config(c, source, problems);
   if (c.num_generations == 0) c.num_generations = c.stage == Stage::ppo ? 1 : 8;
+  if (c.ppo_epochs == 0) c.ppo_epochs = c.stage == Stage::ppo ? 4 : 1;
   use_rl_sampling_defaults(c);
   if (c.critic_learning_rate == 0) c.critic_learning_rate = c.learning_rate;
   // Megatron infers the interleaved schedule from virtual pipeline stages; so does a config that

@@ -242,7 +242,8 @@ grep -q "warning: critic_warmup 5 is past the run's 2 steps: the actor never upd
 echo "ok: critic_warmup past max_steps: a warning"
 
 # --- 8: non-finite losses and gradient norms name the step and the rank ---------------------------
-blow_up=("reward=command:/usr/bin/python3 $work/score.py" max_steps=2)
+# Four passes (the old default), so that step 1's later updates meet the first one's blown-up weights.
+blow_up=("reward=command:/usr/bin/python3 $work/score.py" max_steps=2 ppo_epochs=4)
 for stage in grpo ppo; do
   rc=0
   # shellcheck disable=SC2046
