@@ -38,23 +38,20 @@ int64_t ModelConfig::num_parameters() const {
   if (qk_norm) layer += 2 * head_dim;
   int64_t total = vocab_size * c + num_hidden_layers * layer + c;
   if (!tie_word_embeddings) total += vocab_size * c;
-  return total;
+  return total + (vision ? vision->num_parameters() : 0);
 }
 
-ModelConfig parse_model_config(const std::string& text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw UserError(format("{}: not valid JSON ({})", source, e.what()));
-  }
-  FAB_USER_CHECK(j.is_object(), "{}: expected a JSON object", source);
-  ModelConfig c;
-  c.model_type = required<std::string>(j, "model_type", source);
-  FAB_USER_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
-                     c.model_type == "qwen3",
-                 "{}: model_type \"{}\" is not supported (expected llama, mistral, qwen2 or qwen3)", source,
-                 c.model_type);
+int64_t VisionConfig::num_parameters() const {
+  const int64_t e = width, i = intermediate, norm = qwen2_5 ? e : 2 * e, merged = e * merge_unit();
+  const int64_t mlp = qwen2_5 ? 3 * e * i + 2 * i + e : 2 * e * i + i + e;
+  const int64_t block = 2 * norm + 3 * e * e + 3 * e + e * e + e + mlp;
+  return e * patch_values() + depth * block + norm + merged * merged + merged + out_hidden_size * (merged + 1);
+}
+
+namespace {
+
+// The decoder's hyper-parameters from `j` (config.json itself, or a VLM's text config).
+void parse_decoder(const json& j, const std::string& source, ModelConfig& c) {
   c.vocab_size = required<int64_t>(j, "vocab_size", source);
   c.hidden_size = required<int64_t>(j, "hidden_size", source);
   c.intermediate_size = required<int64_t>(j, "intermediate_size", source);
@@ -75,11 +72,131 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   parse_rope(j, source, c.max_position_embeddings, &c.rope_theta, &c.rope_scaling);
   c.initializer_range = optional<double>(j, "initializer_range", c.initializer_range, source);
   c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false, source);
-  c.attention_bias = c.model_type == "qwen2" || optional<bool>(j, "attention_bias", false, source);
+  const bool qwen2_family = c.model_type == "qwen2" || c.vision.has_value();
+  c.attention_bias = qwen2_family || optional<bool>(j, "attention_bias", false, source);
   c.qk_norm = c.model_type == "qwen3";
   if (c.model_type == "mistral") c.sliding_window = optional<int64_t>(j, "sliding_window", 0, source);
   const std::string act = optional<std::string>(j, "hidden_act", "silu", source);
   FAB_USER_CHECK(act == "silu", "{}: hidden_act \"{}\" is not supported (expected silu)", source, act);
+}
+
+// vision_config of qwen2_vl (embed_dim, mlp_ratio, hidden_size: the merger's output) or
+// qwen2_5_vl (hidden_size, intermediate_size, out_hidden_size, window_size, fullatt_block_indexes).
+VisionConfig parse_vision(const json& j, bool qwen2_5, const std::string& source) {
+  const std::string where = source + ": vision_config";
+  FAB_USER_CHECK(j.is_object(), "{}: vision_config must be an object", source);
+  VisionConfig v;
+  v.qwen2_5 = qwen2_5;
+  v.depth = required<int64_t>(j, "depth", where);
+  v.num_heads = required<int64_t>(j, "num_heads", where);
+  if (qwen2_5) {
+    v.width = required<int64_t>(j, "hidden_size", where);
+    v.intermediate = required<int64_t>(j, "intermediate_size", where);
+    v.out_hidden_size = required<int64_t>(j, "out_hidden_size", where);
+    v.window_size = optional<int64_t>(j, "window_size", 112, where);
+    v.fullatt_block_indexes = optional<std::vector<int64_t>>(j, "fullatt_block_indexes", {}, where);
+  } else {
+    v.width = required<int64_t>(j, "embed_dim", where);
+    v.intermediate = int64_t(double(v.width) * optional<double>(j, "mlp_ratio", 4.0, where));
+    v.out_hidden_size = required<int64_t>(j, "hidden_size", where);
+  }
+  v.in_channels = optional<int64_t>(j, "in_channels", optional<int64_t>(j, "in_chans", 3, where), where);
+  v.patch_size = optional<int64_t>(j, "patch_size", optional<int64_t>(j, "spatial_patch_size", 14, where), where);
+  v.temporal_patch_size = optional<int64_t>(j, "temporal_patch_size", 2, where);
+  v.spatial_merge_size = optional<int64_t>(j, "spatial_merge_size", 2, where);
+  v.initializer_range = optional<double>(j, "initializer_range", 0.02, where);
+  v.rope_theta = optional<double>(j, "rope_theta", 10000.0, where);
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object())
+    v.rope_theta = optional<double>(j["rope_parameters"], "rope_theta", v.rope_theta, where);
+  FAB_USER_CHECK(v.depth > 0 && v.width > 0 && v.num_heads > 0 && v.intermediate > 0 && v.out_hidden_size > 0 &&
+                     v.patch_size > 0 && v.temporal_patch_size > 0 && v.spatial_merge_size > 0 && v.in_channels > 0,
+                 "{}: sizes must be positive", where);
+  FAB_USER_CHECK(v.width % v.num_heads == 0 && v.head_dim() % 4 == 0,
+                 "{}: the width {} must split into num_heads {} heads of a multiple of 4 features", where, v.width,
+                 v.num_heads);
+  for (int64_t i : v.fullatt_block_indexes)
+    FAB_USER_CHECK(i >= 0 && i < v.depth, "{}: fullatt_block_indexes holds {}, outside the {} blocks", where, i,
+                   v.depth);
+  FAB_USER_CHECK(!qwen2_5 || v.window_size % (v.patch_size * v.spatial_merge_size) == 0,
+                 "{}: window_size {} must be a multiple of patch_size * spatial_merge_size", where, v.window_size);
+  const std::string act = optional<std::string>(j, "hidden_act", qwen2_5 ? "silu" : "quick_gelu", where);
+  FAB_USER_CHECK(act == (qwen2_5 ? "silu" : "quick_gelu"), "{}: hidden_act \"{}\" is not supported (expected {})",
+                 where, act, qwen2_5 ? "silu" : "quick_gelu");
+  return v;
+}
+
+// mrope_section from the text config's rope_parameters (transformers 5) or rope_scaling (4).
+std::vector<int64_t> parse_mrope_section(const json& t, const ModelConfig& c, const std::string& source) {
+  std::vector<int64_t> section;
+  for (const char* key : {"rope_parameters", "rope_scaling"})
+    if (t.contains(key) && t[key].is_object() && t[key].contains("mrope_section")) {
+      section = required<std::vector<int64_t>>(t[key], "mrope_section", source + ": " + key);
+      break;
+    }
+  int64_t sum = 0;
+  for (int64_t s : section) sum += s;
+  FAB_USER_CHECK(section.size() == 3 && sum == c.head_dim / 2,
+                 "{}: rope_parameters.mrope_section must be three counts (temporal, height, width) summing to "
+                 "head_dim / 2 = {}, got {}",
+                 source, c.head_dim / 2, nlohmann::json(section).dump());
+  return section;
+}
+
+// A VLM's config: the text keys nested in text_config (transformers 5) or at the top level
+// (transformers 4's flat form), the tower in vision_config.
+void parse_vision_language(const json& j, const std::string& source, ModelConfig& c) {
+  FAB_USER_CHECK(j.contains("vision_config"), "{}: missing field \"vision_config\" for model_type {}", source,
+                 c.model_type);
+  c.vision = parse_vision(j["vision_config"], c.model_type == "qwen2_5_vl", source);
+  json text = j;
+  text.erase("vision_config");
+  if (j.contains("text_config") && j["text_config"].is_object()) {
+    text.erase("text_config");
+    for (const auto& [key, value] : j["text_config"].items()) text[key] = value;
+  }
+  parse_decoder(text, source, c);
+  // transformers 5: the top level's tie_word_embeddings, or text_config's when that one is set.
+  c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false, source) ||
+                          optional<bool>(text, "tie_word_embeddings", false, source);
+  // Qwen2VLTextConfig.default_theta when the config names none.
+  const bool has_theta = text.contains("rope_theta") ||
+                         (text.contains("rope_parameters") && text["rope_parameters"].contains("rope_theta")) ||
+                         (text.contains("rope_scaling") && text["rope_scaling"].is_object() &&
+                          text["rope_scaling"].contains("rope_theta"));
+  if (!has_theta) c.rope_theta = 1000000.0;
+  FAB_USER_CHECK(!optional<bool>(text, "use_sliding_window", false, source),
+                 "{}: use_sliding_window is not supported for {}", source, c.model_type);
+  c.mrope_section = parse_mrope_section(text, c, source);
+  FAB_USER_CHECK(c.vision->out_hidden_size == c.hidden_size,
+                 "{}: the vision merger's output ({}) must equal the language model's hidden_size {}", source,
+                 c.vision->out_hidden_size, c.hidden_size);
+  c.image_token_id = required<int64_t>(text, "image_token_id", source);
+  c.video_token_id = optional<int64_t>(text, "video_token_id", -1, source);
+  c.vision_start_token_id = optional<int64_t>(text, "vision_start_token_id", -1, source);
+  FAB_USER_CHECK(c.image_token_id >= 0 && c.image_token_id < c.vocab_size,
+                 "{}: image_token_id {} outside the vocabulary of {}", source, c.image_token_id, c.vocab_size);
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw UserError(format("{}: not valid JSON ({})", source, e.what()));
+  }
+  FAB_USER_CHECK(j.is_object(), "{}: expected a JSON object", source);
+  ModelConfig c;
+  c.model_type = required<std::string>(j, "model_type", source);
+  const bool vision_language = c.model_type == "qwen2_vl" || c.model_type == "qwen2_5_vl";
+  FAB_USER_CHECK(vision_language || c.model_type == "llama" || c.model_type == "mistral" ||
+                     c.model_type == "qwen2" || c.model_type == "qwen3",
+                 "{}: model_type \"{}\" is not supported (expected llama, mistral, qwen2, qwen3, qwen2_vl or "
+                 "qwen2_5_vl)",
+                 source, c.model_type);
+  if (vision_language) parse_vision_language(j, source, c);
+  else parse_decoder(j, source, c);
   c.source_json = text;
   return c;
 }

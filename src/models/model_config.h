@@ -1,14 +1,37 @@
 #pragma once
 // The decoder family's hyper-parameters, read from a Hugging Face config.json by model_type.
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "models/rope_scaling.h"
 
 namespace fab {
 
+// The vision tower of qwen2_vl / qwen2_5_vl (config.json's vision_config).
+struct VisionConfig {
+  int64_t depth = 0;
+  int64_t width = 0;         // qwen2_vl's embed_dim, qwen2_5_vl's hidden_size
+  int64_t num_heads = 0;
+  int64_t intermediate = 0;  // the MLP's features: qwen2_vl's embed_dim * mlp_ratio, qwen2_5_vl's intermediate_size
+  int64_t out_hidden_size = 0;  // the merger's output: the language model's hidden_size
+  int64_t in_channels = 3, patch_size = 14, temporal_patch_size = 2, spatial_merge_size = 2;
+  int64_t window_size = 0;   // qwen2_5_vl: window attention over window_size pixels; 0: every block full
+  std::vector<int64_t> fullatt_block_indexes;  // qwen2_5_vl's blocks with attention over the whole image
+  // qwen2_vl: LayerNorm (with bias) + QuickGELU MLP (fc1, fc2); qwen2_5_vl: RMSNorm + SwiGLU MLP
+  // (gate_proj, up_proj, down_proj, with biases).
+  bool qwen2_5 = false;
+  double initializer_range = 0.02;
+  double rope_theta = 10000.0;  // the 2-D rotary embedding's
+  int64_t head_dim() const { return width / num_heads; }
+  int64_t patch_values() const { return in_channels * temporal_patch_size * patch_size * patch_size; }
+  int64_t merge_unit() const { return spatial_merge_size * spatial_merge_size; }
+  int64_t num_parameters() const;
+};
+
 struct ModelConfig {
-  std::string model_type;  // llama | mistral | qwen2 | qwen3
+  std::string model_type;  // llama | mistral | qwen2 | qwen3 | qwen2_vl | qwen2_5_vl
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -25,11 +48,16 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (always on for qwen2)
   bool qk_norm = false;         // qwen3: RMSNorm on each head of q and k
+  // qwen2_vl / qwen2_5_vl: the vision tower, M-RoPE's split of the rotary pairs over the
+  // (temporal, height, width) positions, and the special tokens.
+  std::optional<VisionConfig> vision;
+  std::vector<int64_t> mrope_section;
+  int64_t image_token_id = -1, video_token_id = -1, vision_start_token_id = -1;
   // The config.json this came from (empty when built in code): an exported folder writes it
   // back with only what training changed, so every key transformers reads keeps its meaning.
   std::string source_json;
 
-  // Number of parameters (tied embeddings counted once).
+  // Number of parameters (tied embeddings counted once; the vision tower's included).
   int64_t num_parameters() const;
 };
 
