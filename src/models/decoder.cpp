@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "core/profiler.h"
 #include "core/trace.h"
+#include "models/mrope.h"
+#include "nn/vision_ops.h"
 
 namespace fab {
 namespace {
@@ -106,6 +108,9 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
 }
 
 void DecoderModel::check_device_support() const {
+  FAB_USER_CHECK(!config_.vision || options_.device.is_host(),
+                 "device {}: the vision tower of {} runs on the CPU only (use device: cpu)", options_.device.str(),
+                 config_.model_type);
   if (options_.device.is_host()) return;
   FAB_USER_CHECK(is_whole(),
                  "device {}: training with pipeline_parallel_size > 1 is not implemented on a device yet (use device: "
@@ -114,11 +119,12 @@ void DecoderModel::check_device_support() const {
 }
 
 LayerContext DecoderModel::context(std::shared_ptr<AttentionCore> attention, Tensor positions, int64_t rows,
-                                   Sharding& sharding) const {
+                                   Sharding& sharding, std::shared_ptr<const RopeTable> rope) const {
   LayerContext ctx;
   ctx.sharding = &sharding;
   ctx.attention = std::move(attention);
-  ctx.rope = &rope_;
+  ctx.rope = rope ? rope.get() : &rope_;
+  ctx.pass_rope = std::move(rope);
   ctx.positions = std::move(positions);
   ctx.rows = rows;
   ctx.lora = {options_.lora.scaling(), float(options_.lora.dropout), dropout_seed_,
@@ -200,23 +206,62 @@ Tensor DecoderModel::positions_of(const Tensor& ids, const SequenceLayout& layou
   return positions;
 }
 
-Var DecoderModel::embed(Tape& tape, const Tensor& ids) {
+Var DecoderModel::embed(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
   enter_unit(tape, 0);
   const Tensor flat_ids = ids.reshape({ids.numel()});
   Var x = sharding_->embedding(tape, flat_ids, embed_, vocab_begin_);
+  if (vision_) x = merge_images(tape, ids, x, layout);
   leave_unit(tape, 0);
   return x;
+}
+
+// transformers' get_placeholder_mask + masked_scatter: the k-th image token takes the k-th row of
+// the tower's output (images in order, each image's merge groups in the processor's order).
+Var DecoderModel::merge_images(Tape& tape, const Tensor& ids, const Var& embedded, const SequenceLayout& layout) {
+  std::vector<int64_t> image_rows;
+  const int64_t* id = ids.data<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    if (id[i] == config_.image_token_id) image_rows.push_back(i);
+  if (!layout.pixel_values.defined()) {
+    FAB_USER_CHECK(image_rows.empty(), "the batch has {} image tokens (id {}) but no images (pixel_values)",
+                   image_rows.size(), config_.image_token_id);
+    return embedded;
+  }
+  const std::vector<int64_t> merged = check_images(*config_.vision, layout.pixel_values, layout.image_grid_thw);
+  int64_t features = 0;
+  for (int64_t m : merged) features += m;
+  FAB_USER_CHECK(features == int64_t(image_rows.size()),
+                 "image features and image tokens do not match: the batch's {} images give {} features, and it has "
+                 "{} image tokens (id {})",
+                 merged.size(), features, image_rows.size(), config_.image_token_id);
+  return scatter_rows(tape, embedded, image_rows, vision_->forward(tape, layout.pixel_values, layout.image_grid_thw));
+}
+
+std::shared_ptr<const RopeTable> DecoderModel::mrope_of(const Tensor& ids, const SequenceLayout& layout) const {
+  if (!vision_ || !layout.image_grid_thw.defined()) return nullptr;
+  FAB_USER_CHECK(!layout.positions.defined() && !layout.doc_start.defined(),
+                 "packing with images is not implemented in Fabrica yet: set packing: false (and neat_packing: false) "
+                 "for {}",
+                 config_.model_type);
+  const RopeFrequencies freq = rope_frequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
+  return std::make_shared<const RopeTable>(mrope_table(
+      config_, freq.inv_freq, freq.attention_scaling, mrope_positions(config_, ids, layout.image_grid_thw)));
 }
 
 // Under tensor parallel, this rank's heads and intermediate features only: q/k/v and gate/up are
 // column-parallel, o_proj and down row-parallel (models/decoder_layer.cpp).
 Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions,
-                             const Tensor& doc_start, int64_t batch, int64_t seq) {
+                             const Tensor& doc_start, int64_t batch, int64_t seq, std::shared_ptr<const RopeTable> rope) {
   const AttentionShape shape{batch, seq, heads_, kv_heads_, config_.head_dim,
                              float(1.0 / std::sqrt(double(config_.head_dim))), nullptr,
                              options_.precision == Precision::bf16};
-  const LayerContext ctx =
-      context(std::make_shared<SequenceAttention>(shape, doc_start), positions, batch * seq, *sharding_);
+  Tensor pass_positions = positions;  // a pass's own table holds one row per token
+  if (rope) {
+    pass_positions = Tensor::empty({batch * seq}, DType::i64, MemoryCategory::activations);
+    for (int64_t i = 0; i < batch * seq; ++i) pass_positions.data<int64_t>()[i] = i;
+  }
+  const LayerContext ctx = context(std::make_shared<SequenceAttention>(shape, doc_start), pass_positions,
+                                   batch * seq, *sharding_, std::move(rope));
   for (size_t i = first; i < last; ++i) {
     const DecoderLayer& l = layers_[i];
     auto body = [&l, ctx](Tape& t, const Var& in) { return l.forward(t, ctx, in); };
@@ -231,9 +276,10 @@ Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLa
   FAB_CHECK(is_whole(), "a pipeline stage runs through stage_forward");
   check_ids(ids, 0);
   const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  std::shared_ptr<const RopeTable> mrope = mrope_of(ids, layout);
   const Tensor positions = on_device(positions_of(ids, layout));
-  Var x = run_layers(tape, 0, layers_.size(), embed(tape, on_device(ids)), positions, on_device(layout.doc_start),
-                     batch, seq);
+  Var x = run_layers(tape, 0, layers_.size(), embed(tape, on_device(ids), layout), positions,
+                     on_device(layout.doc_start), batch, seq, std::move(mrope));
   enter_unit(tape, head_unit());  // left by the caller after lm_head
   return rmsnorm(tape, x, sharding_->rows_weight(tape, final_norm_), float(config_.rms_norm_eps));
 }
@@ -322,6 +368,12 @@ Var DecoderModel::decode_layers(const Tensor& ids, const Tensor& positions,
   Tape none(false);
   const Allocator::HoldCachedBlocks hold(backend(options_.device.kind).allocator());
   const LayerContext ctx = context(attention, on_device(positions), ids.numel(), decoding_);
+  // Text only: its M-RoPE positions are the plain ones on all three axes.
+  if (config_.vision)
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      FAB_USER_CHECK(ids.data<int64_t>()[i] != config_.image_token_id,
+                     "generation with images is not implemented in Fabrica yet: the prompt holds image tokens (id {})",
+                     config_.image_token_id);
   Var x = embedding(none, on_device(ids), embed_);
   for (const DecoderLayer& l : layers_) x = l.forward(none, ctx, x);
   return x;

@@ -42,6 +42,7 @@ struct LayerContext {
   Sharding* sharding = nullptr;  // the model's: it outlives every pass
   std::shared_ptr<AttentionCore> attention;
   const RopeTable* rope = nullptr;
+  std::shared_ptr<const RopeTable> pass_rope;  // owns *rope when the pass has its own table (M-RoPE)
   Tensor positions;  // (rows) i64, each token's RoPE position
   int64_t rows = 0;  // the pass's tokens (all of them, also where sequence parallel holds a share)
   LoraPass lora;     // scaling, dropout, the masks' seed, and the GEMM (the base projections' too)

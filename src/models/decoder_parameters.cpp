@@ -107,7 +107,11 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c, const PipelineStage
                                        int kv_replicas) {
   std::vector<ParamSpec> out;
   const int64_t C = c.hidden_size;
-  if (stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, 0, false, true});
+  // A VLM's vision tower belongs to the embedding's unit, ahead of the embedding.
+  if (stage.has_embedding && c.vision)
+    for (const VisionParam& p : vision_parameters(*c.vision))
+      out.push_back({p.name, p.shape, -1, p.packed_after_previous, out.empty()});
+  if (stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, 0, false, !c.vision});
   for (const auto& [first, last] : stage.chunks)
     for (int64_t i = first; i < last; ++i) add_layer_specs(c, i, kv_replicas, out);
   if (!stage.has_head) return out;
@@ -135,6 +139,12 @@ void DecoderModel::register_parameters() {
                  "tensor_parallel_size {} with finetuning_type lora or freeze is not implemented in Fabrica yet", tp);
   FAB_USER_CHECK(is_whole() || !options_.lora.enabled(),
                  "pipeline_parallel_size > 1 with finetuning_type lora is not implemented in Fabrica yet");
+  if (c.vision) {
+    FAB_USER_CHECK(tp == 1, "tensor_parallel_size {} with {} is not implemented in Fabrica yet", tp, c.model_type);
+    FAB_USER_CHECK(is_whole(), "pipeline_parallel_size > 1 with {} is not implemented in Fabrica yet", c.model_type);
+    FAB_USER_CHECK(!options_.lora.enabled(), "finetuning_type lora with {} is not implemented in Fabrica yet "
+                   "(use full or freeze)", c.model_type);
+  }
   heads_ = H / tp;
   kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
   kv_heads_ = KV * kv_replicas_ / tp;
@@ -221,6 +231,11 @@ void DecoderModel::bind_parameters() {
   const ModelConfig& c = config_;
   auto var = [this](const std::string& name) { return buffer_of(name).var(name); };
   if (stage_.has_embedding) embed_ = var("model.embed_tokens.weight");
+  if (stage_.has_embedding && c.vision)
+    vision_ = std::make_unique<VisionTower>(
+        *c.vision, [this](const std::vector<std::string>& w, const std::vector<std::string>& b) {
+          return make_linear(w, b);
+        }, var);
   if (stage_.has_head) {
     final_norm_ = var("model.norm.weight");
     lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
@@ -291,7 +306,9 @@ void DecoderModel::init_random(uint64_t seed) {
     ParamBuffer* buffer = held ? &buffer_of(p.name) : nullptr;
     const bool sliced = buffer == &params_;
     const ShardSpec s = sliced ? shards_[params_.index(p.name)] : ShardSpec{-1, p.shape, 0, p.shape[0], 1};
-    const bool is_norm = p.name.find("norm.weight") != std::string::npos;
+    const bool is_norm = p.name.find("norm.weight") != std::string::npos ||
+                         p.name.find("norm1.weight") != std::string::npos ||
+                         p.name.find("norm2.weight") != std::string::npos || p.name.find("ln_q.weight") != std::string::npos;
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
     const int64_t full = shape_numel(p.shape), cols = p.shape.size() > 1 ? p.shape[1] : 1;
     std::vector<float> w(held ? size_t(buffer->info(p.name).numel()) : 0);
