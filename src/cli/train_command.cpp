@@ -232,8 +232,9 @@ int train_worker(TrainConfig c, WorldInfo world) {
   ModelShare share = model_share(base, layout, *mesh, c);  // its tensor-parallel ops outlive the model
   DecoderOptions& options = share.options;
   options.value_head = c.stage == Stage::rm;
-  apply_finetuning(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string()).num_hidden_layers,
-                   options);
+  const ModelConfig model_config = load_model_config((fs::path(c.model_name_or_path) / "config.json").string());
+  apply_finetuning(c, model_config.num_hidden_layers, options);
+  apply_multimodal_freezing(c, model_config, options);
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   load_initial_adapter(c, *model);
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
@@ -250,7 +251,7 @@ int train_worker(TrainConfig c, WorldInfo world) {
                 c.bf16 ? "bf16" : "fp32", device.str().c_str(), omp_get_max_threads(), world.size,
                 (long long)c.zero_stage, layout.tp,
                 layout.sequence_parallel ? " (sequence parallel)" : "");
-  if (main && c.finetuning_type != "full")
+  if (main && (c.finetuning_type != "full" || model_config.vision))
     std::printf("finetuning: %s, %lld trainable parameters, %lld frozen\n", c.finetuning_type.c_str(),
                 (long long)model->params().numel(), (long long)(model->frozen().numel() + model->frozen_bf16().numel()));
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));

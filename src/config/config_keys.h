@@ -271,9 +271,9 @@
   X(asft_alpha, asft_alpha, double, 0.1, Later, "The alpha parameter for ASFT loss to control the power of adaptive weight") \
   X(use_eaft_loss, use_eaft_loss, bool, false, Later, "Whether to use the EAFT loss") \
   X(eaft_alpha, eaft_alpha, double, 1.0, Later, "The alpha parameter for EAFT loss to control the power of adaptive weight") \
-  X(freeze_vision_tower, freeze_vision_tower, bool, true, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
-  X(freeze_multi_modal_projector, freeze_multi_modal_projector, bool, true, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
-  X(freeze_language_model, freeze_language_model, bool, false, Later, "Whether or not to freeze the language model in MLLM training") \
+  X(freeze_vision_tower, freeze_vision_tower, bool, true, Supported, "qwen2_vl / qwen2_5_vl: the vision tower (patch embedding and blocks) does not train") \
+  X(freeze_multi_modal_projector, freeze_multi_modal_projector, bool, true, Supported, "qwen2_vl / qwen2_5_vl: the vision merger (multi-modal projector) does not train") \
+  X(freeze_language_model, freeze_language_model, bool, false, Supported, "qwen2_vl / qwen2_5_vl: the language model (embedding, layers, norm, lm_head) does not train") \
   X(compute_accuracy, compute_accuracy, bool, false, Later, "Whether or not to compute the token-level accuracy at evaluation") \
   X(early_stopping_steps, early_stopping_steps, int64_t, 0, Later, "Number of steps to stop training if the `metric_for_best_model` does not improve") \
   X(include_effective_tokens_per_second, include_effective_tokens_per_second, bool, false, Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \

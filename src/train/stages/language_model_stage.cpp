@@ -9,10 +9,10 @@ namespace fab {
 namespace {
 
 MicroBatch micro_batch_of(const TokenSequences& set, const std::vector<int64_t>& samples, int32_t pad,
-                          bool neat_packing) {
+                          bool neat_packing, const std::vector<SequenceImages>& images) {
   trace::Scope traced(trace::kData, "collate");
-  Batch b = collate(set, samples, pad, neat_packing);
-  return {b.ids, b.labels, {b.positions, b.doc_start}};
+  Batch b = collate(set, samples, pad, neat_packing, images);
+  return {b.ids, b.labels, {b.positions, b.doc_start, b.pixel_values, b.image_grid_thw}};
 }
 
 // The targets and tokens of this rank's next `micro_batches` micro-batches, counted on a copy of
@@ -47,7 +47,8 @@ StepResult LanguageModelStage::step(int64_t step, double lr, Sampler& sampler) {
   const int rank = model.data_group().rank();
   const double loss_sum = model.forward_backward(micro_batches, scale, [&](int64_t m) {
     model.model().set_dropout_seed(dropout_seed(config, rank, step * micro_batches + m));
-    return micro_batch_of(c_.data.train, sampler.next_batch(), c_.data.pad_id, config.neat_packing);
+    return micro_batch_of(c_.data.train, sampler.next_batch(), c_.data.pad_id, config.neat_packing,
+                          c_.data.train_images);
   });
   const UpdateResult u = c_.optimizer.apply(model, step, loss_sum, lr, UpdateRule{config.max_grad_norm});
   StepResult out;
@@ -77,8 +78,8 @@ double LanguageModelStage::evaluate() {
     }
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(eval.size(), start + batch); ++i) idx.push_back(i);
-    const Batch b = collate(eval, idx, c_.data.pad_id, c_.config.neat_packing);
-    sums[0] += model.loss_sum({b.ids, b.labels, {b.positions, b.doc_start}});
+    const Batch b = collate(eval, idx, c_.data.pad_id, c_.config.neat_packing, c_.data.eval_images);
+    sums[0] += model.loss_sum({b.ids, b.labels, {b.positions, b.doc_start, b.pixel_values, b.image_grid_thw}});
     sums[1] += double(DecoderModel::count_targets(b.labels));
   }
   model.data_parallel().release_gathered_parameters();
