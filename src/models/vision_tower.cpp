@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "models/mrope.h"
 #include "nn/vision_ops.h"
 
 namespace fab {
@@ -219,18 +220,9 @@ Var VisionTower::norm(Tape& tape, const Var& x, const Var& weight, const Var& bi
 RopeTable VisionTower::rotary_table(const std::vector<int64_t>& positions) const {
   const int64_t quarter = c_.head_dim() / 4, rows = int64_t(positions.size()) / 2;
   const std::vector<float> inv_freq = RopeTable::default_inv_freq(c_.head_dim() / 2, c_.rope_theta);
-  RopeTable t;
-  t.head_dim = c_.head_dim();
-  t.cos = Tensor::empty({rows, 2 * quarter}, DType::f32, MemoryCategory::activations);
-  t.sin = Tensor::empty({rows, 2 * quarter}, DType::f32, MemoryCategory::activations);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t axis = 0; axis < 2; ++axis)
-      for (int64_t j = 0; j < quarter; ++j) {
-        const float angle = float(positions[size_t(2 * r + axis)]) * inv_freq[size_t(j)];
-        t.cos.data<float>()[r * 2 * quarter + axis * quarter + j] = std::cos(angle);
-        t.sin.data<float>()[r * 2 * quarter + axis * quarter + j] = std::sin(angle);
-      }
-  return t;
+  return rope_table_of(rows, 2 * quarter, 1.0f, [&](int64_t r, int64_t p) {
+    return float(positions[size_t(2 * r + p / quarter)]) * inv_freq[size_t(p % quarter)];
+  });
 }
 
 // x + proj(attention(rope(q), rope(k), v)) of norm1(x), then + mlp(norm2(x)).
