@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "nn/vision_ops.h"
 
 namespace fab {
 
@@ -48,21 +49,6 @@ std::vector<int64_t> mrope_positions(const ModelConfig& c, const Tensor& ids, co
   return out;
 }
 
-RopeTable rope_table_of(int64_t rows, int64_t half, float attention_scaling,
-                        const std::function<float(int64_t row, int64_t pair)>& angle) {
-  RopeTable t;
-  t.head_dim = 2 * half;
-  t.cos = Tensor::empty({rows, half}, DType::f32, MemoryCategory::activations);
-  t.sin = Tensor::empty({rows, half}, DType::f32, MemoryCategory::activations);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t p = 0; p < half; ++p) {
-      const float a = angle(r, p);
-      t.cos.data<float>()[r * half + p] = std::cos(a) * attention_scaling;
-      t.sin.data<float>()[r * half + p] = std::sin(a) * attention_scaling;
-    }
-  return t;
-}
-
 RopeTable mrope_table(const ModelConfig& c, const std::vector<float>& inv_freq, float attention_scaling,
                       const std::vector<int64_t>& positions) {
   const int64_t half = int64_t(inv_freq.size()), rows = int64_t(positions.size()) / 3;
@@ -71,7 +57,7 @@ RopeTable mrope_table(const ModelConfig& c, const std::vector<float>& inv_freq, 
   for (int64_t axis = 0; axis < 3; ++axis)
     for (int64_t k = 0; k < c.mrope_section[size_t(axis)]; ++k) axis_of[size_t(j++)] = axis;
   FAB_CHECK(j == half, "mrope_section covers {} of {} rotary pairs", j, half);
-  return rope_table_of(rows, half, attention_scaling, [&](int64_t r, int64_t p) {
+  return rope_table_of(rows, half, attention_scaling, MemoryCategory::activations, [&](int64_t r, int64_t p) {
     return float(positions[size_t(axis_of[size_t(p)] * rows + r)]) * inv_freq[size_t(p)];
   });
 }

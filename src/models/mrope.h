@@ -4,7 +4,6 @@
 // mrope_section (pairs [0, s0) turn with the temporal position, the next s1 with the height, the
 // last s2 with the width; the second half of the head repeats the split, rotate-half style).
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "models/model_config.h"
@@ -18,11 +17,6 @@ namespace fab {
 // index. A row without images gets 0..T-1 on all three. A UserError when the image tokens do not
 // match the images (count, or a run of image tokens shorter or longer than its image).
 std::vector<int64_t> mrope_positions(const ModelConfig& c, const Tensor& ids, const Tensor& grid_thw);
-
-// A pass's own table: (rows, half) cos and sin of angle(row, pair), times attention_scaling, for
-// rotate-half RoPE over heads of 2 * half features (use with positions 0..rows-1).
-RopeTable rope_table_of(int64_t rows, int64_t half, float attention_scaling,
-                        const std::function<float(int64_t row, int64_t pair)>& angle);
 
 // The cos/sin of each token for its own three positions: (rows, head_dim / 2), pair j turned by
 // the position of its section. Use with positions 0..rows-1.

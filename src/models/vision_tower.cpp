@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "models/mrope.h"
 #include "nn/vision_ops.h"
 
 namespace fab {
@@ -220,7 +219,7 @@ Var VisionTower::norm(Tape& tape, const Var& x, const Var& weight, const Var& bi
 RopeTable VisionTower::rotary_table(const std::vector<int64_t>& positions) const {
   const int64_t quarter = c_.head_dim() / 4, rows = int64_t(positions.size()) / 2;
   const std::vector<float> inv_freq = RopeTable::default_inv_freq(c_.head_dim() / 2, c_.rope_theta);
-  return rope_table_of(rows, 2 * quarter, 1.0f, [&](int64_t r, int64_t p) {
+  return rope_table_of(rows, 2 * quarter, 1.0f, MemoryCategory::activations, [&](int64_t r, int64_t p) {
     return float(positions[size_t(2 * r + p / quarter)]) * inv_freq[size_t(p % quarter)];
   });
 }

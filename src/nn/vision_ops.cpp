@@ -1,5 +1,6 @@
 #include "nn/vision_ops.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -30,6 +31,21 @@ Var elementwise(Tape& tape, const Var& x, const char* name, Forward forward, Bac
 }
 
 }  // namespace
+
+RopeTable rope_table_of(int64_t rows, int64_t half, float attention_scaling, MemoryCategory category,
+                        const std::function<float(int64_t row, int64_t pair)>& angle) {
+  RopeTable t;
+  t.head_dim = 2 * half;
+  t.cos = Tensor::empty({rows, half}, DType::f32, category);
+  t.sin = Tensor::empty({rows, half}, DType::f32, category);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t p = 0; p < half; ++p) {
+      const float a = angle(r, p);
+      t.cos.data<float>()[r * half + p] = std::cos(a) * attention_scaling;
+      t.sin.data<float>()[r * half + p] = std::sin(a) * attention_scaling;
+    }
+  return t;
+}
 
 Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, float eps) {
   ProfileScope profile("layernorm");

@@ -3,12 +3,18 @@
 // (kernels/cpu/vision_kernels.h): LayerNorm with a bias, QuickGELU, GELU, bidirectional attention
 // inside segments of rows, and the scatter of image features into the token embeddings.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "nn/ops.h"
 
 namespace fab {
 
+// A RoPE table of given angles: (rows, half) cos and sin of angle(row, pair), times
+// attention_scaling, for rotate-half RoPE over heads of 2 * half features. A pass's own table
+// (M-RoPE's, the tower's 2-D rotary) is used with positions 0..rows-1.
+RopeTable rope_table_of(int64_t rows, int64_t half, float attention_scaling, MemoryCategory category,
+                        const std::function<float(int64_t row, int64_t pair)>& angle);
 // Row-wise LayerNorm over the last dimension; bias may be null.
 Var layernorm(Tape& tape, const Var& x, const Var& weight, const Var& bias, float eps);
 Var quick_gelu(Tape& tape, const Var& x);
