@@ -368,12 +368,8 @@ Var DecoderModel::decode_layers(const Tensor& ids, const Tensor& positions,
   Tape none(false);
   const Allocator::HoldCachedBlocks hold(backend(options_.device.kind).allocator());
   const LayerContext ctx = context(attention, on_device(positions), ids.numel(), decoding_);
-  // Text only: its M-RoPE positions are the plain ones on all three axes.
-  if (config_.vision)
-    for (int64_t i = 0; i < ids.numel(); ++i)
-      FAB_USER_CHECK(ids.data<int64_t>()[i] != config_.image_token_id,
-                     "generation with images is not implemented in Fabrica yet: the prompt holds image tokens (id {})",
-                     config_.image_token_id);
+  // A VLM generates from text only, as transformers without pixel_values: M-RoPE's positions are
+  // then the plain ones on all three axes, and an image token is embedded as any other token.
   Var x = embedding(none, on_device(ids), embed_);
   for (const DecoderLayer& l : layers_) x = l.forward(none, ctx, x);
   return x;

@@ -14,6 +14,7 @@ the processor's layout (patches x channels*2*patch*patch):
   vision_out: the vision tower's merged features (model.visual(...).pooler_output);
   logits; loss (mean over the shifted targets, transformers' ForCausalLMLoss);
   grad.<name>: the gradient of that loss for every parameter (transformers-5 names);
+  greedy_prompt, greedy_tokens: a text-only prompt and the 8 tokens greedy generate() adds;
   adamw_losses: the losses of 3 AdamW steps (lr 1e-3, weight decay 0.01 on tensors of >= 2
   dimensions only, as Fabrica and LLaMA-Factory group them), the first being `loss`.
 The tower uses patch_size 4 (96 values per patch, not 1176) to keep the fixture small; the code
@@ -90,6 +91,9 @@ def main(out):
                    "position_ids": position_ids.contiguous()}
         with torch.no_grad():
             tensors["vision_out"] = model.model.visual(pixel_values, grid_thw=GRIDS).pooler_output.contiguous()
+            prompt = ids[1:, 10:16]  # text only: M-RoPE's positions are the plain ones
+            greedy = model.generate(prompt, max_new_tokens=8, do_sample=False, min_new_tokens=8)
+            tensors["greedy_prompt"], tensors["greedy_tokens"] = prompt.clone(), greedy[:, 6:].clone()
         model.train()
         kwargs = dict(input_ids=ids, labels=labels, pixel_values=pixel_values, image_grid_thw=GRIDS,
                       mm_token_type_ids=mm)
