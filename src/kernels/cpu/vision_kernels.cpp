@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "kernels/kernel_table.h"
+
 namespace fab::vision_kernels {
 
 void layernorm_forward(const float* x, const float* w, const float* b, int64_t rows, int64_t c, float eps, float* y,
@@ -88,91 +90,107 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
 
 namespace {
 
-// The (segment, head) pairs, each independent: a flat index for one parallel loop.
-struct SegmentHead {
-  int64_t begin, end, head;
+// C (m, n) (+)= op(A) op(B) in fp32 through the CPU table's GEMM (oneDNN, threaded inside).
+void gemm(const float* a, bool trans_a, const float* b, bool trans_b, float* c, int64_t m, int64_t n, int64_t k,
+          bool accumulate) {
+  MatmulArgs args;
+  args.a = a;
+  args.b = b;
+  args.c = c;
+  args.m = m, args.n = n, args.k = k;
+  args.trans_a = trans_a, args.trans_b = trans_b;
+  args.accumulate = accumulate;
+  cpu_kernels().matmul(args);
+}
+
+// Head h's d columns of rows [begin, begin + n) of x (rows, width), as a contiguous (n, d) block.
+void head_block(const float* x, int64_t width, int64_t begin, int64_t n, int64_t h, int64_t d, float* out) {
+  for (int64_t i = 0; i < n; ++i) std::copy_n(x + (begin + i) * width + h * d, d, out + i * d);
+}
+
+// x's block of head h += block (n, d).
+void add_head_block(const float* block, int64_t width, int64_t begin, int64_t n, int64_t h, int64_t d, float* x) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t e = 0; e < d; ++e) x[(begin + i) * width + h * d + e] += block[i * d + e];
+}
+
+// One segment and head's blocks: q, k, v, out, dout (n, d) each, and the (n, n) scores.
+struct HeadBlocks {
+  std::vector<float> q, k, v, out, dout, scores;
+  HeadBlocks(int64_t n, int64_t d)
+      : q(size_t(n * d)), k(size_t(n * d)), v(size_t(n * d)), out(size_t(n * d)), dout(size_t(n * d)),
+        scores(size_t(n * n)) {}
 };
-
-std::vector<SegmentHead> segment_heads(const std::vector<int64_t>& bounds, int64_t heads) {
-  std::vector<SegmentHead> out;
-  for (size_t s = 0; s + 1 < bounds.size(); ++s)
-    for (int64_t h = 0; h < heads; ++h)
-      if (bounds[s + 1] > bounds[s]) out.push_back({bounds[s], bounds[s + 1], h});
-  return out;
-}
-
-double dot(const float* a, const float* b, int64_t d) {
-  double s = 0;
-  for (int64_t e = 0; e < d; ++e) s += double(a[e]) * b[e];
-  return s;
-}
 
 }  // namespace
 
+// Per segment and head: S = scale Q K^T, P = softmax(S) by rows (lse kept), O = P V.
 void segment_attention_forward(const float* q, const float* k, const float* v, const std::vector<int64_t>& bounds,
                                int64_t heads, int64_t d, float scale, float* out, float* lse) {
   const int64_t rows = bounds.back(), width = heads * d;
-  const std::vector<SegmentHead> work = segment_heads(bounds, heads);
-#pragma omp parallel for schedule(dynamic)
-  for (size_t w = 0; w < work.size(); ++w) {
-    const auto [begin, end, h] = work[w];
-    std::vector<double> p(static_cast<size_t>(end - begin)), acc(static_cast<size_t>(d));
-    for (int64_t i = begin; i < end; ++i) {
-      const float* qi = q + i * width + h * d;
-      double top = -INFINITY;
-      for (int64_t j = begin; j < end; ++j) {
-        p[size_t(j - begin)] = double(scale) * dot(qi, k + j * width + h * d, d);
-        top = std::max(top, p[size_t(j - begin)]);
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    const int64_t begin = bounds[s], n = bounds[s + 1] - begin;
+    if (n == 0) continue;
+    HeadBlocks b(n, d);
+    for (int64_t h = 0; h < heads; ++h) {
+      head_block(q, width, begin, n, h, d, b.q.data());
+      head_block(k, width, begin, n, h, d, b.k.data());
+      head_block(v, width, begin, n, h, d, b.v.data());
+      gemm(b.q.data(), false, b.k.data(), true, b.scores.data(), n, n, d, false);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = b.scores.data() + i * n;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) top = std::max(top, row[j] *= scale);
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - top));
+        for (int64_t j = 0; j < n; ++j) row[j] = float(row[j] / sum);
+        lse[h * rows + begin + i] = float(top + std::log(sum));
       }
-      double sum = 0;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t j = begin; j < end; ++j) {
-        const double e = std::exp(p[size_t(j - begin)] - top);
-        sum += e;
-        const float* vj = v + j * width + h * d;
-        for (int64_t x = 0; x < d; ++x) acc[size_t(x)] += e * vj[x];
-      }
-      for (int64_t x = 0; x < d; ++x) out[i * width + h * d + x] = float(acc[size_t(x)] / sum);
-      lse[h * rows + i] = float(top + std::log(sum));
+      gemm(b.scores.data(), false, b.v.data(), false, b.out.data(), n, d, n, false);
+      for (int64_t i = 0; i < n; ++i) std::copy_n(b.out.data() + i * d, d, out + (begin + i) * width + h * d);
     }
   }
 }
 
+// Per segment and head, P = exp(scale Q K^T - lse) recomputed: dV += P^T dO; dP = dO V^T;
+// dS = P * (dP - delta) with delta_i = dO_i . O_i; dQ += scale dS K; dK += scale dS^T Q.
 void segment_attention_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                                 const float* dout, const std::vector<int64_t>& bounds, int64_t heads, int64_t d,
                                 float scale, float* dq, float* dk, float* dv) {
   const int64_t rows = bounds.back(), width = heads * d;
-  const std::vector<SegmentHead> work = segment_heads(bounds, heads);
-#pragma omp parallel for schedule(dynamic)
-  for (size_t w = 0; w < work.size(); ++w) {  // each pair writes only its own rows' columns of its head
-    const auto [begin, end, h] = work[w];
-    const int64_t n = end - begin;
-    std::vector<double> dk_acc(static_cast<size_t>(n * d), 0.0), dv_acc(static_cast<size_t>(n * d), 0.0);
-    std::vector<double> dq_acc(static_cast<size_t>(d));
-    for (int64_t i = begin; i < end; ++i) {
-      const float* qi = q + i * width + h * d;
-      const float* gi = dout + i * width + h * d;
-      const double delta = dot(gi, out + i * width + h * d, d);
-      std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
-      for (int64_t j = begin; j < end; ++j) {
-        const float* kj = k + j * width + h * d;
-        const double p = std::exp(double(scale) * dot(qi, kj, d) - double(lse[h * rows + i]));
-        const double ds = p * (dot(gi, v + j * width + h * d, d) - delta) * double(scale);
-        double* dkj = dk_acc.data() + (j - begin) * d;
-        double* dvj = dv_acc.data() + (j - begin) * d;
-        for (int64_t x = 0; x < d; ++x) {
-          dvj[x] += p * gi[x];
-          dkj[x] += ds * qi[x];
-          dq_acc[size_t(x)] += ds * kj[x];
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    const int64_t begin = bounds[s], n = bounds[s + 1] - begin;
+    if (n == 0) continue;
+    HeadBlocks b(n, d);
+    std::vector<float> dp(size_t(n * n)), grad(size_t(n * d));
+    for (int64_t h = 0; h < heads; ++h) {
+      head_block(q, width, begin, n, h, d, b.q.data());
+      head_block(k, width, begin, n, h, d, b.k.data());
+      head_block(v, width, begin, n, h, d, b.v.data());
+      head_block(out, width, begin, n, h, d, b.out.data());
+      head_block(dout, width, begin, n, h, d, b.dout.data());
+      gemm(b.q.data(), false, b.k.data(), true, b.scores.data(), n, n, d, false);
+      gemm(b.dout.data(), false, b.v.data(), true, dp.data(), n, n, d, false);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        float* p = b.scores.data() + i * n;
+        float* ds = dp.data() + i * n;
+        const float row_lse = lse[h * rows + begin + i];
+        double delta = 0;
+        for (int64_t e = 0; e < d; ++e) delta += double(b.dout[size_t(i * d + e)]) * b.out[size_t(i * d + e)];
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] * scale - row_lse);
+          ds[j] = p[j] * (ds[j] - float(delta)) * scale;
         }
       }
-      for (int64_t x = 0; x < d; ++x) dq[i * width + h * d + x] += float(dq_acc[size_t(x)]);
+      gemm(b.scores.data(), true, b.dout.data(), false, grad.data(), n, d, n, false);  // dV = P^T dO
+      add_head_block(grad.data(), width, begin, n, h, d, dv);
+      gemm(dp.data(), false, b.k.data(), false, grad.data(), n, d, n, false);  // dQ = dS K
+      add_head_block(grad.data(), width, begin, n, h, d, dq);
+      gemm(dp.data(), true, b.q.data(), false, grad.data(), n, d, n, false);  // dK = dS^T Q
+      add_head_block(grad.data(), width, begin, n, h, d, dk);
     }
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t x = 0; x < d; ++x) {
-        dk[(begin + j) * width + h * d + x] += float(dk_acc[size_t(j * d + x)]);
-        dv[(begin + j) * width + h * d + x] += float(dv_acc[size_t(j * d + x)]);
-      }
   }
 }
 

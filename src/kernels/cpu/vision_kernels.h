@@ -1,8 +1,9 @@
 #pragma once
 // The vision tower's CPU kernels (models/vision_tower.h): LayerNorm with a bias, QuickGELU and
 // erf-GELU, and bidirectional attention kept inside segments of rows (one image or one window
-// each, Hugging Face's cu_seqlens). Plain functions over host memory, outside the KernelTable:
-// the tower runs on the CPU only (DecoderModel refuses a vision model on another device).
+// each, Hugging Face's cu_seqlens). Plain functions over host memory, outside the KernelTable
+// (the attention's GEMMs are the CPU table's matmul): the tower runs on the CPU only
+// (DecoderModel refuses a vision model on another device).
 // Backward kernels accumulate (+=) into every gradient they write, as the KernelTable's do.
 #include <cstdint>
 #include <vector>
