@@ -220,8 +220,12 @@ Var DecoderModel::embed(Tape& tape, const Tensor& ids, const SequenceLayout& lay
 Var DecoderModel::merge_images(Tape& tape, const Tensor& ids, const Var& embedded, const SequenceLayout& layout) {
   std::vector<int64_t> image_rows;
   const int64_t* id = ids.data<int64_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i)
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    FAB_USER_CHECK(id[i] != config_.video_token_id,
+                   "videos are not supported by Fabrica yet: the batch holds video tokens (id {})",
+                   config_.video_token_id);
     if (id[i] == config_.image_token_id) image_rows.push_back(i);
+  }
   if (!layout.pixel_values.defined()) {
     FAB_USER_CHECK(image_rows.empty(), "the batch has {} image tokens (id {}) but no images (pixel_values)",
                    image_rows.size(), config_.image_token_id);

@@ -173,6 +173,19 @@ TEST_P(VisionLanguage, RefusesMismatchedImagesAndPackedImages) {
   SequenceLayout packed = r.images();
   packed.positions = Tensor::zeros({2, 32}, DType::i64, MemoryCategory::activations);
   EXPECT_THROW(model->logits(r.ids(), packed), UserError);
+  Tensor video = r.ids().clone(MemoryCategory::activations);
+  video.data<int64_t>()[40] = 61;  // video_token_id, in row 1's text
+  EXPECT_THROW(model->logits(video, r.images()), UserError);
+}
+
+// Pipeline stages and devices other than the CPU are refused by name.
+TEST_P(VisionLanguage, RefusesPipelineStagesAndDevices) {
+  DecoderOptions staged;
+  staged.stage = PipelineStage{{{0, 1}}, true, false};
+  EXPECT_THROW(load(Case(GetParam()).folder(), staged), UserError);
+  DecoderOptions cuda;
+  cuda.device = Device::cuda(0);
+  EXPECT_THROW(load(Case(GetParam()).folder(), cuda), UserError);
 }
 
 // Text-only generation on a VLM folder: transformers' greedy tokens (the qwen2_5_vl model emits
