@@ -30,7 +30,8 @@ struct PreparedData {
   bool from_cache = false;
 };
 
-// `cache_dir` "" means $FABRICA_CACHE, else ~/.cache/fabrica. Image datasets are not cached (yet).
+// `cache_dir` "" means $FABRICA_CACHE, else ~/.cache/fabrica. Image data caches its pixels too
+// (dataset/image_cache.h), rebuilt when an image file changes.
 bool has_images(const PreparedData& data);
 
 PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer, const std::string& cache_dir = "");

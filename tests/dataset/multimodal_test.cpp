@@ -175,3 +175,35 @@ TEST(MultimodalData, ImagesAreLookedUpInMediaDirFirst) {
 
 }  // namespace
 }  // namespace fab
+
+namespace fab {
+namespace {
+
+TEST(MultimodalData, CachedImagesAreTheSameFloatsAndAChangedImageRebuilds) {
+  FAB_REQUIRE_SHARED_DATA();
+  const Tokenizer& tokenizer = test::shared_loaded_tokenizer("qwen3").tokenizer;
+  const std::string dir = dataset_with("mm_cached", one_record("<image>hi", R"("images": ["a.png"])"),
+                                       R"("images": "images")");
+  TrainConfig c = image_sft_config(dir, model_folder("mm_cache_model"));
+  c.dataset = "bad";
+  c.val_size = 0;
+  const std::string cache = test::fresh_dir("mm_image_cache");
+  const PreparedData first = prepare_data(c, tokenizer, cache);
+  const PreparedData again = prepare_data(c, tokenizer, cache);
+  ASSERT_FALSE(first.from_cache);
+  ASSERT_TRUE(again.from_cache);
+  ASSERT_EQ(again.train_images.size(), 1u);
+  ASSERT_EQ(again.train_images[0].size(), 1u);
+  EXPECT_EQ(again.train_images[0][0].grid_thw, first.train_images[0][0].grid_thw);
+  EXPECT_EQ(again.train_images[0][0].pixel_values, first.train_images[0][0].pixel_values);
+
+  // Another image under the same name (other size, other mtime): rebuilt, with its own grid.
+  fs::remove(fs::path(dir) / "a.png");
+  fs::copy_file(test::image_fixture_dir() / "rgba_300x201.png", fs::path(dir) / "a.png");
+  const PreparedData changed = prepare_data(c, tokenizer, cache);
+  EXPECT_FALSE(changed.from_cache);
+  EXPECT_NE(changed.train_images[0][0].grid_thw, first.train_images[0][0].grid_thw);
+}
+
+}  // namespace
+}  // namespace fab
