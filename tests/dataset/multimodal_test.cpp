@@ -179,6 +179,29 @@ TEST(MultimodalData, ImagesAreLookedUpInMediaDirFirst) {
 namespace fab {
 namespace {
 
+TEST(MultimodalData, AlpacaRecordsTakeImagesToo) {
+  FAB_REQUIRE_SHARED_DATA();
+  const std::string dir = test::fresh_dir("mm_alpaca");
+  fs::copy_file(test::image_fixture_dir() / "grey_33x17.png", fs::path(dir) / "a.png");
+  std::ofstream(fs::path(dir) / "al.json") << R"([{"instruction": "What is it?<image>", "output": "grey", "images": "a.png"}])";
+  std::ofstream(fs::path(dir) / "dataset_info.json")
+      << R"({"al": {"file_name": "al.json", "columns": {"prompt": "instruction", "response": "output", "images": "images"}}})";
+  DatasetOptions options;
+  options.dataset_dir = dir;
+  std::vector<Example> examples = load_datasets("al", options).examples;
+  ASSERT_EQ(examples.size(), 1u);
+  ImageProcessing processing;
+  processing.processor = load_qwen2_vl_image_config(kPreprocessorConfig.string());
+  const std::vector<ExampleImages> images = expand_image_placeholders(examples, get_template("qwen2_vl"), processing);
+  ASSERT_EQ(images[0].size(), 1u);
+  // 33x17 -> 44x28 (LLaMA-Factory) -> 84x56 (min_pixels 3136) -> grid 1x4x6 (as transformers, in
+  // tests/reference/image): 6 image tokens.
+  EXPECT_EQ(images[0][0].grid_thw, (std::array<int64_t, 3>{1, 4, 6}));
+  std::string expected = "What is it?<|vision_start|>";
+  for (int i = 0; i < 6; ++i) expected += "<|image_pad|>";
+  EXPECT_EQ(examples[0].prompt.back().content, expected + "<|vision_end|>");
+}
+
 TEST(MultimodalData, CachedImagesAreTheSameFloatsAndAChangedImageRebuilds) {
   FAB_REQUIRE_SHARED_DATA();
   const Tokenizer& tokenizer = test::shared_loaded_tokenizer("qwen3").tokenizer;
