@@ -14,7 +14,8 @@ same patch order are checked here to equal HF's bit for bit), and 256 of HF's pi
 straight from its output at random flat indices (so the patch order is checked too).
 
 Inputs: the mllm_demo JPEGs of ../shared/data/llamafactory, and PNGs made here (committed):
-a tall 1:150 strip, an RGBA image larger than image_max_pixels (premultiplied pre-resize; a
+a tall 1:150 strip, a 1000x700 RGB image above the default image_max_pixels (its resized image
+is not kept: the sampled values check it), an RGBA image larger than image_max_pixels (premultiplied pre-resize; a
 lower image_max_pixels keeps it small), a palette image larger than it (nearest pre-resize), a small grey image (raised to 28 and to
 min_pixels), and a JPEG with EXIF orientation 6 for the decoder test.
 """
@@ -46,6 +47,7 @@ IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS = 32 * 32, 768 * 768  # LLaMA-Factory's defau
 # The RGBA and palette images go through the pre-resize with a lower image_max_pixels (an LLaMA-Factory
 # option), which keeps them and their fixtures small.
 SMALL_MAX_PIXELS = {"rgba_300x201.png": 160 * 160, "palette_260x190.png": 160 * 160}
+SAMPLES_ONLY = {"big_1000x700.png"}  # checked at the sampled indices only
 
 
 def smooth_pattern(width, height, channels, seed):
@@ -74,6 +76,9 @@ def make_inputs(out_dir):
     palette = Image.fromarray(smooth_pattern(260, 190, 3, 3), "RGB").quantize(colors=64, dither=Image.Dither.NONE)
     palette.save(os.path.join(out_dir, "palette_260x190.png"))
     made["palette_260x190.png"] = None
+    big = Image.fromarray(smooth_pattern(1000, 700, 3, 6), "RGB")  # above the default image_max_pixels
+    big.save(os.path.join(out_dir, "big_1000x700.png"))
+    made["big_1000x700.png"] = None
     grey = Image.fromarray(smooth_pattern(33, 17, 1, 4)[..., 0], "L")
     grey.save(os.path.join(out_dir, "grey_33x17.png"))
     made["grey_33x17.png"] = None
@@ -138,7 +143,10 @@ def main():
         assert np.array_equal(patchify(resized, grid_h, grid_w), levels), "patch order round trip"
         name = os.path.basename(path)
         png = os.path.splitext(name)[0] + ".hf_resized.png"
-        Image.fromarray(resized, "RGB").save(os.path.join(out_dir, png), optimize=True)
+        if name in SAMPLES_ONLY:
+            png = None  # its resized image would be a large fixture: the samples check its pixels
+        else:
+            Image.fromarray(resized, "RGB").save(os.path.join(out_dir, png), optimize=True)
         flat = pixels.reshape(-1)
         picks = np.sort(rng.choice(flat.size, size=256, replace=False))
         cases.append({
