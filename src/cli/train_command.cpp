@@ -67,11 +67,15 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
       : pairs             ? format("{} train {} ({} sequences)", data.train.size() / 2,
                                    c.stage == Stage::kto ? "examples" : "pairs", data.train.size())
                           : format("{} train samples", data.train.size());
-  std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
+  int64_t images = 0;
+  for (const auto* per_sequence : {&data.train_images, &data.eval_images})
+    for (const auto& sequence_images : *per_sequence) images += int64_t(sequence_images.size());
+  const std::string image_note = images > 0 ? format(", {} images", images) : "";
+  std::printf("data: %s, %lld eval %s, %lld tokens%s; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
               train.c_str(), (long long)(pairs ? data.eval.size() / 2 : data.eval.size()),
               data.eval.packed() ? "sequences" : pairs ? "items" : "samples",
-              (long long)data.stats.tokens, (long long)data.stats.truncated, (long long)data.stats.skipped,
-              data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
+              (long long)data.stats.tokens, image_note.c_str(), (long long)data.stats.truncated,
+              (long long)data.stats.skipped, data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
   return data;
 }
 
@@ -223,6 +227,9 @@ int train_worker(TrainConfig c, WorldInfo world) {
   if (world.size > 1) start_rank_log(c.output_dir, world.rank);
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
   PreparedData data = prepare_on_node(c, tokenizer, world, *comm);
+  // Image data is prepared (pixel values per sequence) but no model takes it yet (issue 29).
+  FAB_USER_CHECK(!has_images(data), "dataset {}: it has images: training vision-language models is not supported yet",
+                 c.dataset);
   if (!c.do_train) return 0;
   DecoderOptions base;
   base.precision = c.bf16 ? Precision::bf16 : Precision::fp32;

@@ -116,8 +116,8 @@
   X(quantization_type, quantization_type, std::string, "nf4", Accepted, "Accepted; no effect without quantization_bit (later)") \
   X(double_quantization, double_quantization, bool, true, Accepted, "Accepted; no effect without quantization_bit (later)") \
   X(quantization_device_map, quantization_device_map, std::string, "", Accepted, "Accepted; no effect without quantization_bit (later)") \
-  X(image_max_pixels, image_max_pixels, int64_t, 589824, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
-  X(image_min_pixels, image_min_pixels, int64_t, 1024, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(image_max_pixels, image_max_pixels, int64_t, 589824, Supported, "Image datasets: an image above this many pixels is first scaled down to it (LLaMA-Factory's pre-resize)") \
+  X(image_min_pixels, image_min_pixels, int64_t, 1024, Supported, "Image datasets: an image below this many pixels is first scaled up to it (LLaMA-Factory's pre-resize)") \
   X(image_do_pan_and_scan, image_do_pan_and_scan, bool, false, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
   X(crop_to_patches, crop_to_patches, bool, false, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
   X(video_max_pixels, video_max_pixels, int64_t, 65536, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
@@ -152,7 +152,7 @@
   X(sglang_config, sglang_config, std::string, "", Later, "Config to initialize the SGLang engine") \
   X(sglang_lora_backend, sglang_lora_backend, std::string, "triton", Accepted, "Accepted; an inference setting, no effect on training") \
   /* data (LLaMA-Factory's DataArguments) */ \
-  X(media_dir, media_dir, std::string, "", Later, "Path to the folder containing the images, videos or audios") \
+  X(media_dir, media_dir, std::string, "", Supported, "Folder where image paths of datasets are looked up first (default: dataset_dir)") \
   X(streaming, streaming, bool, false, Later, "Enable dataset streaming") \
   X(buffer_size, buffer_size, int64_t, 16384, Later, "Size of the buffer to randomly sample examples from in dataset streaming") \
   X(mix_strategy, mix_strategy, std::string, "concat", Later, "Strategy to use in dataset mixing (concat/interleave)...") \
