@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include <yaml-cpp/yaml.h>
 
@@ -198,6 +200,52 @@ double measured_step_seconds(const std::vector<StepRecord>& history) {
   return seconds[seconds.size() / 2];
 }
 
+// PreparedData's images (per sequence, one pixel buffer per image) as the model takes them (per
+// sequence, one (patches, values) tensor and an (images, 3) grid). A sequence of one image keeps
+// its buffer, one of several has them joined once; `prepared` is emptied as it goes.
+std::vector<SequenceImages> model_images(std::vector<std::vector<ProcessedImage>>& prepared) {
+  std::vector<SequenceImages> out(prepared.size());
+  for (size_t s = 0; s < prepared.size(); ++s) {
+    std::vector<ProcessedImage>& images = prepared[s];
+    if (images.empty()) continue;
+    auto pixels = std::make_shared<std::vector<float>>(std::move(images[0].pixel_values));
+    auto grid = std::make_shared<std::vector<int64_t>>();
+    int64_t patches = 0;
+    for (size_t i = 0; i < images.size(); ++i) {
+      if (i > 0) pixels->insert(pixels->end(), images[i].pixel_values.begin(), images[i].pixel_values.end());
+      grid->insert(grid->end(), images[i].grid_thw.begin(), images[i].grid_thw.end());
+      patches += images[i].patches();
+    }
+    std::vector<ProcessedImage>().swap(images);
+    out[s].pixel_values = Tensor::from_external(pixels->data(), {patches, int64_t(pixels->size()) / patches},
+                                                DType::f32, [pixels] {});
+    out[s].grid_thw = Tensor::from_external(grid->data(), {int64_t(grid->size()) / 3, 3}, DType::i64, [grid] {});
+  }
+  prepared.clear();
+  return out;
+}
+
+// Images need a model that takes them, and a vision-language model's image tokens need their
+// images: checked before the first step rather than at the batch that holds them.
+void check_images_fit_model(const TrainConfig& c, const PreparedData& data, const ModelConfig& model) {
+  FAB_USER_CHECK(!has_images(data) || model.vision,
+                 "dataset {}: it has images, and model_name_or_path {} (model_type {}) has no vision tower: train "
+                 "image data with a vision-language model (qwen2_vl, qwen2_5_vl)",
+                 c.dataset, c.model_name_or_path, model.model_type);
+  if (!model.vision) return;
+  for (const auto& [name, set, images] : {std::tuple{"train", &data.train, &data.train_images},
+                                          std::tuple{"eval", &data.eval, &data.eval_images}})
+    for (int64_t i = 0; i < set->size(); ++i) {
+      if (!images->empty() && !(*images)[size_t(i)].empty()) continue;
+      const int64_t start = set->offsets[size_t(i)];
+      for (int64_t t = start; t < start + set->length(i); ++t)
+        FAB_USER_CHECK(set->tokens[size_t(t)] != model.image_token_id,
+                       "dataset {}: {} sequence {} holds the image token {} (<|image_pad|>) but no images: write "
+                       "images with an <image> placeholder and an images column instead of the token itself",
+                       c.dataset, name, i, model.image_token_id);
+    }
+}
+
 // grpo, ppo: a rollout is a prompt and up to max_new_tokens more, within the model's context.
 int64_t longest_rollout(const TrainConfig& c, const TokenSequences& train) {
   check_rollout_context(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string())
@@ -227,9 +275,8 @@ int train_worker(TrainConfig c, WorldInfo world) {
   if (world.size > 1) start_rank_log(c.output_dir, world.rank);
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
   PreparedData data = prepare_on_node(c, tokenizer, world, *comm);
-  // Image data is prepared (pixel values per sequence) but no model takes it yet (issue 29).
-  FAB_USER_CHECK(!has_images(data), "dataset {}: it has images: training vision-language models is not supported yet",
-                 c.dataset);
+  const ModelConfig model_config = load_model_config((fs::path(c.model_name_or_path) / "config.json").string());
+  check_images_fit_model(c, data, model_config);
   if (!c.do_train) return 0;
   DecoderOptions base;
   base.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
@@ -239,7 +286,6 @@ int train_worker(TrainConfig c, WorldInfo world) {
   ModelShare share = model_share(base, layout, *mesh, c);  // its tensor-parallel ops outlive the model
   DecoderOptions& options = share.options;
   options.value_head = c.stage == Stage::rm;
-  const ModelConfig model_config = load_model_config((fs::path(c.model_name_or_path) / "config.json").string());
   apply_finetuning(c, model_config.num_hidden_layers, options);
   apply_multimodal_freezing(c, model_config, options);
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
@@ -266,6 +312,8 @@ int train_worker(TrainConfig c, WorldInfo world) {
   std::vector<StepRecord> history;
   {
     TrainData train_data{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)};
+    train_data.train_images = model_images(data.train_images);
+    train_data.eval_images = model_images(data.eval_images);
     if (rl) train_data.rollout = rollout_environment(c, tokenizer);
     Trainer trainer(c, parallelize(std::move(model), mesh.get(), c), std::move(train_data));
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());

@@ -66,11 +66,11 @@ ProcessedImage get_image(Reader& in, const ValueLevels& levels, const Qwen2VLIma
 
 }  // namespace
 
-void save_image_cache(const std::string& path, const SequenceImages& train, const SequenceImages& eval,
+void save_image_cache(const std::string& path, const ImagesPerSequence& train, const ImagesPerSequence& eval,
                       const Qwen2VLImageConfig& config) {
   const ValueLevels levels = qwen2_vl_value_levels(config);
   std::string out(kMagic, sizeof kMagic);
-  for (const SequenceImages* split : {&train, &eval}) {
+  for (const ImagesPerSequence* split : {&train, &eval}) {
     put(out, uint64_t(split->size()));
     for (const std::vector<ProcessedImage>& sequence : *split) {
       put(out, uint64_t(sequence.size()));
@@ -80,7 +80,7 @@ void save_image_cache(const std::string& path, const SequenceImages& train, cons
   write_file_atomically(path, out);
 }
 
-void load_image_cache(const std::string& path, SequenceImages& train, SequenceImages& eval,
+void load_image_cache(const std::string& path, ImagesPerSequence& train, ImagesPerSequence& eval,
                       const Qwen2VLImageConfig& config) {
   std::ifstream file(path, std::ios::binary);
   FAB_USER_CHECK(file.good(), "image cache {}: cannot open it", path);
@@ -89,7 +89,7 @@ void load_image_cache(const std::string& path, SequenceImages& train, SequenceIm
                  "image cache {}: not a Fabrica image cache", path);
   const ValueLevels levels = qwen2_vl_value_levels(config);
   Reader in{bytes, path, sizeof kMagic};
-  for (SequenceImages* split : {&train, &eval}) {
+  for (ImagesPerSequence* split : {&train, &eval}) {
     const uint64_t sequences = in.get<uint64_t>();
     FAB_USER_CHECK(sequences <= bytes.size(), "image cache {}: damaged", path);
     split->assign(sequences, {});

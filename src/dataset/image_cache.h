@@ -11,14 +11,14 @@
 
 namespace fab {
 
-using SequenceImages = std::vector<std::vector<ProcessedImage>>;  // per sequence
+using ImagesPerSequence = std::vector<std::vector<ProcessedImage>>;  // per sequence
 
 // Written atomically.
-void save_image_cache(const std::string& path, const SequenceImages& train, const SequenceImages& eval,
+void save_image_cache(const std::string& path, const ImagesPerSequence& train, const ImagesPerSequence& eval,
                       const Qwen2VLImageConfig& config);
 
 // UserError when the file is missing, cut short or not this format (the caller rebuilds).
-void load_image_cache(const std::string& path, SequenceImages& train, SequenceImages& eval,
+void load_image_cache(const std::string& path, ImagesPerSequence& train, ImagesPerSequence& eval,
                       const Qwen2VLImageConfig& config);
 
 }  // namespace fab
