@@ -15,16 +15,7 @@ e2e_workdir
 mkdir model
 cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" model/
 cp "$repo/tests/reference/image/preprocessor_config.json" model/
-cat > model/config.json <<'JSON'
-{"model_type": "qwen2_vl", "image_token_id": 151655, "video_token_id": 151656,
- "vision_start_token_id": 151652, "vision_end_token_id": 151653, "tie_word_embeddings": true,
- "text_config": {"model_type": "qwen2_vl_text", "vocab_size": 151936, "hidden_size": 32, "intermediate_size": 64,
-  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
-  "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1]}},
- "vision_config": {"model_type": "qwen2_vl_vision", "depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2,
-  "mlp_ratio": 2, "hidden_act": "quick_gelu", "in_channels": 3, "patch_size": 14, "spatial_merge_size": 2,
-  "temporal_patch_size": 2}}
-JSON
+cp "$repo/tests/reference/vlm/qwen2_vl_scratch/config.json" model/
 # One batch of all 6 samples (8 images): every step sees the same data, so the loss must fall.
 cat > run.yaml <<YAML
 model_name_or_path: model
