@@ -12,17 +12,7 @@ e2e_workdir
 
 tiny_model model
 cp "$repo/tests/reference/image/preprocessor_config.json" model/
-cat > run.yaml <<YAML
-model_name_or_path: model
-stage: sft
-dataset: mllm_demo
-dataset_dir: $shared/data/llamafactory
-template: qwen2_vl
-cutoff_len: 2048
-per_device_train_batch_size: 2
-max_steps: 1
-output_dir: out
-YAML
+{ mllm_config; printf 'per_device_train_batch_size: 2\nmax_steps: 1\n'; } > run.yaml
 
 "$fabrica" data prepare run.yaml >prepare.log 2>&1 || { cat prepare.log; fail "data prepare"; }
 grep -q "6 train samples, 0 eval samples, 1025 tokens, 8 images" prepare.log || { cat prepare.log; fail "prepare counts"; }

@@ -17,19 +17,7 @@ cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3
 cp "$repo/tests/reference/image/preprocessor_config.json" model/
 cp "$repo/tests/reference/vlm/qwen2_vl_scratch/config.json" model/
 # One batch of all 6 samples (8 images): every step sees the same data, so the loss must fall.
-cat > run.yaml <<YAML
-model_name_or_path: model
-stage: sft
-dataset: mllm_demo
-dataset_dir: $shared/data/llamafactory
-template: qwen2_vl
-cutoff_len: 2048
-per_device_train_batch_size: 6
-learning_rate: 1.0e-3
-logging_steps: 1
-max_steps: 3
-output_dir: out
-YAML
+{ mllm_config; printf 'per_device_train_batch_size: 6\nlearning_rate: 1.0e-3\nlogging_steps: 1\nmax_steps: 3\n'; } > run.yaml
 
 "$fabrica" train run.yaml >train.log 2>&1 || { cat train.log; fail "train"; }
 grep -q "6 train samples, 0 eval samples, 1025 tokens, 8 images" train.log || { cat train.log; fail "data counts"; }
