@@ -4,7 +4,8 @@
 # vision tokens are Qwen2-VL's) trained with the qwen2_vl template, the loss finite and falling,
 # the saved folder reloaded by `fabrica generate` (text only) and trained on; freeze_vision_tower:
 # false changes the tower's weights, the default leaves them as they were. The refusals: an
-# image-token in text without images, packing, LoRA.
+# image token in text without images, packing, LoRA, a preprocessor_config.json whose patches
+# are not the tower's.
 # Usage: vlm_train_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -83,3 +84,5 @@ echo '[{"messages": [{"role": "user", "content": "<|image_pad|>what is it?"}, {"
 refused pad "holds the image token 151655" dataset=t dataset_dir=text
 refused packing "packing and neat_packing are not supported with images" packing=true
 refused lora "finetuning_type lora with qwen2_vl is not implemented" finetuning_type=lora
+cp -r model patch7 && sed -i 's/"patch_size": 14/"patch_size": 7/' patch7/config.json
+refused mismatch "the model's vision_config has patch_size 7" model_name_or_path=patch7
