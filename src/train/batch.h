@@ -15,6 +15,7 @@ struct Batch {
   // and with a document mask the index of its sample's first token (B, T) i32. The padding of a
   // row counts as one more sample.
   Tensor positions, doc_start;
+  Tensor lengths;      // (B) i64: each row's real tokens (the rest is padding)
   int64_t tokens = 0;  // real (unpadded) tokens
 };
 

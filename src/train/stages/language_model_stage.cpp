@@ -12,7 +12,7 @@ MicroBatch micro_batch_of(const TokenSequences& set, const std::vector<int64_t>&
                           bool neat_packing) {
   trace::Scope traced(trace::kData, "collate");
   Batch b = collate(set, samples, pad, neat_packing);
-  return {b.ids, b.labels, {b.positions, b.doc_start}};
+  return {b.ids, b.labels, {b.positions, b.doc_start, b.lengths}};
 }
 
 // The targets and tokens of this rank's next `micro_batches` micro-batches, counted on a copy of
