@@ -147,8 +147,9 @@ class DecoderModel {
   Var decode_layers(const Tensor& ids, const Tensor& positions, const std::shared_ptr<AttentionCore>& attention);
   // The final norm and the head over rows of decode_layers' output: (rows, vocab) logits on the host.
   Tensor decode_logits(const Var& hidden);
-  // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host.
-  bool decode_concurrent() const { return options_.device.is_host(); }
+  // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host,
+  // a dense model (a mixture of experts runs its expert GEMMs through the shared matmul).
+  bool decode_concurrent() const { return options_.device.is_host() && !config_.is_moe(); }
   // ids (B, T) i64 on the host that start at `first_position`: in the vocabulary, within the RoPE
   // table and mistral's sliding window.
   void check_ids(const Tensor& ids, int64_t first_position) const;

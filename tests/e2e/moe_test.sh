@@ -26,9 +26,11 @@ head -c 20000 out/model.safetensors | grep -aq 'model.layers.0.mlp.experts.3.dow
   fail "the output has no per-expert tensors"
 "$fabrica" train run.yaml model_name_or_path=out output_dir=again max_steps=1 max_samples=8 > again.log 2>&1 ||
   { cat again.log; fail "training on the exported folder"; }
+out=$("$fabrica" generate --model out --prompt hi --max-new-tokens 4) || fail "generate on the MoE output"
+[ -n "$out" ] || fail "generate wrote nothing"
 # Data parallel: micro-batches of one sample each (the aux loss is per micro-batch, as in transformers).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-dp="max_steps=3 save_steps=0 max_samples=24 shuffle=false per_device_train_batch_size=1"
+dp="max_steps=3 save_steps=0 max_samples=12 shuffle=false per_device_train_batch_size=1"
 "$fabrica" train run.yaml $dp output_dir=dp1 gradient_accumulation_steps=4 > dp1.log 2>&1 || { cat dp1.log; fail "dp1"; }
 for zero in 2 3; do
   "$fabrica" train run.yaml $dp output_dir=dp2z$zero gradient_accumulation_steps=2 nproc_per_node=2 \
