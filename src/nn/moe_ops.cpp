@@ -14,14 +14,20 @@ namespace {
 
 Tensor host_activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemoryCategory::activations); }
 
+// Each expert's block of packed rows is padded with zero rows to a multiple of this: the GEMMs then
+// see a few shapes per step (the CPU matmul caches one primitive per shape, 64 of them) instead
+// of a new M per expert per layer. Zero rows give zero outputs and add nothing to any gradient.
+constexpr int64_t kRowBucket = 32;
+
 // What forward keeps for backward: the routing, and each expert's rows packed one after another.
 struct Routing {
   int64_t rows = 0;
   std::vector<float> probs;          // (N, E) softmax of the logits
   std::vector<int64_t> chosen;       // (N, k) experts, largest probability first (torch.topk)
   std::vector<float> weight;         // (N, k) their combine weights (renormalised when asked)
-  std::vector<int64_t> first;        // (E + 1) where each expert's rows start in the packed order
-  std::vector<int64_t> token, slot;  // (N k) packed row -> token and its top-k slot
+  std::vector<int64_t> first;        // (E + 1) where each expert's (padded) rows start in the packed order
+  std::vector<int64_t> token, slot;  // packed row -> token (-1: padding) and its top-k slot
+  std::vector<int64_t> rows_of;      // (N, k) token -> its packed rows, ascending (= by expert)
 };
 
 Routing route(const float* logits, int64_t n, const MoeShape& s) {
@@ -31,8 +37,9 @@ Routing route(const float* logits, int64_t n, const MoeShape& s) {
   r.probs.resize(size_t(n * E));
   r.chosen.resize(size_t(n * k));
   r.weight.resize(size_t(n * k));
-  std::vector<int64_t> order(static_cast<size_t>(E), 0);
+#pragma omp parallel for
   for (int64_t t = 0; t < n; ++t) {
+    std::vector<int64_t> order(static_cast<size_t>(E), 0);
     const float* z = logits + t * E;
     float* p = r.probs.data() + t * E;
     const float top = *std::max_element(z, z + E);
@@ -53,16 +60,21 @@ Routing route(const float* logits, int64_t n, const MoeShape& s) {
   // Rows sorted by expert (a counting sort: each expert's rows in token order).
   r.first.assign(size_t(E + 1), 0);
   for (int64_t e : r.chosen) ++r.first[size_t(e + 1)];
-  for (int64_t e = 0; e < E; ++e) r.first[size_t(e + 1)] += r.first[size_t(e)];
+  for (int64_t e = 0; e < E; ++e)
+    r.first[size_t(e + 1)] = r.first[size_t(e)] + (r.first[size_t(e + 1)] + kRowBucket - 1) / kRowBucket * kRowBucket;
   std::vector<int64_t> next(r.first.begin(), r.first.end() - 1);
-  r.token.resize(size_t(n * k));
-  r.slot.resize(size_t(n * k));
-  for (int64_t t = 0; t < n; ++t)
+  r.token.assign(size_t(r.first[size_t(E)]), -1);
+  r.slot.assign(size_t(r.first[size_t(E)]), 0);
+  r.rows_of.resize(size_t(n * k));
+  for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < k; ++j) {
       const int64_t at = next[size_t(r.chosen[size_t(t * k + j)])]++;
       r.token[size_t(at)] = t;
       r.slot[size_t(at)] = j;
+      r.rows_of[size_t(t * k + j)] = at;
     }
+    std::sort(r.rows_of.begin() + t * k, r.rows_of.begin() + (t + 1) * k);
+  }
   return r;
 }
 
@@ -107,12 +119,17 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
   auto routing = std::make_shared<Routing>(route(logits->value.data<float>(), N, s));
   const Routing& r = *routing;
   if (aux) add_router_statistics(*aux, r);
-  const int64_t M = N * k;
+  const int64_t M = r.first[size_t(E)];  // packed rows, padding included
   // x: each expert's rows gathered; g = x W_gu^T (M, 2I); a = silu(gate) * up (M, I); y = a W_d^T (M, C)
   Tensor x = host_activation({M, C}), g = host_activation({M, 2 * I}), a = host_activation({M, I}),
          y = host_activation({M, C});
   const float* hv = h->value.data<float>();
-  for (int64_t i = 0; i < M; ++i) std::memcpy(x.data<float>() + i * C, hv + r.token[size_t(i)] * C, size_t(C) * 4);
+#pragma omp parallel for
+  for (int64_t i = 0; i < M; ++i) {
+    float* xi = x.data<float>() + i * C;
+    if (r.token[size_t(i)] < 0) std::fill(xi, xi + C, 0.0f);
+    else std::memcpy(xi, hv + r.token[size_t(i)] * C, size_t(C) * 4);
+  }
   for (int64_t e = 0; e < E; ++e) {
     const int64_t begin = r.first[size_t(e)], n = r.first[size_t(e + 1)] - begin;
     if (n == 0) continue;
@@ -127,12 +144,16 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
   // out_t = sum over t's experts (in expert order, as transformers' index_add_) of w_{t,j} y_row
   Var out = make_var(host_activation({N, C}));
   float* o = out->value.data<float>();
-  std::memset(o, 0, size_t(N * C) * 4);
-  for (int64_t i = 0; i < M; ++i) {
-    const float w = r.weight[size_t(r.token[size_t(i)] * k + r.slot[size_t(i)])];
-    const float* yi = y.data<float>() + i * C;
-    float* ot = o + r.token[size_t(i)] * C;
-    for (int64_t c = 0; c < C; ++c) ot[c] += w * yi[c];
+#pragma omp parallel for
+  for (int64_t t = 0; t < N; ++t) {
+    float* ot = o + t * C;
+    std::fill(ot, ot + C, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t i = r.rows_of[size_t(t * k + j)];
+      const float w = r.weight[size_t(t * k + r.slot[size_t(i)])];
+      const float* yi = y.data<float>() + i * C;
+      for (int64_t c = 0; c < C; ++c) ot[c] += w * yi[c];
+    }
   }
   if (!tape.recording()) return out;
   tape.push([h, logits, gate_up, down, s, aux, routing, x, g, a, y, out, N, C, E, k, I, M] {
@@ -144,8 +165,13 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
     Tensor dy = host_activation({M, C}), da = host_activation({M, I}), dg = host_activation({M, 2 * I}),
            dx = host_activation({M, C});
     std::vector<float> dw(static_cast<size_t>(N * k), 0.0f);
+#pragma omp parallel for
     for (int64_t i = 0; i < M; ++i) {
       const int64_t t = r.token[size_t(i)], at = t * k + r.slot[size_t(i)];
+      if (t < 0) {  // padding: no gradient
+        std::fill(dy.data<float>() + i * C, dy.data<float>() + (i + 1) * C, 0.0f);
+        continue;
+      }
       const float* d = dout + t * C;
       const float* yi = y.data<float>() + i * C;
       float* dyi = dy.data<float>() + i * C;
@@ -178,19 +204,20 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
                  false, DType::f32});
     }
     float* dh = grad_of(h).data<float>();  // h also feeds the router (and a shared expert): accumulate
-    for (int64_t i = 0; i < M; ++i) {
-      float* d = dh + r.token[size_t(i)] * C;
-      const float* src = dx.data<float>() + i * C;
-      for (int64_t c = 0; c < C; ++c) d[c] += src[c];
-    }
+#pragma omp parallel for
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const float* src = dx.data<float>() + r.rows_of[size_t(t * k + j)] * C;
+        for (int64_t c = 0; c < C; ++c) dh[t * C + c] += src[c];
+      }
     // Routing weights from the probabilities p: w_j = p_{e_j} / S with S = sum_j p_{e_j} when
     // renormalised, so dp_{e_j} = (dw_j - sum_i dw_i w_i) / S; else w_j = p_{e_j}, dp_{e_j} = dw_j.
     // The aux loss adds weight * E F_e / R to dp_e of every unmasked row (RouterLoss::aux_grad).
     // Softmax: dz_e = p_e (dp_e - sum_i p_i dp_i).
     const GradTarget dz = grad_target(logits);
-    std::vector<double> dp(static_cast<size_t>(E), 0.0);
+#pragma omp parallel for
     for (int64_t t = 0; t < N; ++t) {
-      std::fill(dp.begin(), dp.end(), 0.0);
+      std::vector<double> dp(static_cast<size_t>(E), 0.0);
       const float* p = r.probs.data() + t * E;
       double picked = 0, dw_w = 0;
       for (int64_t j = 0; j < k; ++j) {
