@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A tiny qwen3_moe trained from scratch through `fabrica train` with LLaMA-Factory's
 # moe_aux_loss_coef: metrics.jsonl reports aux_loss and moe_load_max_over_mean apart from the loss,
-# the output folder holds per-expert tensors (transformers 5's save_pretrained layout) and loads
-# again; 2 data-parallel workers under ZeRO-2 and ZeRO-3 take the one-process steps to 1e-5; what
-# MoE does not run with yet is refused by name.
+# the output folder holds per-expert tensors (transformers 5's save_pretrained layout) and
+# `generate` runs on it; a resumed run ends on the same weights; 2 data-parallel workers under
+# ZeRO-2 and ZeRO-3 take the one-process steps to 1e-5; what MoE does not run with yet is refused.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$1" "$2"
@@ -19,13 +19,17 @@ cat > model/config.json <<'JSON'
 JSON
 sft_config > run.yaml
 echo "moe_aux_loss_coef: 0.01" >> run.yaml
-"$fabrica" train run.yaml output_dir=out max_steps=2 max_samples=16 > train.log 2>&1 || { cat train.log; fail "train"; }
+"$fabrica" train run.yaml output_dir=out max_steps=2 save_steps=1 max_samples=16 > train.log 2>&1 ||
+  { cat train.log; fail "train"; }
 grep -q '"aux_loss"' out/metrics.jsonl || fail "no aux_loss in metrics.jsonl"
 grep -q '"moe_load_max_over_mean"' out/metrics.jsonl || fail "no moe_load_max_over_mean in metrics.jsonl"
 head -c 20000 out/model.safetensors | grep -aq 'model.layers.0.mlp.experts.3.down_proj.weight' ||
   fail "the output has no per-expert tensors"
-"$fabrica" train run.yaml model_name_or_path=out output_dir=again max_steps=1 max_samples=8 > again.log 2>&1 ||
-  { cat again.log; fail "training on the exported folder"; }
+# Resumed from its first checkpoint, the run ends on the same weights, bit for bit.
+cp -r out resumed && rm -rf resumed/checkpoint-2 resumed/model.safetensors && head -1 out/metrics.jsonl > resumed/metrics.jsonl
+"$fabrica" train run.yaml output_dir=resumed max_steps=2 save_steps=1 max_samples=16 resume_from_checkpoint=true \
+  > resume.log 2>&1 || { cat resume.log; fail "resume"; }
+cmp out/model.safetensors resumed/model.safetensors || fail "the resumed run's weights differ"
 out=$("$fabrica" generate --model out --prompt hi --max-new-tokens 4) || fail "generate on the MoE output"
 [ -n "$out" ] || fail "generate wrote nothing"
 # Data parallel: micro-batches of one sample each (the aux loss is per micro-batch, as in transformers).
@@ -52,4 +56,4 @@ refused ep "expert_parallel_size\" is not implemented" expert_model_parallel_siz
 refused lora "finetuning_type lora is not implemented for mixture-of-experts" finetuning_type=lora
 refused bf16 "bf16 is not implemented for mixture-of-experts" bf16=true
 refused dpo "stage dpo on a mixture-of-experts model" stage=dpo dataset=dpo_en_demo
-echo "PASS: MoE sft with aux loss, per-expert export, dp2 ZeRO-2/3 = one process, refusals"
+echo "PASS: MoE sft with aux loss, per-expert export, generate, exact resume, dp2 ZeRO-2/3 = one process, refusals"
