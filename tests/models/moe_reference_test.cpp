@@ -114,13 +114,16 @@ TEST_P(MoeReferenceTest, FusedLayoutLoadsToTheSameModel) {
   test::expect_close(masked_logits(*fused, r), r.ref.tensor("logits"), 1e-5, "logits");
 }
 
-// Export writes the layout the source used, and our export loads back to the same logits.
+// Export writes the layout the source used, whole or in shards, and our export loads back to the
+// same logits. (make_moe_reference.py --check-export loads these folders in transformers:
+// FAB_KEEP_TEST_DIRS=1 keeps them.)
 TEST_P(MoeReferenceTest, ExportRoundTripsInBothLayouts) {
   MoeReference r(GetParam());
   for (const std::string& source : {GetParam(), GetParam() + "_fused"}) {
     auto model = load_model_folder(moe_dir(source), fp32_options());
     const std::string out = test::fresh_dir("moe_export_" + source);
-    save_model_folder(*model, out);
+    save_model_folder(*model, out, source == GetParam() ? size_t(5) << 30 : size_t(16) << 10);  // fused: 16 KB shards
+    EXPECT_EQ(fs::exists(out + "/model.safetensors.index.json"), source != GetParam()) << source;
     const HfWeights written = HfWeights::open(out);
     EXPECT_EQ(detect_fused_experts(model->config(), written), model->config().moe.fused_experts) << source;
     const HfWeights original = HfWeights::open(moe_dir(source));

@@ -15,8 +15,11 @@ Per family F:
     noaux.grad.<name>            d(loss_ce)/d(name)
     step6.<name>                 every parameter after 6 AdamW steps on loss_ce + coef * aux on that batch
                                  (weight decay on tensors of >= 2 dimensions, as Fabrica)
-The routers are drawn with std 1 (far from uniform), so top-k is decisive. Each exported folder
+The routers are drawn with std 1 (far from uniform), so top-k is decisive. Each saved folder
 is re-loaded in transformers here and checked to give the same logits in both layouts.
+
+    python tests/reference/make_moe_reference.py --check-export DIR...
+loads folders Fabrica exported in transformers and checks their logits against the fixture's.
 """
 
 import copy
@@ -158,5 +161,26 @@ def main():
         print(name, "ok", {k: float(ref[k]) for k in ("loss_ce", "aux_loss")}, "noisy after 6 steps:", noisy)
 
 
+def check_export(folders):
+    """Loads folders Fabrica exported (MoeReferenceTest.ExportRoundTripsInBothLayouts with
+    FAB_KEEP_TEST_DIRS=1 keeps them as moe_export_<family>[_fused]) in transformers and compares
+    their logits with the fixture's."""
+    for folder in folders:
+        family = os.path.basename(folder.rstrip("/")).removeprefix("moe_export_").removesuffix("_fused")
+        from safetensors.torch import load_file
+        ref = load_file(os.path.join(HERE, family, "reference.safetensors"))
+        mask = (torch.arange(ref["input_ids"].shape[1])[None, :] < ref["lengths"][:, None]).long()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = model(input_ids=ref["input_ids"], attention_mask=mask).logits * mask[..., None]
+        err = float((logits - ref["logits"]).abs().max() / ref["logits"].abs().max())
+        assert err < 1e-5, (folder, err)
+        print(folder, "loads in transformers", transformers.__version__, "relative logit error", err)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+    if len(sys.argv) > 2 and sys.argv[1] == "--check-export":
+        check_export(sys.argv[2:])
+    else:
+        main()
