@@ -97,7 +97,7 @@
   X(use_unsloth, use_unsloth, bool, false, Later, "Whether or not to use unsloth's optimization for the LoRA training") \
   X(use_unsloth_gc, use_unsloth_gc, bool, false, Later, "Whether or not to use unsloth's gradient checkpointing (no need to install unsloth)") \
   X(enable_liger_kernel, enable_liger_kernel, bool, false, Accepted, "Accepted; no effect (Fabrica's own kernels are fused already)") \
-  X(moe_aux_loss_coef, moe_aux_loss_coef, double, 0.0, Later, "Coefficient of the auxiliary router loss in mixture-of-experts model") \
+  X(moe_aux_loss_coef, moe_aux_loss_coef, double, 0.0, Supported, "Coefficient of the auxiliary router loss in mixture-of-experts model: above 0 it turns the load-balancing loss on at this weight, as LLaMA-Factory sets router_aux_loss_coef and output_router_logits (0: config.json's output_router_logits and router_aux_loss_coef decide). Transformers' load_balancing_loss_func over each micro-batch's rows (padding masked), E * sum_e f_e P_e over every MoE layer's router logits joined; the objective adds the coefficient times its mean over the step's micro-batches and data-parallel ranks (docs/architecture/moe.md). metrics.jsonl logs it as aux_loss, apart from loss (the cross-entropy), with moe_load_max_over_mean") \
   X(use_reentrant_gc, use_reentrant_gc, bool, true, Accepted, "Accepted; no effect in Fabrica (a torch loading/checkpointing detail)") \
   X(upcast_layernorm, upcast_layernorm, bool, false, Later, "Whether or not to upcast the layernorm weights in fp32") \
   X(upcast_lmhead_output, upcast_lmhead_output, bool, false, Later, "Whether or not to upcast the output of lm_head in fp32") \
@@ -416,6 +416,7 @@
   X(tensor_parallel_size, tensor_parallel_size, int64_t, 1, Own, "Tensor-parallel ranks (Megatron's split of each layer; tensor_model_parallel_size is an alias). world = tp x pp x dp, tp fastest") \
   X(sequence_parallel, sequence_parallel, bool, false, Own, "With tensor parallel: norms and the residual stream on 1/tp of the tokens, all-gather / reduce-scatter instead of all-reduce") \
   X(pipeline_parallel_size, pipeline_parallel_size, int64_t, 1, Own, "Pipeline stages (pipeline_model_parallel_size is an alias)") \
+  X(expert_parallel_size, expert_parallel_size, int64_t, 1, Later, "Expert-parallel ranks of a mixture-of-experts model (expert_model_parallel_size is an alias): not implemented yet, every rank holds every expert (docs/architecture/moe.md)") \
   X(virtual_pipeline_parallel_size, virtual_pipeline_parallel_size, int64_t, 1, Own, "Model chunks per pipeline stage for interleaved 1F1B (virtual_pipeline_model_parallel_size is an alias)") \
   X(pipeline_layers, pipeline_layers, std::vector<int64_t>, {}, Own, "Decoder layers of each model chunk in layer order, e.g. [3, 5] (pp entries; pp x vpp interleaved, chunk k on stage k % pp); empty: an automatic split balancing a token's FLOPs, the head's vocab GEMM included") \
   X(pipeline_schedule, pipeline_schedule, std::string, "1f1b", Own, "1f1b or interleaved_1f1b (needs virtual_pipeline_parallel_size > 1; left out, virtual_pipeline_parallel_size > 1 implies it, as in Megatron)") \
@@ -427,7 +428,8 @@
 #define FAB_CONFIG_ALIASES(A)                                                                                       \
   A(tensor_model_parallel_size, tensor_parallel_size)                                                               \
   A(pipeline_model_parallel_size, pipeline_parallel_size)                                                           \
-  A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)
+  A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)                                           \
+  A(expert_model_parallel_size, expert_parallel_size)
 
 // Longer notes docs/CONFIG.md adds after the tables, one section per topic.
 inline constexpr const char* kConfigNotes = R"(## Rewards (stages grpo and ppo)

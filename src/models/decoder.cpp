@@ -105,6 +105,28 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
   rope_.cos = rope_.cos.to(device, MemoryCategory::parameters);
   rope_.sin = rope_.sin.to(device, MemoryCategory::parameters);
   if (options_.lora.enabled()) init_adapters();
+  if (config_.moe.output_router_logits) aux_loss_weight_ = config_.moe.router_aux_loss_coef;
+}
+
+// Mixture-of-experts models run, verified against transformers, with every expert in one process
+// on the CPU in fp32, fully trained, under data parallel / ZeRO; the rest is refused by name.
+void DecoderModel::check_moe_support() const {
+  const std::string what = config_.model_type + " (a mixture-of-experts model)";
+  FAB_USER_CHECK(tp_size() == 1, "{}: tensor_parallel_size {} is not implemented for mixture-of-experts models yet",
+                 what, tp_size());
+  FAB_USER_CHECK(is_whole(), "{}: pipeline_parallel_size > 1 is not implemented for mixture-of-experts models yet",
+                 what);
+  FAB_USER_CHECK(!options_.lora.enabled(),
+                 "{}: finetuning_type lora is not implemented for mixture-of-experts models yet (use full)", what);
+  FAB_USER_CHECK(!options_.trainable,
+                 "{}: finetuning_type freeze (or frozen parameters) is not implemented for mixture-of-experts models "
+                 "yet (use full)",
+                 what);
+  FAB_USER_CHECK(options_.device.is_host(),
+                 "{}: device {} is not implemented for mixture-of-experts models yet (use device: cpu)", what,
+                 options_.device.str());
+  FAB_USER_CHECK(options_.precision == Precision::fp32,
+                 "{}: bf16 is not implemented for mixture-of-experts models yet (set bf16: false)", what);
 }
 
 void DecoderModel::check_device_support() const {
@@ -264,8 +286,9 @@ Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const
     pass_positions = Tensor::empty({batch * seq}, DType::i64, MemoryCategory::activations);
     for (int64_t i = 0; i < batch * seq; ++i) pass_positions.data<int64_t>()[i] = i;
   }
-  const LayerContext ctx = context(std::make_shared<SequenceAttention>(shape, doc_start), pass_positions,
-                                   batch * seq, *sharding_, std::move(rope));
+  LayerContext ctx = context(std::make_shared<SequenceAttention>(shape, doc_start), pass_positions,
+                             batch * seq, *sharding_, std::move(rope));
+  ctx.router_loss = router_loss_;
   for (size_t i = first; i < last; ++i) {
     const DecoderLayer& l = layers_[i];
     auto body = [&l, ctx](Tape& t, const Var& in) { return l.forward(t, ctx, in); };
@@ -276,14 +299,42 @@ Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const
   return x;
 }
 
+// The router statistics of a pass over ids: every row counts but the padding after each row's
+// layout.lengths; the aux loss's gradient flows only when the pass back-propagates.
+std::shared_ptr<RouterLoss> DecoderModel::start_router_loss(const Tensor& ids, const SequenceLayout& layout,
+                                                            bool with_grad) {
+  if (!config_.is_moe()) return nullptr;
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  std::vector<float> mask;
+  if (layout.lengths.defined()) {
+    FAB_CHECK(layout.lengths.dtype() == DType::i64 && layout.lengths.numel() == batch, "lengths must be ({}) i64",
+              batch);
+    mask.assign(size_t(batch * seq), 0.0f);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t t = 0; t < std::min(seq, layout.lengths.data<int64_t>()[b]); ++t) mask[size_t(b * seq + t)] = 1;
+  }
+  return std::make_shared<RouterLoss>(config_.moe.num_experts, config_.moe.num_experts_per_tok, std::move(mask),
+                                      with_grad ? aux_loss_weight_ : 0.0);
+}
+
+void DecoderModel::finish_router_loss() {
+  if (!router_loss_) return;
+  router_loss_->finish();
+  router_statistics_.aux_loss = router_loss_->aux();
+  const std::vector<double>& load = router_loss_->layer_load_max_over_mean;
+  router_statistics_.load_max_over_mean = load.empty() ? 0.0 : *std::max_element(load.begin(), load.end());
+}
+
 Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
   FAB_CHECK(is_whole(), "a pipeline stage runs through stage_forward");
   check_ids(ids, 0);
   const int64_t batch = ids.dim(0), seq = ids.dim(1);
   std::shared_ptr<const RopeTable> mrope = mrope_of(ids, layout);
   const Tensor positions = on_device(positions_of(ids, layout));
+  router_loss_ = start_router_loss(ids, layout, tape.recording());
   Var x = run_layers(tape, 0, layers_.size(), embed(tape, on_device(ids), layout), positions,
                      on_device(layout.doc_start), batch, seq, std::move(mrope));
+  finish_router_loss();
   enter_unit(tape, head_unit());  // left by the caller after lm_head
   return rmsnorm(tape, x, sharding_->rows_weight(tape, final_norm_), float(config_.rms_norm_eps));
 }

@@ -65,6 +65,15 @@ struct SequenceLayout {
   Tensor doc_start;  // (B, T) i32, doc_start[t] <= t
   Tensor pixel_values;    // (patches, channels * temporal_patch_size * patch_size^2) f32
   Tensor image_grid_thw;  // (images, 3) i64: each image's (t, h, w) in patches
+  // (B) i64: each row's real tokens, the rest padding (HF's attention_mask 0, left out of the MoE
+  // load-balancing loss). Undefined: no padding.
+  Tensor lengths;
+};
+
+// A mixture-of-experts model's router statistics over the last forward pass (models/decoder.cpp).
+struct RouterStatistics {
+  double aux_loss = 0;             // transformers' load_balancing_loss_func, unweighted
+  double load_max_over_mean = 0;   // over experts, of the busiest MoE layer
 };
 
 // Called around each unit of parameters — 0: the embedding (and a VLM's vision tower), 1..L: the decoder layers, L + 1: the
@@ -145,13 +154,22 @@ class DecoderModel {
   Var decode_layers(const Tensor& ids, const Tensor& positions, const std::shared_ptr<AttentionCore>& attention);
   // The final norm and the head over rows of decode_layers' output: (rows, vocab) logits on the host.
   Tensor decode_logits(const Var& hidden);
-  // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host.
-  bool decode_concurrent() const { return options_.device.is_host(); }
+  // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host,
+  // a dense model (a mixture of experts runs its expert GEMMs through the shared matmul).
+  bool decode_concurrent() const { return options_.device.is_host() && !config_.is_moe(); }
   // ids (B, T) i64 on the host that start at `first_position`: in the vocabulary, within the RoPE
   // table and mistral's sliding window.
   void check_ids(const Tensor& ids, int64_t first_position) const;
   // What a generation cache holds per layer and row: KVH * D keys (and as many values).
   int64_t kv_row() const { return config_.num_key_value_heads * config_.head_dim; }
+
+  // Mixture-of-experts models: the weight of the load-balancing loss in the objective whose
+  // gradient forward_backward / forward_with_head accumulate (loss_scale * sum of token losses +
+  // weight * aux). Starts as router_aux_loss_coef when config.json's output_router_logits is on,
+  // else 0 (transformers' loss); the trainer sets it per micro-batch.
+  void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
+  double aux_loss_weight() const { return aux_loss_weight_; }
+  const RouterStatistics& router_statistics() const { return router_statistics_; }
 
   // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
   // micro-batch on `tape`. `input` is the previous virtual stage's hidden states (B * T, C),
@@ -193,6 +211,8 @@ class DecoderModel {
   Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
   void bind_parameters();
   void bind_layer(int64_t index);
+  std::unique_ptr<MlpBlock> make_moe_mlp(int64_t layer) const;
+  void check_moe_support() const;  // what mixture-of-experts models do not run with yet: UserErrors
   // A pass over the layers with `attention`, this model's sharding and adapters.
   LayerContext context(std::shared_ptr<AttentionCore> attention, Tensor positions, int64_t rows, Sharding& sharding,
                        std::shared_ptr<const RopeTable> rope = nullptr) const;
@@ -245,6 +265,11 @@ class DecoderModel {
   // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.
   int64_t heads_ = 0, kv_heads_ = 0, intermediate_ = 0, vocab_begin_ = 0;
   int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
+  double aux_loss_weight_ = 0;
+  std::shared_ptr<RouterLoss> router_loss_;  // the running pass's (mixture-of-experts models)
+  RouterStatistics router_statistics_;
+  std::shared_ptr<RouterLoss> start_router_loss(const Tensor& ids, const SequenceLayout& layout, bool with_grad);
+  void finish_router_loss();
   std::chrono::steady_clock::time_point unit_started_;  // the trace's: when the running unit began
 };
 

@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <vector>
 
 #include "core/error.h"
 #include "core/file_write.h"
 #include "core/rng.h"
+#include "models/moe_weights.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -144,13 +146,16 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
 
 std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const DecoderOptions& options,
                                                 uint64_t seed) {
-  const ModelConfig config = load_model_config((fs::path(folder) / "config.json").string());
+  ModelConfig config = load_model_config((fs::path(folder) / "config.json").string());
+  std::optional<HfWeights> weights;
+  if (HfWeights::present(folder)) weights = HfWeights::open(folder);
+  // A mixture of experts keeps the layout its folder has (and exports it).
+  if (config.is_moe() && weights) config.moe.fused_experts = detect_fused_experts(config, *weights);
   auto model = std::make_unique<DecoderModel>(config, options);
   bool value_head_loaded = false;
-  if (HfWeights::present(folder)) {
-    const HfWeights weights = HfWeights::open(folder);
-    load_weights(*model, weights);
-    value_head_loaded = weights.contains("v_head.summary.weight");
+  if (weights) {
+    load_weights(*model, *weights);
+    value_head_loaded = weights->contains("v_head.summary.weight");
   } else {
     model->init_random(seed);
   }

@@ -1,5 +1,6 @@
 #include "models/model_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -29,14 +30,84 @@ T optional(const json& j, const char* key, T fallback, const std::string& source
   return required<T>(j, key, source);
 }
 
+bool is_moe_type(const std::string& type) {
+  return type == "qwen2_moe" || type == "qwen3_moe" || type == "mixtral";
+}
+
+// The mixture-of-experts fields of qwen2_moe / qwen3_moe / mixtral, with transformers' defaults.
+MoeConfig parse_moe(const json& j, const std::string& type, int64_t layers, int64_t intermediate,
+                    const std::string& source) {
+  MoeConfig m;
+  const bool mixtral = type == "mixtral";
+  // transformers maps either name onto the other (qwen3_moe and mixtral save num_local_experts).
+  const int64_t fallback = mixtral ? 8 : type == "qwen2_moe" ? 60 : 128;
+  const int64_t local = optional<int64_t>(j, "num_local_experts", -1, source);
+  const int64_t experts = optional<int64_t>(j, "num_experts", -1, source);
+  FAB_USER_CHECK(local < 0 || experts < 0 || local == experts,
+                 "{}: num_experts {} and num_local_experts {} disagree", source, experts, local);
+  m.num_experts = experts >= 0 ? experts : local >= 0 ? local : fallback;
+  m.num_experts_per_tok = optional<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : type == "qwen2_moe" ? 4 : 8,
+                                            source);
+  m.moe_intermediate_size =
+      mixtral ? intermediate : optional<int64_t>(j, "moe_intermediate_size", type == "qwen2_moe" ? 1408 : 768, source);
+  if (type == "qwen2_moe")
+    m.shared_expert_intermediate_size = optional<int64_t>(j, "shared_expert_intermediate_size", 5632, source);
+  m.norm_topk_prob = mixtral || optional<bool>(j, "norm_topk_prob", false, source);
+  if (!mixtral) {
+    m.decoder_sparse_step = optional<int64_t>(j, "decoder_sparse_step", 1, source);
+    m.mlp_only_layers = optional<std::vector<int64_t>>(j, "mlp_only_layers", {}, source);
+  }
+  m.router_aux_loss_coef = optional<double>(j, "router_aux_loss_coef", 0.001, source);
+  m.output_router_logits = optional<bool>(j, "output_router_logits", false, source);
+  FAB_USER_CHECK(m.num_experts > 0 && m.moe_intermediate_size > 0 && m.shared_expert_intermediate_size >= 0,
+                 "{}: num_experts {} and moe_intermediate_size {} must be positive", source, m.num_experts,
+                 m.moe_intermediate_size);
+  FAB_USER_CHECK(m.num_experts_per_tok >= 1 && m.num_experts_per_tok <= m.num_experts,
+                 "{}: num_experts_per_tok {} must be between 1 and the number of experts ({})", source,
+                 m.num_experts_per_tok, m.num_experts);
+  FAB_USER_CHECK(m.decoder_sparse_step >= 1, "{}: decoder_sparse_step {} must be at least 1", source,
+                 m.decoder_sparse_step);
+  for (int64_t layer : m.mlp_only_layers)
+    FAB_USER_CHECK(layer >= 0 && layer < layers, "{}: mlp_only_layers names layer {} of {}", source, layer, layers);
+  const double jitter = optional<double>(j, "router_jitter_noise", 0.0, source);
+  FAB_USER_CHECK(jitter == 0.0,
+                 "{}: router_jitter_noise {} is not implemented in Fabrica (set it to 0; transformers applies it only "
+                 "in training mode)",
+                 source, jitter);
+  return m;
+}
+
+void add_moe_fields(const ModelConfig& c, json& j) {
+  const MoeConfig& m = c.moe;
+  j[c.model_type == "mixtral" ? "num_local_experts" : "num_experts"] = m.num_experts;
+  j["num_experts_per_tok"] = m.num_experts_per_tok;
+  j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  j["output_router_logits"] = m.output_router_logits;
+  if (c.model_type == "mixtral") return;
+  j["moe_intermediate_size"] = m.moe_intermediate_size;
+  j["norm_topk_prob"] = m.norm_topk_prob;
+  j["decoder_sparse_step"] = m.decoder_sparse_step;
+  j["mlp_only_layers"] = m.mlp_only_layers;
+  if (c.model_type == "qwen2_moe") j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+}
+
 }  // namespace
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  if (!moe.enabled() || (layer + 1) % moe.decoder_sparse_step != 0) return false;
+  return std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), layer) == moe.mlp_only_layers.end();
+}
 
 int64_t ModelConfig::num_parameters() const {
   const int64_t c = hidden_size, q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
-  int64_t layer = 2 * c + c * (q + 2 * kv) + q * c + 3 * c * intermediate_size;
-  if (attention_bias) layer += q + 2 * kv;
-  if (qk_norm) layer += 2 * head_dim;
-  int64_t total = vocab_size * c + num_hidden_layers * layer + c;
+  int64_t attention = 2 * c + c * (q + 2 * kv) + q * c;
+  if (attention_bias) attention += q + 2 * kv;
+  if (qk_norm) attention += 2 * head_dim;
+  const int64_t dense_mlp = 3 * c * intermediate_size;
+  int64_t moe_mlp = moe.num_experts * (c + 3 * c * moe.moe_intermediate_size);  // router row + expert
+  if (moe.shared_expert_intermediate_size) moe_mlp += 3 * c * moe.shared_expert_intermediate_size + c;
+  int64_t total = vocab_size * c + c;
+  for (int64_t i = 0; i < num_hidden_layers; ++i) total += attention + (is_moe_layer(i) ? moe_mlp : dense_mlp);
   if (!tie_word_embeddings) total += vocab_size * c;
   return total + (vision ? vision->num_parameters() : 0);
 }
@@ -74,8 +145,10 @@ void parse_decoder(const json& j, const std::string& source, ModelConfig& c) {
   c.tie_word_embeddings = optional<bool>(j, "tie_word_embeddings", false, source);
   const bool qwen2_family = c.model_type == "qwen2" || c.vision.has_value();
   c.attention_bias = qwen2_family || optional<bool>(j, "attention_bias", false, source);
-  c.qk_norm = c.model_type == "qwen3";
-  if (c.model_type == "mistral") c.sliding_window = optional<int64_t>(j, "sliding_window", 0, source);
+  if (c.model_type == "qwen2_moe") c.attention_bias = optional<bool>(j, "qkv_bias", true, source);
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
+  if (is_moe_type(c.model_type)) c.moe = parse_moe(j, c.model_type, c.num_hidden_layers, c.intermediate_size, source);
+  if (c.model_type == "mistral" || c.model_type == "mixtral") c.sliding_window = optional<int64_t>(j, "sliding_window", 0, source);
   const std::string act = optional<std::string>(j, "hidden_act", "silu", source);
   FAB_USER_CHECK(act == "silu", "{}: hidden_act \"{}\" is not supported (expected silu)", source, act);
 }
@@ -191,9 +264,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
   c.model_type = required<std::string>(j, "model_type", source);
   const bool vision_language = c.model_type == "qwen2_vl" || c.model_type == "qwen2_5_vl";
   FAB_USER_CHECK(vision_language || c.model_type == "llama" || c.model_type == "mistral" ||
-                     c.model_type == "qwen2" || c.model_type == "qwen3",
-                 "{}: model_type \"{}\" is not supported (expected llama, mistral, qwen2, qwen3, qwen2_vl or "
-                 "qwen2_5_vl)",
+                     c.model_type == "qwen2" || c.model_type == "qwen3" || is_moe_type(c.model_type),
+                 "{}: model_type \"{}\" is not supported (expected llama, mistral, qwen2, qwen3, qwen2_moe, "
+                 "qwen3_moe, mixtral, qwen2_vl or qwen2_5_vl)",
                  source, c.model_type);
   if (vision_language) parse_vision_language(j, source, c);
   else parse_decoder(j, source, c);
@@ -221,7 +294,10 @@ std::string model_config_to_json(const ModelConfig& c) {
   static const std::map<std::string, std::string> kArchitecture = {{"llama", "LlamaForCausalLM"},
                                                                     {"mistral", "MistralForCausalLM"},
                                                                     {"qwen2", "Qwen2ForCausalLM"},
-                                                                    {"qwen3", "Qwen3ForCausalLM"}};
+                                                                    {"qwen3", "Qwen3ForCausalLM"},
+                                                                    {"qwen2_moe", "Qwen2MoeForCausalLM"},
+                                                                    {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                                                                    {"mixtral", "MixtralForCausalLM"}};
   json j = {{"architectures", {kArchitecture.at(c.model_type)}},
             {"model_type", c.model_type},
             {"vocab_size", c.vocab_size},
@@ -240,6 +316,7 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"hidden_act", "silu"},
             {"torch_dtype", "float32"}};
   if (c.sliding_window) j["sliding_window"] = c.sliding_window;
+  if (c.is_moe()) add_moe_fields(c, j);
   return j.dump(2);
 }
 

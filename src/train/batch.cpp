@@ -61,6 +61,7 @@ Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, i
   Batch batch;
   batch.ids = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
   batch.labels = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
+  batch.lengths = Tensor::empty({b}, DType::i64, MemoryCategory::activations);
   if (data.packed()) {
     batch.positions = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
     if (document_mask) batch.doc_start = Tensor::empty({b, longest}, DType::i32, MemoryCategory::activations);
@@ -76,6 +77,7 @@ Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, i
     if (data.packed())
       fill_layout(data.sample_starts(indices[size_t(r)]), n, longest, batch.positions.data<int64_t>() + r * longest,
                   document_mask ? batch.doc_start.data<int32_t>() + r * longest : nullptr);
+    batch.lengths.data<int64_t>()[r] = n;
     batch.tokens += n;
   }
   if (images.empty()) return batch;

@@ -24,6 +24,7 @@ struct Batch {
   Tensor positions, doc_start;
   // A vision-language model's images: every row's, row after row (undefined without images).
   Tensor pixel_values, image_grid_thw;
+  Tensor lengths;      // (B) i64: each row's real tokens (the rest is padding)
   int64_t tokens = 0;  // real (unpadded) tokens
 };
 
