@@ -97,5 +97,20 @@ TEST(MoeBadInput, UnsupportedCombinationsAreRefused) {
   EXPECT_THROW(DecoderModel(config, stage), UserError);
 }
 
+// No model_type is both (a qwen2_vl config.json's MoE-looking keys are not read); a config built in
+// code with a vision tower and experts is refused by name.
+TEST(MoeBadInput, VisionLanguageWithExpertsIsRefused) {
+  ModelConfig config = load_model_config(std::string(FAB_SOURCE_DIR) + "/tests/reference/vlm/qwen2_vl/config.json");
+  EXPECT_FALSE(config.is_moe());
+  config.moe = load_model_config(fixture("qwen3_moe") + "/config.json").moe;
+  try {
+    DecoderModel(config, DecoderOptions(Precision::fp32, false, 16));
+    ADD_FAILURE() << "a vision-language model with experts was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("vision-language model with a mixture of experts"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace fab
