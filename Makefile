@@ -60,7 +60,7 @@ test: deps build $(BUILD)/reference/ops.safetensors $(BUILD)/reference/pref/refe
 	@python3 tests/tokenizer/bpe_trainer_parity.py --fabrica $(BUILD)/fabrica >$(BUILD)/bpe_parity.log 2>&1 \
 	  && tail -1 $(BUILD)/bpe_parity.log || (cat $(BUILD)/bpe_parity.log; exit 1)
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=10 >$(BUILD)/fuzz.log 2>&1 \
-	  && echo "fuzz: safetensors header, tokenizer.json / tokenizer.model + encode, dataset readers: 10 s each, no failure" \
+	  && echo "fuzz: safetensors header, tokenizer.json / tokenizer.model + encode, dataset readers, image decoders: 10 s each, no failure" \
 	  || (tail -40 $(BUILD)/fuzz.log; exit 1)
 
 # The whole ctest suite built with AddressSanitizer (OpenMP, oneDNN and MPI are not instrumented
@@ -120,7 +120,7 @@ clean:
 
 # Fuzz targets for the parsers of untrusted files (clang + libFuzzer, ASan, UBSan): the
 # safetensors header, tokenizer.json loading and encoding, SentencePiece tokenizer.model loading,
-# and the dataset readers.
+# the dataset readers, and the image decoders (JPEG, PNG, WebP; fuzz/corpus/image seeds them).
 FUZZ_SECONDS ?= 60
 FUZZ_FLAGS = -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc
 TOKENIZER_SOURCES = $(addprefix src/tokenizer/,tokenizer.cpp tokenizer_json.cpp tokenizer_config.cpp hf_tokenizer.cpp \
@@ -145,7 +145,11 @@ $(BUILD)/fuzz_dataset: fuzz/dataset_fuzz.cpp $(DATASET_SOURCES)
 	@mkdir -p $(BUILD)
 	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) -o $@
 
-FUZZ_TARGETS = safetensors_header tokenizer spm_model dataset
+$(BUILD)/fuzz_image: fuzz/image_fuzz.cpp src/image/image_decode.cpp src/image/exif.cpp
+	@mkdir -p $(BUILD)
+	clang++ $(FUZZ_FLAGS) $(filter %.cpp,$^) $$(pkg-config --cflags --libs libjpeg libpng libwebp) -o $@
+
+FUZZ_TARGETS = safetensors_header tokenizer spm_model dataset image
 fuzz: deps $(addprefix $(BUILD)/fuzz_,$(FUZZ_TARGETS))
 	@mkdir -p $(BUILD)/fuzz-corpus/spm_model
 	@[ ! -f $(BUILD)/reference/spm/tokenizer.model ] || cp $(BUILD)/reference/spm/tokenizer.model $(BUILD)/fuzz-corpus/spm_model/

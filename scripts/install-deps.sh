@@ -11,6 +11,7 @@ packages=(
   libyaml-cpp-dev        # run.yaml configs
   libpcre2-dev libicu-dev  # tokenizers: pre-tokenisation regexes, Unicode normalisation
   libsentencepiece-dev   # SentencePiece tokenizer.model (Llama-2 style)
+  libjpeg62-turbo-dev libpng-dev libwebp-dev  # images of vision-language datasets (src/image)
   openmpi-bin libopenmpi-dev  # data parallel: collectives, mpirun launch
   iproute2               # network namespaces of the multi-node test
   slurm-wlm munge        # the Slurm test starts its own slurmctld, slurmd and munged (none run as services)

@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include <yaml-cpp/yaml.h>
 
@@ -67,11 +69,15 @@ PreparedData prepare_and_report(const TrainConfig& c, const Tokenizer& tokenizer
       : pairs             ? format("{} train {} ({} sequences)", data.train.size() / 2,
                                    c.stage == Stage::kto ? "examples" : "pairs", data.train.size())
                           : format("{} train samples", data.train.size());
-  std::printf("data: %s, %lld eval %s, %lld tokens; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
+  int64_t images = 0;
+  for (const auto* per_sequence : {&data.train_images, &data.eval_images})
+    for (const auto& sequence_images : *per_sequence) images += int64_t(sequence_images.size());
+  const std::string image_note = images > 0 ? format(", {} images", images) : "";
+  std::printf("data: %s, %lld eval %s, %lld tokens%s; %lld truncated, %lld skipped%s (%.3f s, %d threads)\n",
               train.c_str(), (long long)(pairs ? data.eval.size() / 2 : data.eval.size()),
               data.eval.packed() ? "sequences" : pairs ? "items" : "samples",
-              (long long)data.stats.tokens, (long long)data.stats.truncated, (long long)data.stats.skipped,
-              data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
+              (long long)data.stats.tokens, image_note.c_str(), (long long)data.stats.truncated,
+              (long long)data.stats.skipped, data.from_cache ? ", from cache" : "", seconds, omp_get_max_threads());
   return data;
 }
 
@@ -194,6 +200,66 @@ double measured_step_seconds(const std::vector<StepRecord>& history) {
   return seconds[seconds.size() / 2];
 }
 
+// PreparedData's images (per sequence, one pixel buffer per image) as the model takes them (per
+// sequence, one (patches, values) tensor and an (images, 3) grid). A sequence of one image keeps
+// its buffer, one of several has them joined once; `prepared` is emptied as it goes.
+std::vector<SequenceImages> model_images(std::vector<std::vector<ProcessedImage>>& prepared) {
+  std::vector<SequenceImages> out(prepared.size());
+  for (size_t s = 0; s < prepared.size(); ++s) {
+    std::vector<ProcessedImage>& images = prepared[s];
+    if (images.empty()) continue;
+    auto pixels = std::make_shared<std::vector<float>>(std::move(images[0].pixel_values));
+    auto grid = std::make_shared<std::vector<int64_t>>();
+    int64_t patches = 0;
+    for (size_t i = 0; i < images.size(); ++i) {
+      if (i > 0) pixels->insert(pixels->end(), images[i].pixel_values.begin(), images[i].pixel_values.end());
+      grid->insert(grid->end(), images[i].grid_thw.begin(), images[i].grid_thw.end());
+      patches += images[i].patches();
+    }
+    std::vector<ProcessedImage>().swap(images);
+    out[s].pixel_values = Tensor::from_external(pixels->data(), {patches, int64_t(pixels->size()) / patches},
+                                                DType::f32, [pixels] {});
+    out[s].grid_thw = Tensor::from_external(grid->data(), {int64_t(grid->size()) / 3, 3}, DType::i64, [grid] {});
+  }
+  prepared.clear();
+  return out;
+}
+
+// The image processor's patches are the tower's: the same patch sizes and merge.
+void check_processor_fits_tower(const TrainConfig& c, const VisionConfig& tower) {
+  const std::string path = (fs::path(c.model_name_or_path) / "preprocessor_config.json").string();
+  const Qwen2VLImageConfig processor = load_qwen2_vl_image_config(path);
+  FAB_USER_CHECK(processor.patch_size == tower.patch_size && processor.temporal_patch_size == tower.temporal_patch_size &&
+                     processor.merge_size == tower.spatial_merge_size && tower.in_channels == 3,
+                 "{}: patch_size {}, temporal_patch_size {}, merge_size {}, but the model's vision_config has "
+                 "patch_size {}, temporal_patch_size {}, spatial_merge_size {}, in_channels {} (expected the same, 3 "
+                 "channels)",
+                 path, processor.patch_size, processor.temporal_patch_size, processor.merge_size, tower.patch_size,
+                 tower.temporal_patch_size, tower.spatial_merge_size, tower.in_channels);
+}
+
+// Images need a model that takes them, and a vision-language model's image tokens need their
+// images: checked before the first step rather than at the batch that holds them.
+void check_images_fit_model(const TrainConfig& c, const PreparedData& data, const ModelConfig& model) {
+  FAB_USER_CHECK(!has_images(data) || model.vision,
+                 "dataset {}: it has images, and model_name_or_path {} (model_type {}) has no vision tower: train "
+                 "image data with a vision-language model (qwen2_vl, qwen2_5_vl)",
+                 c.dataset, c.model_name_or_path, model.model_type);
+  if (!model.vision) return;
+  if (has_images(data)) check_processor_fits_tower(c, *model.vision);
+  for (const auto& [name, set, images] : {std::tuple{"train", &data.train, &data.train_images},
+                                          std::tuple{"eval", &data.eval, &data.eval_images}})
+    for (int64_t i = 0; i < set->size(); ++i) {
+      if (!images->empty() && !(*images)[size_t(i)].empty()) continue;
+      const int64_t start = set->offsets[size_t(i)];
+      for (int64_t t = start; t < start + set->length(i); ++t)
+        FAB_USER_CHECK(set->tokens[size_t(t)] != model.image_token_id,
+                       "dataset {}: {} sequence {} holds the image token {} (<|image_pad|>) but no images: write "
+                       "images with an <image> placeholder and an images column instead of the token itself",
+                       c.dataset, name, i, model.image_token_id);
+    }
+}
+
 // grpo, ppo: a rollout is a prompt and up to max_new_tokens more, within the model's context.
 int64_t longest_rollout(const TrainConfig& c, const TokenSequences& train) {
   check_rollout_context(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string())
@@ -223,6 +289,8 @@ int train_worker(TrainConfig c, WorldInfo world) {
   if (world.size > 1) start_rank_log(c.output_dir, world.rank);
   const Tokenizer tokenizer = Tokenizer::load(c.model_name_or_path);
   PreparedData data = prepare_on_node(c, tokenizer, world, *comm);
+  const ModelConfig model_config = load_model_config((fs::path(c.model_name_or_path) / "config.json").string());
+  check_images_fit_model(c, data, model_config);
   if (!c.do_train) return 0;
   DecoderOptions base;
   base.precision = c.bf16 ? Precision::bf16 : Precision::fp32;
@@ -232,8 +300,11 @@ int train_worker(TrainConfig c, WorldInfo world) {
   ModelShare share = model_share(base, layout, *mesh, c);  // its tensor-parallel ops outlive the model
   DecoderOptions& options = share.options;
   options.value_head = c.stage == Stage::rm;
-  apply_finetuning(c, load_model_config((fs::path(c.model_name_or_path) / "config.json").string()).num_hidden_layers,
-                   options);
+  apply_finetuning(c, model_config.num_hidden_layers, options);
+  apply_multimodal_freezing(c, model_config, options);
+  FAB_USER_CHECK(!model_config.is_moe() || c.stage == Stage::pt || c.stage == Stage::sft,
+                 "stage {} on a mixture-of-experts model ({}) is not implemented in Fabrica yet (pt and sft are)",
+                 stage_name(c.stage), model_config.model_type);
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   load_initial_adapter(c, *model);
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,
@@ -250,7 +321,7 @@ int train_worker(TrainConfig c, WorldInfo world) {
                 c.bf16 ? "bf16" : "fp32", device.str().c_str(), omp_get_max_threads(), world.size,
                 (long long)c.zero_stage, layout.tp,
                 layout.sequence_parallel ? " (sequence parallel)" : "");
-  if (main && c.finetuning_type != "full")
+  if (main && (c.finetuning_type != "full" || model_config.vision))
     std::printf("finetuning: %s, %lld trainable parameters, %lld frozen\n", c.finetuning_type.c_str(),
                 (long long)model->params().numel(), (long long)(model->frozen().numel() + model->frozen_bf16().numel()));
   const int32_t pad = tokenizer.pad_id().value_or(tokenizer.eos_id().value_or(0));
@@ -258,6 +329,8 @@ int train_worker(TrainConfig c, WorldInfo world) {
   std::vector<StepRecord> history;
   {
     TrainData train_data{data.train, data.eval, pad, std::move(data.train_desirable), std::move(data.eval_desirable)};
+    train_data.train_images = model_images(data.train_images);
+    train_data.eval_images = model_images(data.eval_images);
     if (rl) train_data.rollout = rollout_environment(c, tokenizer);
     Trainer trainer(c, parallelize(std::move(model), mesh.get(), c), std::move(train_data));
     if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());

@@ -72,6 +72,12 @@ class Communicator {
   virtual CommHandle isend(const void* data, int64_t bytes, int peer, int tag);
   virtual CommHandle irecv(void* data, int64_t bytes, int peer, int tag);
   virtual void barrier(const std::string& what) = 0;
+  // Personalised exchange with counts (MPI_Alltoallv): this rank sends send_counts[r] floats to
+  // rank r, taken from `send` in rank order, and receives recv_counts[r] floats from rank r into
+  // `recv` in rank order (size() counts each; what rank a sends to b is what b expects from a).
+  // The base of expert parallel's token dispatch and combine. A backend without it (NCCL) throws.
+  virtual CommHandle all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                                const int64_t* recv_counts, const std::string& what);
 
   // A sub-group: ranks with the same color, ordered by key (MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
@@ -94,6 +100,8 @@ class LocalCommunicator final : public Communicator {
   void send(const void*, int64_t, int peer) override;
   void recv(void*, int64_t, int peer) override;
   void barrier(const std::string&) override {}
+  CommHandle all_to_all(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts,
+                        const std::string& what) override;
   std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<LocalCommunicator>(); }
   CommStats stats() const override { return stats_; }
 

@@ -417,6 +417,34 @@ CommHandle MpiCommunicator::broadcast(void* data, int64_t bytes, int root, const
   });
 }
 
+// MPI_Ialltoallv (int counts and displacements: each side's total under INT_MAX elements); the
+// bytes sent to the other ranks count in stats().
+CommHandle MpiCommunicator::all_to_all(const float* send, const int64_t* send_counts, float* recv,
+                                       const int64_t* recv_counts, const std::string& what) {
+  const int n = size();
+  std::vector<int> counts(size_t(4 * n));  // send counts, send displacements, recv counts, recv displacements
+  int64_t sent = 0, send_total = 0, recv_total = 0;
+  for (int r = 0; r < n; ++r) {
+    FAB_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0, "all_to_all '{}': a negative count", what);
+    counts[size_t(r)] = int(send_counts[r]);
+    counts[size_t(n + r)] = int(send_total);
+    counts[size_t(2 * n + r)] = int(recv_counts[r]);
+    counts[size_t(3 * n + r)] = int(recv_total);
+    send_total += send_counts[r];
+    recv_total += recv_counts[r];
+    if (r != rank()) sent += send_counts[r] * int64_t(sizeof(float));
+  }
+  FAB_CHECK(send_total <= INT_MAX && recv_total <= INT_MAX, "all_to_all '{}' of {} / {} elements", what, send_total,
+            recv_total);
+  return submit(what, [send, recv, counts = std::move(counts), n, sent](MpiGroup& g) {
+    MPI_Request request;
+    MPI_Ialltoallv(send, counts.data(), counts.data() + n, MPI_FLOAT, recv, counts.data() + 2 * n,
+                   counts.data() + 3 * n, MPI_FLOAT, g.data, &request);
+    g.wait(&request, 1, (g.rank + 1) % n);
+    g.count_sent(sent, false, 0);
+  });
+}
+
 void MpiCommunicator::send(const void* data, int64_t bytes, int peer) {
   submit(format("send to rank {}", peer), [data, bytes, peer](MpiGroup& g) {
     g.exchange(static_cast<const char*>(data), bytes, peer, static_cast<char*>(nullptr), 0, peer, kPointTag);

@@ -31,6 +31,8 @@ class MpiCommunicator final : public Communicator {
   CommHandle isend(const void* data, int64_t bytes, int peer, int tag) override;
   CommHandle irecv(void* data, int64_t bytes, int peer, int tag) override;
   void barrier(const std::string& what) override;
+  CommHandle all_to_all(const float* send, const int64_t* send_counts, float* recv, const int64_t* recv_counts,
+                        const std::string& what) override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   CommStats stats() const override;
 

@@ -255,6 +255,10 @@ CommHandle NcclCommunicator::all_gather(float* data, int64_t n, const std::strin
   });
 }
 
+CommHandle NcclCommunicator::all_to_all(const float*, const int64_t*, float*, const int64_t*, const std::string& what) {
+  throw Error(format("all_to_all ('{}') over NCCL is not supported yet", what));
+}
+
 CommHandle NcclCommunicator::broadcast(void* data, int64_t bytes, int root, const std::string& what) {
   State& s = *s_;
   return s.launch("broadcast " + what, s.rank == root ? bytes : 0, [&] {

@@ -97,7 +97,7 @@
   X(use_unsloth, use_unsloth, bool, false, Later, "Whether or not to use unsloth's optimization for the LoRA training") \
   X(use_unsloth_gc, use_unsloth_gc, bool, false, Later, "Whether or not to use unsloth's gradient checkpointing (no need to install unsloth)") \
   X(enable_liger_kernel, enable_liger_kernel, bool, false, Accepted, "Accepted; no effect (Fabrica's own kernels are fused already)") \
-  X(moe_aux_loss_coef, moe_aux_loss_coef, double, 0.0, Later, "Coefficient of the auxiliary router loss in mixture-of-experts model") \
+  X(moe_aux_loss_coef, moe_aux_loss_coef, double, 0.0, Supported, "Coefficient of the auxiliary router loss in mixture-of-experts model: above 0 it turns the load-balancing loss on at this weight, as LLaMA-Factory sets router_aux_loss_coef and output_router_logits (0: config.json's output_router_logits and router_aux_loss_coef decide). Transformers' load_balancing_loss_func over each micro-batch's rows (padding masked), E * sum_e f_e P_e over every MoE layer's router logits joined; the objective adds the coefficient times its mean over the step's micro-batches and data-parallel ranks (docs/architecture/moe.md). metrics.jsonl logs it as aux_loss, apart from loss (the cross-entropy), with moe_load_max_over_mean") \
   X(use_reentrant_gc, use_reentrant_gc, bool, true, Accepted, "Accepted; no effect in Fabrica (a torch loading/checkpointing detail)") \
   X(upcast_layernorm, upcast_layernorm, bool, false, Later, "Whether or not to upcast the layernorm weights in fp32") \
   X(upcast_lmhead_output, upcast_lmhead_output, bool, false, Later, "Whether or not to upcast the output of lm_head in fp32") \
@@ -116,8 +116,8 @@
   X(quantization_type, quantization_type, std::string, "nf4", Accepted, "Accepted; no effect without quantization_bit (later)") \
   X(double_quantization, double_quantization, bool, true, Accepted, "Accepted; no effect without quantization_bit (later)") \
   X(quantization_device_map, quantization_device_map, std::string, "", Accepted, "Accepted; no effect without quantization_bit (later)") \
-  X(image_max_pixels, image_max_pixels, int64_t, 589824, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
-  X(image_min_pixels, image_min_pixels, int64_t, 1024, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
+  X(image_max_pixels, image_max_pixels, int64_t, 589824, Supported, "Image datasets: an image above this many pixels is first scaled down to it (LLaMA-Factory's pre-resize)") \
+  X(image_min_pixels, image_min_pixels, int64_t, 1024, Supported, "Image datasets: an image below this many pixels is first scaled up to it (LLaMA-Factory's pre-resize)") \
   X(image_do_pan_and_scan, image_do_pan_and_scan, bool, false, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
   X(crop_to_patches, crop_to_patches, bool, false, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
   X(video_max_pixels, video_max_pixels, int64_t, 65536, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
@@ -152,7 +152,7 @@
   X(sglang_config, sglang_config, std::string, "", Later, "Config to initialize the SGLang engine") \
   X(sglang_lora_backend, sglang_lora_backend, std::string, "triton", Accepted, "Accepted; an inference setting, no effect on training") \
   /* data (LLaMA-Factory's DataArguments) */ \
-  X(media_dir, media_dir, std::string, "", Later, "Path to the folder containing the images, videos or audios") \
+  X(media_dir, media_dir, std::string, "", Supported, "Folder where image paths of datasets are looked up first (default: dataset_dir)") \
   X(streaming, streaming, bool, false, Later, "Enable dataset streaming") \
   X(buffer_size, buffer_size, int64_t, 16384, Later, "Size of the buffer to randomly sample examples from in dataset streaming") \
   X(mix_strategy, mix_strategy, std::string, "concat", Later, "Strategy to use in dataset mixing (concat/interleave)...") \
@@ -271,9 +271,9 @@
   X(asft_alpha, asft_alpha, double, 0.1, Later, "The alpha parameter for ASFT loss to control the power of adaptive weight") \
   X(use_eaft_loss, use_eaft_loss, bool, false, Later, "Whether to use the EAFT loss") \
   X(eaft_alpha, eaft_alpha, double, 1.0, Later, "The alpha parameter for EAFT loss to control the power of adaptive weight") \
-  X(freeze_vision_tower, freeze_vision_tower, bool, true, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
-  X(freeze_multi_modal_projector, freeze_multi_modal_projector, bool, true, Accepted, "Accepted; a multimodal setting, no effect (Fabrica trains text-only models)") \
-  X(freeze_language_model, freeze_language_model, bool, false, Later, "Whether or not to freeze the language model in MLLM training") \
+  X(freeze_vision_tower, freeze_vision_tower, bool, true, Supported, "qwen2_vl / qwen2_5_vl: the vision tower (patch embedding and blocks) does not train") \
+  X(freeze_multi_modal_projector, freeze_multi_modal_projector, bool, true, Supported, "qwen2_vl / qwen2_5_vl: the vision merger (multi-modal projector) does not train") \
+  X(freeze_language_model, freeze_language_model, bool, false, Supported, "qwen2_vl / qwen2_5_vl: the language model (embedding, layers, norm, lm_head) does not train") \
   X(compute_accuracy, compute_accuracy, bool, false, Later, "Whether or not to compute the token-level accuracy at evaluation") \
   X(early_stopping_steps, early_stopping_steps, int64_t, 0, Later, "Number of steps to stop training if the `metric_for_best_model` does not improve") \
   X(include_effective_tokens_per_second, include_effective_tokens_per_second, bool, false, Accepted, "Accepted; metrics.jsonl logs tokens_per_s every logged step") \
@@ -416,6 +416,7 @@
   X(tensor_parallel_size, tensor_parallel_size, int64_t, 1, Own, "Tensor-parallel ranks (Megatron's split of each layer; tensor_model_parallel_size is an alias). world = tp x pp x dp, tp fastest") \
   X(sequence_parallel, sequence_parallel, bool, false, Own, "With tensor parallel: norms and the residual stream on 1/tp of the tokens, all-gather / reduce-scatter instead of all-reduce") \
   X(pipeline_parallel_size, pipeline_parallel_size, int64_t, 1, Own, "Pipeline stages (pipeline_model_parallel_size is an alias)") \
+  X(expert_parallel_size, expert_parallel_size, int64_t, 1, Later, "Expert-parallel ranks of a mixture-of-experts model (expert_model_parallel_size is an alias): not implemented yet, every rank holds every expert (docs/architecture/moe.md)") \
   X(virtual_pipeline_parallel_size, virtual_pipeline_parallel_size, int64_t, 1, Own, "Model chunks per pipeline stage for interleaved 1F1B (virtual_pipeline_model_parallel_size is an alias)") \
   X(pipeline_layers, pipeline_layers, std::vector<int64_t>, {}, Own, "Decoder layers of each model chunk in layer order, e.g. [3, 5] (pp entries; pp x vpp interleaved, chunk k on stage k % pp); empty: an automatic split balancing a token's FLOPs, the head's vocab GEMM included") \
   X(pipeline_schedule, pipeline_schedule, std::string, "1f1b", Own, "1f1b or interleaved_1f1b (needs virtual_pipeline_parallel_size > 1; left out, virtual_pipeline_parallel_size > 1 implies it, as in Megatron)") \
@@ -427,7 +428,8 @@
 #define FAB_CONFIG_ALIASES(A)                                                                                       \
   A(tensor_model_parallel_size, tensor_parallel_size)                                                               \
   A(pipeline_model_parallel_size, pipeline_parallel_size)                                                           \
-  A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)
+  A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)                                           \
+  A(expert_model_parallel_size, expert_parallel_size)
 
 // Longer notes docs/CONFIG.md adds after the tables, one section per topic.
 inline constexpr const char* kConfigNotes = R"(## Rewards (stages grpo and ppo)

@@ -52,6 +52,9 @@ struct Example {
   std::vector<int32_t> input_ids;
   std::vector<int32_t> labels;
 
+  // The images column: paths found in media_dir (else as given), in <image> placeholder order.
+  std::vector<std::string> images;
+
   ExampleOrigin origin;
 };
 
@@ -86,6 +89,7 @@ struct DatasetOptions {
   uint64_t seed = 42;                  // for num_samples' random selection
   DataStage stage = DataStage::sft;
   std::string stage_label;  // the training stage for messages (dpo loads as rm, grpo as sft); "": stage's name
+  std::string media_dir;    // where image paths are looked up first (LLaMA-Factory's media_dir); "": dataset_dir
 };
 
 struct LoadedDataset {
@@ -108,7 +112,9 @@ DatasetAttr parse_dataset_attr(const std::string& name, std::string_view entry_j
 // dataset_dir) is loaded directly, its format guessed from the first record (Fabrica extension).
 std::vector<DatasetAttr> get_dataset_list(const std::vector<std::string>& names, const std::string& dataset_dir);
 
-// Reads and aligns one dataset, then applies num_samples and max_samples.
+// Reads and aligns one dataset, then applies num_samples and max_samples. Image paths are resolved as
+// LLaMA-Factory's converter does (media_dir joined when that file exists, else the path as given);
+// one that exists in neither place is a UserError naming the dataset and the record.
 LoadedDataset load_single_dataset(const DatasetAttr& attr, const DatasetOptions& options);
 
 // Loads the comma-separated datasets and concatenates them (mix_strategy "concat").

@@ -242,15 +242,31 @@ Example convert_pretokenized(const RawRecord& record) {
 
 namespace {
 
-// Images, videos and audios need a multimodal plugin, which Fabrica does not have yet; LLaMA-Factory
-// also refuses them for a text-only model.
+// Videos and audios are refused until Fabrica has their plugins (images are read: image_paths).
 void reject_media(const RawRecord& record, const DatasetAttr& attr) {
-  for (const auto* column_name : {&attr.images, &attr.videos, &attr.audios}) {
+  for (const auto* column_name : {&attr.videos, &attr.audios}) {
     const Json* media = column(record.value, *column_name);
     FAB_USER_CHECK(!media || media->empty() || (media->is_string() && media->get<std::string>().empty()),
-                   "{}: field '{}': image, video and audio inputs are not supported yet", record.source.where(),
-                   **column_name);
+                   "{}: field '{}': {} inputs are not supported yet (images are)", record.source.where(),
+                   **column_name, column_name == &attr.videos ? "video" : "audio");
   }
+}
+
+// LLaMA-Factory's _find_medias before the path lookup: one path or a list of paths (an empty list:
+// none). Images given as bytes or {"path", "bytes"} objects are refused.
+std::vector<std::string> image_paths(const RawRecord& record, const DatasetAttr& attr) {
+  const Json* images = column(record.value, attr.images);
+  if (!images) return {};
+  if (images->is_string()) return {images->get<std::string>()};
+  FAB_USER_CHECK(images->is_array(), "{}: field '{}': expected a list of image paths, got {}", record.source.where(),
+                 *attr.images, json_type_name(*images));
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < images->size(); ++i) {
+    FAB_USER_CHECK((*images)[i].is_string(), "{}: field '{}' item {}: expected an image path (a string), got {}",
+                   record.source.where(), *attr.images, i, json_type_name((*images)[i]));
+    paths.push_back((*images)[i].get<std::string>());
+  }
+  return paths;
 }
 
 }  // namespace
@@ -258,10 +274,14 @@ void reject_media(const RawRecord& record, const DatasetAttr& attr) {
 ConvertResult convert_record(const RawRecord& record, const DatasetAttr& attr) {
   if (is_pretokenized_record(record.value)) return {convert_pretokenized(record), ""};
   reject_media(record, attr);
-  if (attr.formatting == "alpaca") return convert_alpaca(record, attr);
-  if (attr.formatting == "sharegpt") return convert_sharegpt(record, attr);
-  throw UserError(fab::format("dataset {}: unsupported formatting '{}' (expected alpaca or sharegpt)", attr.name,
+  ConvertResult converted;
+  if (attr.formatting == "alpaca") converted = convert_alpaca(record, attr);
+  else if (attr.formatting == "sharegpt") converted = convert_sharegpt(record, attr);
+  else
+    throw UserError(fab::format("dataset {}: unsupported formatting '{}' (expected alpaca or sharegpt)", attr.name,
                               attr.formatting));
+  converted.example.images = image_paths(record, attr);
+  return converted;
 }
 
 }  // namespace fab

@@ -1,5 +1,6 @@
 // Loading registered datasets: LLaMA-Factory loader.py (_load_single_dataset, _get_merged_dataset).
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
 #include <random>
 
@@ -86,6 +87,24 @@ void check_kto_tag(const Example& example, const DatasetAttr& attr) {
                  example.origin.where(), *attr.kto_tag);
 }
 
+// LLaMA-Factory's _find_medias: media_dir/path when that is a file, else the path as given; a path
+// that is neither is refused here (LLaMA-Factory fails later, reading it).
+void resolve_image_paths(std::vector<std::string>& paths, const DatasetAttr& attr, const RawRecord& record,
+                         const DatasetOptions& options) {
+  const std::string& media_dir = options.media_dir.empty() ? options.dataset_dir : options.media_dir;
+  for (std::string& path : paths) {
+    std::error_code ec;
+    const std::filesystem::path in_media_dir = std::filesystem::path(media_dir) / path;
+    if (std::filesystem::is_regular_file(in_media_dir, ec)) {
+      path = in_media_dir.string();
+      continue;
+    }
+    FAB_USER_CHECK(std::filesystem::is_regular_file(path, ec),
+                   "dataset {}: {}: image '{}' not found (neither in media_dir {} nor as given)", attr.name,
+                   record.source.where(), path, media_dir);
+  }
+}
+
 }  // namespace
 
 LoadedDataset load_single_dataset(const DatasetAttr& attr_in, const DatasetOptions& options) {
@@ -104,6 +123,7 @@ LoadedDataset load_single_dataset(const DatasetAttr& attr_in, const DatasetOptio
   std::shared_ptr<const std::string> file;
   for (const RawRecord& record : select_records(std::move(records), attr, options)) {
     ConvertResult converted = convert_record(record, attr);
+    resolve_image_paths(converted.example.images, attr, record, options);
     if (!file || *file != record.source.file) file = std::make_shared<const std::string>(record.source.file);
     converted.example.origin = {file, record.source.index};
     if (options.stage == DataStage::kto && converted.broken_reason.empty()) check_kto_tag(converted.example, attr);

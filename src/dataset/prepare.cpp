@@ -12,6 +12,8 @@
 #include "core/error.h"
 #include "core/file_write.h"
 #include "core/rng.h"
+#include "dataset/image_cache.h"
+#include "dataset/multimodal.h"
 #include "dataset/packing.h"
 #include "dataset/template.h"
 #include "dataset/tokenizer_encoder.h"
@@ -47,6 +49,8 @@ std::string cache_key(const TrainConfig& c, const Tokenizer& tokenizer, const st
       << "|thinking=" << c.enable_thinking << "|packing=" << c.packing << "|eval=" << c.eval_dataset
       << "|tokenizer=" << file_identity(tokenizer.source());
   if (is_rollout(c.stage)) key << "|prompts=oneturn|truncation=" << c.truncation;
+  key << "|image_pixels=" << c.image_min_pixels << "," << c.image_max_pixels << "|media_dir=" << c.media_dir
+      << "|preprocessor=" << file_identity((fs::path(c.model_name_or_path) / "preprocessor_config.json").string());
   for (const DatasetAttr& d : datasets) key << "|" << d.name << "=" << file_identity(d.file_name);
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(key.str()));
@@ -65,6 +69,8 @@ struct TokenizedItems {
   TokenizedDataset data;
   int64_t rows_per_item = 1;
   std::vector<uint8_t> desirable = {};  // kto: one per item
+  std::vector<ExampleImages> images = {};  // image datasets: one per item
+  std::vector<std::string> image_files = {};  // and the files they came from
   size_t items() const { return data.samples.size() / size_t(rows_per_item); }
 };
 
@@ -103,15 +109,53 @@ DataStage data_stage(Stage stage) {
   return DataStage::sft;
 }
 
-// The rows of the picked items, in order; their KTO tags into `tags`.
-TokenSequences to_sequences(const TokenizedItems& items, const std::vector<size_t>& pick, std::vector<uint8_t>* tags) {
+// The rows of the picked items, in order; their KTO tags into `tags`, their images into `images`.
+TokenSequences to_sequences(const TokenizedItems& items, const std::vector<size_t>& pick, std::vector<uint8_t>* tags,
+                            std::vector<ExampleImages>* images) {
   TokenSequencesBuilder b;
   const size_t k = size_t(items.rows_per_item);
   for (size_t i : pick) {
     for (size_t r = 0; r < k; ++r) b.add(items.data.samples[i * k + r].input_ids, items.data.samples[i * k + r].labels);
     if (!items.desirable.empty()) tags->push_back(items.desirable[i]);
+    if (!items.images.empty()) images->push_back(items.images[i]);
   }
   return b.finish();
+}
+
+// Image datasets: stage sft without packing for now, and the model folder's preprocessor_config.json.
+ImageProcessing image_processing(const TrainConfig& c) {
+  FAB_USER_CHECK(c.stage == Stage::sft, "dataset {}: it has images, which stage {} does not take yet (sft does)",
+                 c.dataset, c.stage);
+  FAB_USER_CHECK(!c.packing && !c.neat_packing, "dataset {}: packing and neat_packing are not supported with images yet",
+                 c.dataset);
+  const fs::path path = fs::path(c.model_name_or_path) / "preprocessor_config.json";
+  FAB_USER_CHECK(fs::is_regular_file(path),
+                 "dataset {}: it has images, which need the model's preprocessor_config.json; {} does not exist",
+                 c.dataset, path.string());
+  FAB_USER_CHECK(c.image_min_pixels > 0 && c.image_min_pixels <= c.image_max_pixels,
+                 "image_min_pixels {} and image_max_pixels {}: expected 0 < image_min_pixels <= image_max_pixels",
+                 c.image_min_pixels, c.image_max_pixels);
+  ImageProcessing processing;
+  processing.processor = load_qwen2_vl_image_config(path.string());
+  processing.bounds = {c.image_min_pixels, c.image_max_pixels};
+  return processing;
+}
+
+// One entry per sample (the supervised examples, in order), each checked to keep its image tokens.
+std::vector<ExampleImages> images_of_samples(const TrainConfig& c, const std::vector<Example>& examples,
+                                             std::vector<ExampleImages> images, const TokenizedDataset& data,
+                                             const ChatTemplate& chat, int64_t merge_size) {
+  const int32_t image_pad = chat.encoder().token_to_id("<|image_pad|>");
+  FAB_USER_CHECK(image_pad >= 0, "template {}: the tokenizer has no <|image_pad|> token (a Qwen2-VL tokenizer has)",
+                 chat.spec().name);
+  std::vector<ExampleImages> out;
+  for (size_t e = 0; e < examples.size(); ++e) {
+    if (!is_supervised_example(examples[e])) continue;
+    check_image_tokens(data.samples[out.size()], images[e], image_pad, merge_size, examples[e], c.cutoff_len);
+    out.push_back(std::move(images[e]));
+  }
+  FAB_CHECK(out.size() == data.samples.size(), "{} samples but {} image lists", data.samples.size(), out.size());
+  return out;
 }
 
 // val_size: a fraction (< 1) or a count of samples held out, chosen by a seeded shuffle.
@@ -142,9 +186,21 @@ void warn_of_abnormal_records(const LoadedDataset& loaded) {
 // that says where the records went.
 TokenizedItems load_and_tokenize(const TrainConfig& c, const std::string& names, const DatasetOptions& options,
                                  const ChatTemplate& chat) {
-  const LoadedDataset loaded = load_datasets(names, options);
+  LoadedDataset loaded = load_datasets(names, options);
   warn_of_abnormal_records(loaded);
+  std::vector<ExampleImages> images;
+  ImageProcessing processing;
+  if (has_images(loaded.examples)) {
+    processing = image_processing(c);
+    images = expand_image_placeholders(loaded.examples, chat.spec(), processing);
+  }
   TokenizedItems items = tokenize(c, loaded.examples, chat);
+  if (!images.empty()) {
+    items.images = images_of_samples(c, loaded.examples, std::move(images), items.data, chat,
+                                     processing.processor.merge_size);
+    for (const Example& example : loaded.examples)
+      items.image_files.insert(items.image_files.end(), example.images.begin(), example.images.end());
+  }
   const TokenizedDataset& tokenized = items.data;
   const std::string short_of_a_block =
       tokenized.stats.dropped_tokens > 0
@@ -159,8 +215,15 @@ TokenizedItems load_and_tokenize(const TrainConfig& c, const std::string& names,
 
 // A cache entry: the stats file is written last, so its presence means the token files are whole.
 struct CacheFiles {
-  fs::path train, eval, stats;
+  fs::path train, eval, stats, images;
 };
+
+// Image data: the files' identities in the stats file, the pixels beside (image_cache.h).
+bool image_files_unchanged(const nlohmann::json& stats) {
+  for (const auto& [path, identity] : stats.at("image_files").items())
+    if (file_identity(path) != identity.get<std::string>()) return false;
+  return true;
+}
 
 void note_unreadable_cache(const CacheFiles& files, const char* why) {
   std::printf("note: data cache %s cannot be read (%s); rebuilding it\n", files.stats.string().c_str(), why);
@@ -168,7 +231,7 @@ void note_unreadable_cache(const CacheFiles& files, const char* why) {
 
 // Fills `out` from the cache; false when an entry is missing or cannot be read (damaged, cut
 // short, an older format): it is then rebuilt as if absent.
-bool load_cache(const CacheFiles& files, PreparedData& out) {
+bool load_cache(const CacheFiles& files, PreparedData& out, const TrainConfig& c) {
   if (!fs::exists(files.train) || !fs::exists(files.eval) || !fs::exists(files.stats)) return false;
   try {
     out.train = load_token_sequences(files.train.string());
@@ -178,6 +241,12 @@ bool load_cache(const CacheFiles& files, PreparedData& out) {
                  j.at("skipped").get<int64_t>(), j.at("dropped_tokens").get<int64_t>()};
     out.train_desirable = j.at("train_desirable").get<std::vector<uint8_t>>();
     out.eval_desirable = j.at("eval_desirable").get<std::vector<uint8_t>>();
+    if (j.contains("image_files")) {
+      if (!image_files_unchanged(j)) return false;
+      const Qwen2VLImageConfig config =
+          load_qwen2_vl_image_config((fs::path(c.model_name_or_path) / "preprocessor_config.json").string());
+      load_image_cache(files.images.string(), out.train_images, out.eval_images, config);
+    }
   } catch (const UserError& e) {
     note_unreadable_cache(files, e.what());
     return false;
@@ -189,14 +258,22 @@ bool load_cache(const CacheFiles& files, PreparedData& out) {
   return true;
 }
 
-void save_cache(const CacheFiles& files, const PreparedData& data) {
+void save_cache(const CacheFiles& files, const PreparedData& data, const std::vector<std::string>& image_files,
+                const TrainConfig& c) {
   fs::create_directories(files.stats.parent_path());
   save_token_sequences(files.train.string(), data.train);
   save_token_sequences(files.eval.string(), data.eval);
-  const nlohmann::json j = {{"samples", data.stats.samples},     {"tokens", data.stats.tokens},
-                            {"truncated", data.stats.truncated}, {"skipped", data.stats.skipped},
-                            {"dropped_tokens", data.stats.dropped_tokens},
-                            {"train_desirable", data.train_desirable}, {"eval_desirable", data.eval_desirable}};
+  nlohmann::json j = {{"samples", data.stats.samples},     {"tokens", data.stats.tokens},
+                      {"truncated", data.stats.truncated}, {"skipped", data.stats.skipped},
+                      {"dropped_tokens", data.stats.dropped_tokens},
+                      {"train_desirable", data.train_desirable}, {"eval_desirable", data.eval_desirable}};
+  if (has_images(data)) {
+    const Qwen2VLImageConfig config =
+        load_qwen2_vl_image_config((fs::path(c.model_name_or_path) / "preprocessor_config.json").string());
+    save_image_cache(files.images.string(), data.train_images, data.eval_images, config);
+    j["image_files"] = nlohmann::json::object();
+    for (const std::string& path : image_files) j["image_files"][path] = file_identity(path);
+  }
   write_file_atomically(files.stats.string(), j.dump() + "\n");
 }
 
@@ -214,6 +291,7 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   options.seed = uint64_t(c.seed);
   options.stage = data_stage(c.stage);
   options.stage_label = stage_name(c.stage);
+  options.media_dir = c.media_dir;
   std::vector<DatasetAttr> attrs = get_dataset_list(split_dataset_names(c.dataset), c.dataset_dir);
   if (!c.eval_dataset.empty()) {
     auto more = get_dataset_list(split_dataset_names(c.eval_dataset), c.dataset_dir);
@@ -223,24 +301,26 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   out.cache_key = cache_key(c, tokenizer, attrs);
   const fs::path dir = !cache_dir_in.empty() ? cache_dir_in : !c.cache_dir.empty() ? c.cache_dir : default_cache_dir();
   const CacheFiles cache{dir / (out.cache_key + ".train.bin"), dir / (out.cache_key + ".eval.bin"),
-                         dir / (out.cache_key + ".json")};
-  if (!c.overwrite_cache && load_cache(cache, out)) return out;
+                         dir / (out.cache_key + ".json"), dir / (out.cache_key + ".images.bin")};
+  if (PreparedData cached = out; !c.overwrite_cache && load_cache(cache, cached, c)) return cached;
   TokenizerEncoder encoder(tokenizer);
   TemplateOptions template_options;
   template_options.enable_thinking = c.enable_thinking;
   template_options.train_on_prompt = c.train_on_prompt;
   ChatTemplate chat(get_template(c.chat_template.empty() ? "empty" : c.chat_template), encoder, template_options);
   TokenizedItems train = load_and_tokenize(c, c.dataset, options, chat);
+  std::vector<std::string> image_files = train.image_files;
   out.stats = train.data.stats;
   auto [train_pick, eval_pick] = split_validation(train.items(), c.val_size, uint64_t(c.seed));
-  out.train = to_sequences(train, train_pick, &out.train_desirable);
+  out.train = to_sequences(train, train_pick, &out.train_desirable, &out.train_images);
   if (!c.eval_dataset.empty()) {
     TokenizedItems eval = load_and_tokenize(c, c.eval_dataset, options, chat);
+    image_files.insert(image_files.end(), eval.image_files.begin(), eval.image_files.end());
     std::vector<size_t> all(eval.items());
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    out.eval = to_sequences(eval, all, &out.eval_desirable);
+    out.eval = to_sequences(eval, all, &out.eval_desirable, &out.eval_images);
   } else {
-    out.eval = to_sequences(train, eval_pick, &out.eval_desirable);
+    out.eval = to_sequences(train, eval_pick, &out.eval_desirable, &out.eval_images);
   }
   if (c.packing && c.stage == Stage::sft) {  // (pt packs while tokenising)
     PackingStats packing;
@@ -248,8 +328,10 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
     out.eval = pack_samples(out.eval, {c.cutoff_len});
     out.stats.skipped += packing.dropped;  // train samples longer than the lowered cutoff_len
   }
-  save_cache(cache, out);
+  save_cache(cache, out, image_files, c);
   return out;
 }
+
+bool has_images(const PreparedData& data) { return !data.train_images.empty() || !data.eval_images.empty(); }
 
 }  // namespace fab

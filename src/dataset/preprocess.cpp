@@ -148,7 +148,7 @@ SupervisedOutcome supervised_outcome(const ChatTemplate& chat, const Example& ex
   if (example.pretokenized) {
     outcome.kept = true;
     outcome.sample = {example.input_ids, example.labels};
-  } else if (example.prompt.size() % 2 == 1 && example.response.size() == 1) {
+  } else if (is_supervised_example(example)) {
     outcome.kept = true;
     outcome.sample = naming_the_record(
         example, [&] { return encode_supervised_example(chat, example, options, &outcome.truncated); });
@@ -157,6 +157,10 @@ SupervisedOutcome supervised_outcome(const ChatTemplate& chat, const Example& ex
 }
 
 }  // namespace
+
+bool is_supervised_example(const Example& example) {
+  return example.pretokenized || (example.prompt.size() % 2 == 1 && example.response.size() == 1);
+}
 
 TokenizedDataset preprocess_supervised(const std::vector<Example>& examples, const ChatTemplate& chat,
                                        const SupervisedOptions& options) {

@@ -46,6 +46,10 @@ struct SupervisedOptions {
   bool mask_history = false;  // train on the last turn only (incompatible with train_on_prompt)
 };
 
+// Whether preprocess_supervised makes a sample of the example (pre-tokenised, or a prompt of odd
+// length and one response); LLaMA-Factory drops the others as invalid.
+bool is_supervised_example(const Example& example);
+
 // SupervisedDatasetProcessor._encode_data_example for one valid example (prompt of odd length,
 // one response). `truncated` (optional) reports whether cutoff_len cut anything.
 TokenizedSample encode_supervised_example(const ChatTemplate& chat, const Example& example,

@@ -69,6 +69,9 @@ struct Template {
   bool replace_eos = false;
   std::optional<bool> enable_thinking = true;  // reasoning templates: true, false, or None
   bool preserve_thinking = false;
+  // LLaMA-Factory's mm_plugin: "qwen2_vl" (<image> -> <|vision_start|><|image_pad|>...<|vision_end|>),
+  // or "" for a template that takes no images.
+  std::string mm_plugin;
 };
 
 // A registered template by LLaMA-Factory's name; UserError listing the names otherwise.

@@ -51,6 +51,13 @@ Template qwen_family(std::string name, TemplateKind kind, std::string default_sy
   return t;
 }
 
+// qwen's template with its own default system and Qwen2-VL's image plugin.
+Template qwen2_vl_template() {
+  Template t = qwen_family("qwen2_vl", TemplateKind::standard, "You are a helpful assistant.");
+  t.mm_plugin = "qwen2_vl";
+  return t;
+}
+
 Template default_template() {
   Template t;
   t.name = "default";
@@ -136,7 +143,7 @@ const std::map<std::string, Template, std::less<>>& registry() {
                        qwen_family("qwen", TemplateKind::standard,
                                    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
                        qwen_family("qwen3", TemplateKind::reasoning, ""),
-                       qwen_family("qwen3_nothink", TemplateKind::standard, ""), llama2_template(),
+                       qwen_family("qwen3_nothink", TemplateKind::standard, ""), qwen2_vl_template(), llama2_template(),
                        llama3_template(), mistral_template()}) {
       std::string name = t.name;
       m.emplace(std::move(name), with_defaults(std::move(t)));

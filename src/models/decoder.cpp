@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "core/profiler.h"
 #include "core/trace.h"
+#include "models/mrope.h"
+#include "nn/vision_ops.h"
 
 namespace fab {
 namespace {
@@ -103,9 +105,34 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
   rope_.cos = rope_.cos.to(device, MemoryCategory::parameters);
   rope_.sin = rope_.sin.to(device, MemoryCategory::parameters);
   if (options_.lora.enabled()) init_adapters();
+  if (config_.moe.output_router_logits) aux_loss_weight_ = config_.moe.router_aux_loss_coef;
+}
+
+// Mixture-of-experts models run, verified against transformers, with every expert in one process
+// on the CPU in fp32, fully trained, under data parallel / ZeRO; the rest is refused by name.
+void DecoderModel::check_moe_support() const {
+  const std::string what = config_.model_type + " (a mixture-of-experts model)";
+  FAB_USER_CHECK(tp_size() == 1, "{}: tensor_parallel_size {} is not implemented for mixture-of-experts models yet",
+                 what, tp_size());
+  FAB_USER_CHECK(is_whole(), "{}: pipeline_parallel_size > 1 is not implemented for mixture-of-experts models yet",
+                 what);
+  FAB_USER_CHECK(!options_.lora.enabled(),
+                 "{}: finetuning_type lora is not implemented for mixture-of-experts models yet (use full)", what);
+  FAB_USER_CHECK(!options_.trainable,
+                 "{}: finetuning_type freeze (or frozen parameters) is not implemented for mixture-of-experts models "
+                 "yet (use full)",
+                 what);
+  FAB_USER_CHECK(options_.device.is_host(),
+                 "{}: device {} is not implemented for mixture-of-experts models yet (use device: cpu)", what,
+                 options_.device.str());
+  FAB_USER_CHECK(options_.precision == Precision::fp32,
+                 "{}: bf16 is not implemented for mixture-of-experts models yet (set bf16: false)", what);
 }
 
 void DecoderModel::check_device_support() const {
+  FAB_USER_CHECK(!config_.vision || options_.device.is_host(),
+                 "device {}: the vision tower of {} runs on the CPU only (use device: cpu)", options_.device.str(),
+                 config_.model_type);
   if (options_.device.is_host()) return;
   FAB_USER_CHECK(is_whole(),
                  "device {}: training with pipeline_parallel_size > 1 is not implemented on a device yet (use device: "
@@ -114,11 +141,12 @@ void DecoderModel::check_device_support() const {
 }
 
 LayerContext DecoderModel::context(std::shared_ptr<AttentionCore> attention, Tensor positions, int64_t rows,
-                                   Sharding& sharding) const {
+                                   Sharding& sharding, std::shared_ptr<const RopeTable> rope) const {
   LayerContext ctx;
   ctx.sharding = &sharding;
   ctx.attention = std::move(attention);
-  ctx.rope = &rope_;
+  ctx.rope = rope ? rope.get() : &rope_;
+  ctx.pass_rope = std::move(rope);
   ctx.positions = std::move(positions);
   ctx.rows = rows;
   ctx.lora = {options_.lora.scaling(), float(options_.lora.dropout), dropout_seed_,
@@ -200,23 +228,67 @@ Tensor DecoderModel::positions_of(const Tensor& ids, const SequenceLayout& layou
   return positions;
 }
 
-Var DecoderModel::embed(Tape& tape, const Tensor& ids) {
+Var DecoderModel::embed(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
   enter_unit(tape, 0);
   const Tensor flat_ids = ids.reshape({ids.numel()});
   Var x = sharding_->embedding(tape, flat_ids, embed_, vocab_begin_);
+  if (vision_) x = merge_images(tape, ids, x, layout);
   leave_unit(tape, 0);
   return x;
+}
+
+// transformers' get_placeholder_mask + masked_scatter: the k-th image token takes the k-th row of
+// the tower's output (images in order, each image's merge groups in the processor's order).
+Var DecoderModel::merge_images(Tape& tape, const Tensor& ids, const Var& embedded, const SequenceLayout& layout) {
+  std::vector<int64_t> image_rows;
+  const int64_t* id = ids.data<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    FAB_USER_CHECK(id[i] != config_.video_token_id,
+                   "videos are not supported by Fabrica yet: the batch holds video tokens (id {})",
+                   config_.video_token_id);
+    if (id[i] == config_.image_token_id) image_rows.push_back(i);
+  }
+  if (!layout.pixel_values.defined()) {
+    FAB_USER_CHECK(image_rows.empty(), "the batch has {} image tokens (id {}) but no images (pixel_values)",
+                   image_rows.size(), config_.image_token_id);
+    return embedded;
+  }
+  const std::vector<int64_t> merged = check_images(*config_.vision, layout.pixel_values, layout.image_grid_thw);
+  int64_t features = 0;
+  for (int64_t m : merged) features += m;
+  FAB_USER_CHECK(features == int64_t(image_rows.size()),
+                 "image features and image tokens do not match: the batch's {} images give {} features, and it has "
+                 "{} image tokens (id {})",
+                 merged.size(), features, image_rows.size(), config_.image_token_id);
+  return scatter_rows(tape, embedded, image_rows, vision_->forward(tape, layout.pixel_values, layout.image_grid_thw));
+}
+
+std::shared_ptr<const RopeTable> DecoderModel::mrope_of(const Tensor& ids, const SequenceLayout& layout) const {
+  if (!vision_ || !layout.image_grid_thw.defined()) return nullptr;
+  FAB_USER_CHECK(!layout.positions.defined() && !layout.doc_start.defined(),
+                 "packing with images is not implemented in Fabrica yet: set packing: false (and neat_packing: false) "
+                 "for {}",
+                 config_.model_type);
+  const RopeFrequencies freq = rope_frequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
+  return std::make_shared<const RopeTable>(mrope_table(
+      config_, freq.inv_freq, freq.attention_scaling, mrope_positions(config_, ids, layout.image_grid_thw)));
 }
 
 // Under tensor parallel, this rank's heads and intermediate features only: q/k/v and gate/up are
 // column-parallel, o_proj and down row-parallel (models/decoder_layer.cpp).
 Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions,
-                             const Tensor& doc_start, int64_t batch, int64_t seq) {
+                             const Tensor& doc_start, int64_t batch, int64_t seq, std::shared_ptr<const RopeTable> rope) {
   const AttentionShape shape{batch, seq, heads_, kv_heads_, config_.head_dim,
                              float(1.0 / std::sqrt(double(config_.head_dim))), nullptr,
                              options_.precision == Precision::bf16};
-  const LayerContext ctx =
-      context(std::make_shared<SequenceAttention>(shape, doc_start), positions, batch * seq, *sharding_);
+  Tensor pass_positions = positions;  // a pass's own table holds one row per token
+  if (rope) {
+    pass_positions = Tensor::empty({batch * seq}, DType::i64, MemoryCategory::activations);
+    for (int64_t i = 0; i < batch * seq; ++i) pass_positions.data<int64_t>()[i] = i;
+  }
+  LayerContext ctx = context(std::make_shared<SequenceAttention>(shape, doc_start), pass_positions,
+                             batch * seq, *sharding_, std::move(rope));
+  ctx.router_loss = router_loss_;
   for (size_t i = first; i < last; ++i) {
     const DecoderLayer& l = layers_[i];
     auto body = [&l, ctx](Tape& t, const Var& in) { return l.forward(t, ctx, in); };
@@ -227,13 +299,42 @@ Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const
   return x;
 }
 
+// The router statistics of a pass over ids: every row counts but the padding after each row's
+// layout.lengths; the aux loss's gradient flows only when the pass back-propagates.
+std::shared_ptr<RouterLoss> DecoderModel::start_router_loss(const Tensor& ids, const SequenceLayout& layout,
+                                                            bool with_grad) {
+  if (!config_.is_moe()) return nullptr;
+  const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  std::vector<float> mask;
+  if (layout.lengths.defined()) {
+    FAB_CHECK(layout.lengths.dtype() == DType::i64 && layout.lengths.numel() == batch, "lengths must be ({}) i64",
+              batch);
+    mask.assign(size_t(batch * seq), 0.0f);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t t = 0; t < std::min(seq, layout.lengths.data<int64_t>()[b]); ++t) mask[size_t(b * seq + t)] = 1;
+  }
+  return std::make_shared<RouterLoss>(config_.moe.num_experts, config_.moe.num_experts_per_tok, std::move(mask),
+                                      with_grad ? aux_loss_weight_ : 0.0);
+}
+
+void DecoderModel::finish_router_loss() {
+  if (!router_loss_) return;
+  router_loss_->finish();
+  router_statistics_.aux_loss = router_loss_->aux();
+  const std::vector<double>& load = router_loss_->layer_load_max_over_mean;
+  router_statistics_.load_max_over_mean = load.empty() ? 0.0 : *std::max_element(load.begin(), load.end());
+}
+
 Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout) {
   FAB_CHECK(is_whole(), "a pipeline stage runs through stage_forward");
   check_ids(ids, 0);
   const int64_t batch = ids.dim(0), seq = ids.dim(1);
+  std::shared_ptr<const RopeTable> mrope = mrope_of(ids, layout);
   const Tensor positions = on_device(positions_of(ids, layout));
-  Var x = run_layers(tape, 0, layers_.size(), embed(tape, on_device(ids)), positions, on_device(layout.doc_start),
-                     batch, seq);
+  router_loss_ = start_router_loss(ids, layout, tape.recording());
+  Var x = run_layers(tape, 0, layers_.size(), embed(tape, on_device(ids), layout), positions,
+                     on_device(layout.doc_start), batch, seq, std::move(mrope));
+  finish_router_loss();
   enter_unit(tape, head_unit());  // left by the caller after lm_head
   return rmsnorm(tape, x, sharding_->rows_weight(tape, final_norm_), float(config_.rms_norm_eps));
 }
@@ -322,6 +423,8 @@ Var DecoderModel::decode_layers(const Tensor& ids, const Tensor& positions,
   Tape none(false);
   const Allocator::HoldCachedBlocks hold(backend(options_.device.kind).allocator());
   const LayerContext ctx = context(attention, on_device(positions), ids.numel(), decoding_);
+  // A VLM generates from text only, as transformers without pixel_values: M-RoPE's positions are
+  // then the plain ones on all three axes, and an image token is embedded as any other token.
   Var x = embedding(none, on_device(ids), embed_);
   for (const DecoderLayer& l : layers_) x = l.forward(none, ctx, x);
   return x;

@@ -13,6 +13,7 @@
 #include "models/model_config.h"
 #include "models/param_buffer.h"
 #include "models/sharding.h"
+#include "models/vision_tower.h"
 #include "nn/ops.h"
 
 namespace fab {
@@ -56,12 +57,26 @@ struct DecoderOptions {
 // Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
 // (restarting at 0 in every sample) and, for attention kept inside each sample, the index of the
 // first token of its sample. Undefined tensors: positions 0..T-1, plain causal attention.
+// A vision-language model's micro-batch also carries its images, as Hugging Face's processor emits
+// them (docs/architecture/vision.md): every image of the micro-batch, row after row, its patches
+// one after another. Undefined: no images (a text-only batch; packing allowed).
 struct SequenceLayout {
   Tensor positions;  // (B, T) i64
   Tensor doc_start;  // (B, T) i32, doc_start[t] <= t
+  Tensor pixel_values;    // (patches, channels * temporal_patch_size * patch_size^2) f32
+  Tensor image_grid_thw;  // (images, 3) i64: each image's (t, h, w) in patches
+  // (B) i64: each row's real tokens, the rest padding (HF's attention_mask 0, left out of the MoE
+  // load-balancing loss). Undefined: no padding.
+  Tensor lengths;
 };
 
-// Called around each unit of parameters — 0: the embedding, 1..L: the decoder layers, L + 1: the
+// A mixture-of-experts model's router statistics over the last forward pass (models/decoder.cpp).
+struct RouterStatistics {
+  double aux_loss = 0;             // transformers' load_balancing_loss_func, unweighted
+  double load_max_over_mean = 0;   // over experts, of the busiest MoE layer
+};
+
+// Called around each unit of parameters — 0: the embedding (and a VLM's vision tower), 1..L: the decoder layers, L + 1: the
 // final norm and lm_head (a pipeline stage numbers only the units it holds, in the same order) — in forward, and through the tape in backward, so data parallelism can
 // reduce a unit's gradients as soon as they are final and ZeRO-3 can gather a unit's parameters
 // just before it runs and free them after.
@@ -125,6 +140,7 @@ class DecoderModel {
                            const SequenceLayout& layout = {});
   const Linear& lm_head() const { return lm_head_; }
   const Linear& value_head() const { return value_head_; }  // null weight without options.value_head
+  const VisionTower* vision_tower() const { return vision_.get(); }  // null for a text-only model
   // The targets of each position: labels[b, t + 1], -100 at t = T - 1, (B * T) i64.
   Tensor shifted_labels(const Tensor& labels) const;
 
@@ -138,13 +154,22 @@ class DecoderModel {
   Var decode_layers(const Tensor& ids, const Tensor& positions, const std::shared_ptr<AttentionCore>& attention);
   // The final norm and the head over rows of decode_layers' output: (rows, vocab) logits on the host.
   Tensor decode_logits(const Var& hidden);
-  // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host.
-  bool decode_concurrent() const { return options_.device.is_host(); }
+  // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host,
+  // a dense model (a mixture of experts runs its expert GEMMs through the shared matmul).
+  bool decode_concurrent() const { return options_.device.is_host() && !config_.is_moe(); }
   // ids (B, T) i64 on the host that start at `first_position`: in the vocabulary, within the RoPE
   // table and mistral's sliding window.
   void check_ids(const Tensor& ids, int64_t first_position) const;
   // What a generation cache holds per layer and row: KVH * D keys (and as many values).
   int64_t kv_row() const { return config_.num_key_value_heads * config_.head_dim; }
+
+  // Mixture-of-experts models: the weight of the load-balancing loss in the objective whose
+  // gradient forward_backward / forward_with_head accumulate (loss_scale * sum of token losses +
+  // weight * aux). Starts as router_aux_loss_coef when config.json's output_router_logits is on,
+  // else 0 (transformers' loss); the trainer sets it per micro-batch.
+  void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
+  double aux_loss_weight() const { return aux_loss_weight_; }
+  const RouterStatistics& router_statistics() const { return router_statistics_; }
 
   // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
   // micro-batch on `tape`. `input` is the previous virtual stage's hidden states (B * T, C),
@@ -186,14 +211,23 @@ class DecoderModel {
   Linear make_linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases) const;
   void bind_parameters();
   void bind_layer(int64_t index);
+  std::unique_ptr<MlpBlock> make_moe_mlp(int64_t layer) const;
+  void check_moe_support() const;  // what mixture-of-experts models do not run with yet: UserErrors
   // A pass over the layers with `attention`, this model's sharding and adapters.
-  LayerContext context(std::shared_ptr<AttentionCore> attention, Tensor positions, int64_t rows,
-                       Sharding& sharding) const;
+  LayerContext context(std::shared_ptr<AttentionCore> attention, Tensor positions, int64_t rows, Sharding& sharding,
+                       std::shared_ptr<const RopeTable> rope = nullptr) const;
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
-  Var embed(Tape& tape, const Tensor& ids);
-  // layers_[first, last) on x: training's attention over (batch, seq) rows.
+  Var embed(Tape& tape, const Tensor& ids, const SequenceLayout& layout = {});
+  // The vision tower's features in place of the image tokens' embeddings (a UserError when their
+  // counts differ).
+  Var merge_images(Tape& tape, const Tensor& ids, const Var& embedded, const SequenceLayout& layout);
+  // M-RoPE's per-token table of a batch with images (null without: the positions are then the
+  // plain ones on all three axes, and rope_ serves).
+  std::shared_ptr<const RopeTable> mrope_of(const Tensor& ids, const SequenceLayout& layout) const;
+  // layers_[first, last) on x: training's attention over (batch, seq) rows; `rope` (with
+  // positions 0..rows-1) replaces rope_ and `positions` when set.
   Var run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions, const Tensor& doc_start,
-                 int64_t batch, int64_t seq);
+                 int64_t batch, int64_t seq, std::shared_ptr<const RopeTable> rope = nullptr);
   int layer_unit(size_t local_layer) const { return int(local_layer) + (stage_.has_embedding ? 1 : 0); }
   int head_unit() const { return num_units() - 1; }
   double head_loss(Tape& tape, const Var& hidden, const Tensor& targets, float loss_scale);
@@ -218,6 +252,7 @@ class DecoderModel {
   RopeTable rope_;
   Var embed_, final_norm_;
   Linear lm_head_, value_head_;
+  std::unique_ptr<VisionTower> vision_;  // qwen2_vl / qwen2_5_vl, on the stage with the embedding
   SingleDevice single_device_;                        // the sharding without options.sharding
   SingleDevice decoding_{GemmKind::decode};           // generation's
   Sharding* sharding_ = nullptr;                      // options.sharding or &single_device_
@@ -230,6 +265,11 @@ class DecoderModel {
   // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.
   int64_t heads_ = 0, kv_heads_ = 0, intermediate_ = 0, vocab_begin_ = 0;
   int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
+  double aux_loss_weight_ = 0;
+  std::shared_ptr<RouterLoss> router_loss_;  // the running pass's (mixture-of-experts models)
+  RouterStatistics router_statistics_;
+  std::shared_ptr<RouterLoss> start_router_loss(const Tensor& ids, const SequenceLayout& layout, bool with_grad);
+  void finish_router_loss();
   std::chrono::steady_clock::time_point unit_started_;  // the trace's: when the running unit began
 };
 

@@ -32,6 +32,14 @@ Var DenseMlp::forward(Tape& tape, const LayerContext& ctx, const Var& h) const {
   return project(tape, ctx, swiglu(tape, gate_and_up, intermediate), down, down_lora, Split::row);
 }
 
+Var MoeMlp::forward(Tape& tape, const LayerContext& ctx, const Var& h) const {
+  const Var logits = linear(tape, h, router);
+  Var out = moe_experts(tape, h, logits, gate_up, down, shape, ctx.router_loss);
+  if (!shared_expert) return out;
+  const Var shared = sigmoid_gate(tape, linear(tape, h, shared_expert_gate), shared_expert->forward(tape, ctx, h));
+  return add(tape, out, shared);
+}
+
 Var DecoderLayer::forward(Tape& tape, const LayerContext& ctx, const Var& x) const {
   Sharding& s = *ctx.sharding;
   // Attention block: x + o_proj(attn(rope(q), rope(k), v))

@@ -10,6 +10,7 @@
 
 #include "models/lora.h"
 #include "models/sharding.h"
+#include "nn/moe_ops.h"
 #include "nn/ops.h"
 
 namespace fab {
@@ -42,10 +43,13 @@ struct LayerContext {
   Sharding* sharding = nullptr;  // the model's: it outlives every pass
   std::shared_ptr<AttentionCore> attention;
   const RopeTable* rope = nullptr;
+  std::shared_ptr<const RopeTable> pass_rope;  // owns *rope when the pass has its own table (M-RoPE)
   Tensor positions;  // (rows) i64, each token's RoPE position
   int64_t rows = 0;  // the pass's tokens (all of them, also where sequence parallel holds a share)
   LoraPass lora;     // scaling, dropout, the masks' seed, and the GEMM (the base projections' too)
   bool adapters_enabled = true;
+  // The pass's router statistics and load-balancing loss (mixture-of-experts models; may be null).
+  std::shared_ptr<RouterLoss> router_loss;
 };
 
 enum class Split { column, row };  // Megatron's column- and row-parallel linears
@@ -86,6 +90,21 @@ class DenseMlp final : public MlpBlock {
   Linear gate_up, down;
   std::vector<LoraBranch> gate_up_lora, down_lora;
   int64_t intermediate = 0;  // this rank's features
+};
+
+// A mixture of experts (qwen2_moe, qwen3_moe, mixtral): the bias-free router's logits pick each
+// row's top-k experts (nn/moe_ops.h), each a SwiGLU MLP; qwen2_moe adds a shared expert scaled by
+// sigmoid(shared_expert_gate(h)). One process holds every expert (no tensor or expert parallel).
+class MoeMlp final : public MlpBlock {
+ public:
+  Var forward(Tape& tape, const LayerContext& ctx, const Var& h) const override;
+  bool has_adapters() const override { return false; }
+
+  Linear router;       // (E, C)
+  Var gate_up, down;   // every expert's, packed: (E * 2I, C) and (E * C, I) elements
+  MoeShape shape;
+  std::unique_ptr<DenseMlp> shared_expert;  // qwen2_moe; null otherwise
+  Linear shared_expert_gate;                // (1, C)
 };
 
 struct DecoderLayer {

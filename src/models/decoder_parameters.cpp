@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/decoder.h"
+#include "models/moe_weights.h"
 
 namespace fab {
 namespace {
@@ -77,6 +78,20 @@ struct ParamSpec {
   int replicas = 1;
 };
 
+// A mixture-of-experts layer's tensors, whole on every rank: the router, every expert's gate and
+// up packed into one block and their down matrices into another (either layout), then qwen2_moe's
+// shared expert (gate and up packed) and its gate.
+void add_moe_specs(const MoeLayerNames& n, std::vector<ParamSpec>& out) {
+  out.push_back({n.router.name, n.router.shape, -1});
+  for (const std::vector<NamedShape>* block : {&n.gate_up, &n.down})
+    for (size_t j = 0; j < block->size(); ++j) out.push_back({(*block)[j].name, (*block)[j].shape, -1, j > 0});
+  if (!n.has_shared_expert()) return;
+  out.push_back({n.shared_gate_up[0].name, n.shared_gate_up[0].shape, -1});
+  out.push_back({n.shared_gate_up[1].name, n.shared_gate_up[1].shape, -1, true});
+  out.push_back({n.shared_down.name, n.shared_down.shape, -1});
+  out.push_back({n.shared_expert_gate.name, n.shared_expert_gate.shape, -1});
+}
+
 void add_layer_specs(const ModelConfig& c, int64_t i, int kv_replicas, std::vector<ParamSpec>& out) {
   const int64_t C = c.hidden_size, D = c.head_dim, KV = c.num_key_value_heads;
   const std::string p = layer_prefix(i);
@@ -95,6 +110,7 @@ void add_layer_specs(const ModelConfig& c, int64_t i, int kv_replicas, std::vect
   }
   out.push_back({p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}, 1});
   out.push_back({p + "post_attention_layernorm.weight", {C}, -1});
+  if (c.is_moe_layer(i)) return add_moe_specs(moe_layer_names(c, i), out);
   out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, C}, 0});
   out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, C}, 0, true});
   out.push_back({p + "mlp.down_proj.weight", {C, c.intermediate_size}, 1});
@@ -107,7 +123,11 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c, const PipelineStage
                                        int kv_replicas) {
   std::vector<ParamSpec> out;
   const int64_t C = c.hidden_size;
-  if (stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, 0, false, true});
+  // A VLM's vision tower belongs to the embedding's unit, ahead of the embedding.
+  if (stage.has_embedding && c.vision)
+    for (const VisionParam& p : vision_parameters(*c.vision))
+      out.push_back({p.name, p.shape, -1, p.packed_after_previous, out.empty()});
+  if (stage.has_embedding) out.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, 0, false, !c.vision});
   for (const auto& [first, last] : stage.chunks)
     for (int64_t i = first; i < last; ++i) add_layer_specs(c, i, kv_replicas, out);
   if (!stage.has_head) return out;
@@ -135,6 +155,15 @@ void DecoderModel::register_parameters() {
                  "tensor_parallel_size {} with finetuning_type lora or freeze is not implemented in Fabrica yet", tp);
   FAB_USER_CHECK(is_whole() || !options_.lora.enabled(),
                  "pipeline_parallel_size > 1 with finetuning_type lora is not implemented in Fabrica yet");
+  if (c.vision) {
+    FAB_USER_CHECK(!c.is_moe(), "a vision-language model with a mixture of experts ({} with num_experts {}) is not "
+                   "implemented in Fabrica yet", c.model_type, c.moe.num_experts);
+    FAB_USER_CHECK(tp == 1, "tensor_parallel_size {} with {} is not implemented in Fabrica yet", tp, c.model_type);
+    FAB_USER_CHECK(is_whole(), "pipeline_parallel_size > 1 with {} is not implemented in Fabrica yet", c.model_type);
+    FAB_USER_CHECK(!options_.lora.enabled(), "finetuning_type lora with {} is not implemented in Fabrica yet "
+                   "(use full or freeze)", c.model_type);
+  }
+  if (c.is_moe()) check_moe_support();
   heads_ = H / tp;
   kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
   kv_heads_ = KV * kv_replicas_ / tp;
@@ -221,6 +250,11 @@ void DecoderModel::bind_parameters() {
   const ModelConfig& c = config_;
   auto var = [this](const std::string& name) { return buffer_of(name).var(name); };
   if (stage_.has_embedding) embed_ = var("model.embed_tokens.weight");
+  if (stage_.has_embedding && c.vision)
+    vision_ = std::make_unique<VisionTower>(
+        *c.vision, [this](const std::vector<std::string>& w, const std::vector<std::string>& b) {
+          return make_linear(w, b);
+        }, var);
   if (stage_.has_head) {
     final_norm_ = var("model.norm.weight");
     lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});
@@ -259,6 +293,11 @@ void DecoderModel::bind_layer(int64_t i) {
   at.head_dim = D;
   at.kv_replicas = kv_replicas_;
   at.eps = l.eps;
+  if (c.is_moe_layer(i)) {
+    l.mlp = make_moe_mlp(i);
+    layers_.push_back(std::move(l));
+    return;
+  }
   auto mlp = std::make_unique<DenseMlp>();
   mlp->gate_up = make_linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {});
   mlp->down = make_linear({p + "mlp.down_proj.weight"}, {});
@@ -267,6 +306,29 @@ void DecoderModel::bind_layer(int64_t i) {
   mlp->intermediate = intermediate_;
   l.mlp = std::move(mlp);
   layers_.push_back(std::move(l));
+}
+
+std::unique_ptr<MlpBlock> DecoderModel::make_moe_mlp(int64_t i) const {
+  const MoeConfig& m = config_.moe;
+  const MoeLayerNames n = moe_layer_names(config_, i);
+  auto names = [](const std::vector<NamedShape>& block) {
+    std::vector<std::string> out;
+    for (const NamedShape& t : block) out.push_back(t.name);
+    return out;
+  };
+  auto mlp = std::make_unique<MoeMlp>();
+  mlp->router = make_linear({n.router.name}, {});
+  mlp->gate_up = buffer_of(n.gate_up[0].name).fused(names(n.gate_up));
+  mlp->down = buffer_of(n.down[0].name).fused(names(n.down));
+  mlp->shape = {m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.norm_topk_prob};
+  if (n.has_shared_expert()) {
+    mlp->shared_expert = std::make_unique<DenseMlp>();
+    mlp->shared_expert->gate_up = make_linear(names(n.shared_gate_up), {});
+    mlp->shared_expert->down = make_linear({n.shared_down.name}, {});
+    mlp->shared_expert->intermediate = m.shared_expert_intermediate_size;
+    mlp->shared_expert_gate = make_linear({n.shared_expert_gate.name}, {});
+  }
+  return mlp;
 }
 
 void DecoderModel::init_adapters() {
@@ -291,7 +353,9 @@ void DecoderModel::init_random(uint64_t seed) {
     ParamBuffer* buffer = held ? &buffer_of(p.name) : nullptr;
     const bool sliced = buffer == &params_;
     const ShardSpec s = sliced ? shards_[params_.index(p.name)] : ShardSpec{-1, p.shape, 0, p.shape[0], 1};
-    const bool is_norm = p.name.find("norm.weight") != std::string::npos;
+    const bool is_norm = p.name.find("norm.weight") != std::string::npos ||
+                         p.name.find("norm1.weight") != std::string::npos ||
+                         p.name.find("norm2.weight") != std::string::npos || p.name.find("ln_q.weight") != std::string::npos;
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
     const int64_t full = shape_numel(p.shape), cols = p.shape.size() > 1 ? p.shape[1] : 1;
     std::vector<float> w(held ? size_t(buffer->info(p.name).numel()) : 0);

@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <vector>
 
 #include "core/error.h"
 #include "core/file_write.h"
 #include "core/rng.h"
+#include "models/moe_weights.h"
 
 namespace fab {
 namespace fs = std::filesystem;
@@ -28,6 +30,38 @@ void copy_slice(const Tensor& full, const ShardSpec& s, float* dst) {
   }
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(dst + r * s.length, src + r * cols + s.begin, size_t(s.length) * sizeof(float));
+}
+
+// A VLM's tensors in a folder: transformers 5 names the language model model.language_model.*
+// and the tower model.visual.*; the released checkpoints (transformers 4) model.* and visual.*.
+// Inside Fabrica the language model is model.* and the tower model.visual.*.
+constexpr const char* kLanguageModelPrefix = "model.language_model.";
+
+std::string starts_after(const std::string& name, const std::string& prefix) {
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : std::string();
+}
+
+// The name `name` has in a folder of either generation that holds it (the first when none does).
+std::string stored_name(const ModelConfig& c, const HfWeights& weights, const std::string& name) {
+  if (!c.vision || weights.contains(name)) return name;
+  if (is_vision_parameter(name)) return name.substr(std::string("model.").size());  // visual.*
+  const std::string rest = starts_after(name, "model.");
+  return rest.empty() ? name : kLanguageModelPrefix + rest;
+}
+
+// Fabrica's name of a VLM tensor stored under `stored` (either generation's).
+std::string internal_name(const ModelConfig& c, const std::string& stored) {
+  if (!c.vision) return stored;
+  if (stored.rfind("visual.", 0) == 0) return "model." + stored;
+  const std::string rest = starts_after(stored, kLanguageModelPrefix);
+  return rest.empty() ? stored : "model." + rest;
+}
+
+// transformers 5's name of a VLM tensor (what an exported folder holds).
+std::string saved_name(const ModelConfig& c, const std::string& name) {
+  if (!c.vision || is_vision_parameter(name)) return name;
+  const std::string rest = starts_after(name, "model.");
+  return rest.empty() ? name : kLanguageModelPrefix + rest;
 }
 
 constexpr const char* kValueHeadFile = "value_head.safetensors";  // LLaMA-Factory's V_HEAD_SAFE_WEIGHTS_NAME
@@ -85,13 +119,14 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
     const bool sliceable = buffer == &model.params();
     const ShardSpec s = sliceable ? model.shard(size_t(p - model.params().params().data()))
                                   : ShardSpec{-1, p->shape, 0, p->shape[0], 1};
-    FAB_USER_CHECK(weights.contains(p->name), "missing tensor \"{}\" {} in the model weights", p->name,
+    const std::string stored = stored_name(model.config(), weights, p->name);
+    FAB_USER_CHECK(weights.contains(stored), "missing tensor \"{}\" {} in the model weights", stored,
                    shape_str(s.full_shape));
-    const SafetensorsFile& file = weights.file_of(p->name);
-    const SafetensorsEntry& e = file.entries().at(p->name);
+    const SafetensorsFile& file = weights.file_of(stored);
+    const SafetensorsEntry& e = file.entries().at(stored);
     FAB_USER_CHECK(e.shape == s.full_shape, "{}: tensor \"{}\" has shape {} but config.json implies {}", file.path(),
-                   p->name, shape_str(e.shape), shape_str(s.full_shape));
-    const Tensor t = file.as_f32(p->name);
+                   stored, shape_str(e.shape), shape_str(s.full_shape));
+    const Tensor t = file.as_f32(stored);
     if (s.split_dim < 0) {
       buffer->set_values(*p, t.data<float>());
     } else {  // this rank's slice, on the host first (the buffer may be a device's)
@@ -103,7 +138,7 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
   for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;
     // A pipeline stage holds only its part of the model's tensors.
-    FAB_USER_CHECK(known.count(name) || tied_head || !model.is_whole(), "{}: unexpected tensor \"{}\" for a {} model",
+    FAB_USER_CHECK(known.count(internal_name(model.config(), name)) || tied_head || !model.is_whole(), "{}: unexpected tensor \"{}\" for a {} model",
                    weights.file_of(name).path(), name, model.config().model_type);
   }
   model.weights_changed();
@@ -111,13 +146,16 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
 
 std::unique_ptr<DecoderModel> load_model_folder(const std::string& folder, const DecoderOptions& options,
                                                 uint64_t seed) {
-  const ModelConfig config = load_model_config((fs::path(folder) / "config.json").string());
+  ModelConfig config = load_model_config((fs::path(folder) / "config.json").string());
+  std::optional<HfWeights> weights;
+  if (HfWeights::present(folder)) weights = HfWeights::open(folder);
+  // A mixture of experts keeps the layout its folder has (and exports it).
+  if (config.is_moe() && weights) config.moe.fused_experts = detect_fused_experts(config, *weights);
   auto model = std::make_unique<DecoderModel>(config, options);
   bool value_head_loaded = false;
-  if (HfWeights::present(folder)) {
-    const HfWeights weights = HfWeights::open(folder);
-    load_weights(*model, weights);
-    value_head_loaded = weights.contains("v_head.summary.weight");
+  if (weights) {
+    load_weights(*model, *weights);
+    value_head_loaded = weights->contains("v_head.summary.weight");
   } else {
     model->init_random(seed);
   }
@@ -138,7 +176,8 @@ void save_model_folder(const ModelConfig& config, const std::vector<NamedTensor>
                        size_t max_shard_bytes) {
   fs::create_directories(folder);
   std::vector<NamedTensor> weights, value_head;  // the value head goes beside, as LLaMA-Factory saves it
-  for (const NamedTensor& t : tensors) (is_value_head(t.name) ? value_head : weights).push_back(t);
+  for (const NamedTensor& t : tensors)
+    (is_value_head(t.name) ? value_head : weights).push_back({saved_name(config, t.name), t.tensor});
   save_hf_weights(folder, weights, max_shard_bytes);
   if (!value_head.empty())
     save_safetensors((fs::path(folder) / kValueHeadFile).string(), value_head, {{"format", "pt"}});
@@ -148,7 +187,7 @@ void save_model_folder(const ModelConfig& config, const std::vector<NamedTensor>
 void copy_tokenizer_and_template_files(const std::string& from, const std::string& to) {
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                            "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
-                           "generation_config.json"}) {
+                           "generation_config.json", "preprocessor_config.json", "processor_config.json"}) {
     const fs::path src = fs::path(from) / name;
     if (fs::exists(src)) copy_file_atomically(src.string(), (fs::path(to) / name).string());
   }

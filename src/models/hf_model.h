@@ -39,7 +39,8 @@ void save_model_folder(const ModelConfig& config, const std::vector<NamedTensor>
                        size_t max_shard_bytes = size_t(5) << 30);
 
 // Copies the files of a model folder that are not weights or config.json and that transformers
-// reads beside them (tokenizer files, chat_template.jinja, generation_config.json, ...), those
+// reads beside them (tokenizer files, chat_template.jinja, generation_config.json, a VLM's
+// preprocessor_config.json, ...), those
 // `from` has, into `to`.
 void copy_tokenizer_and_template_files(const std::string& from, const std::string& to);
 

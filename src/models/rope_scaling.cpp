@@ -99,6 +99,7 @@ void parse_rope(const json& config, const std::string& source, int64_t max_posit
   std::string type = "default";
   for (const char* key : {"rope_type", "type"})
     if (params.contains(key) && params[key].is_string()) type = params[key].get<std::string>();
+  if (type == "mrope") type = "default";  // qwen2_vl's transformers-4 name (its config turns it into default)
   FAB_USER_CHECK(type == "default" || type == "linear" || type == "dynamic" || type == "yarn" || type == "llama3",
                  "{}: rope_type \"{}\" is not supported (expected default, linear, dynamic, yarn or llama3)", source,
                  type);

@@ -222,6 +222,10 @@ Plan make_plan(const PlanProblem& p, const ClusterSpec& c, const PlanConstraints
   SplitCache splits(p);
   for (int64_t tp : divisors(devices, devices)) {
     if (!allowed(fixed.tp, tp)) continue;
+    if (tp > 1 && p.model.is_moe()) {
+      plan.pruned.push_back({int(tp), 0, 1, -1, "tensor parallel is not implemented for mixture-of-experts models"});
+      continue;
+    }
     const std::string tp_problem = tensor_parallel_problem(p, c, fixed, int(tp), legality);
     if (!tp_problem.empty()) {
       plan.pruned.push_back({int(tp), 0, 1, -1, tp_problem});
@@ -229,6 +233,10 @@ Plan make_plan(const PlanProblem& p, const ClusterSpec& c, const PlanConstraints
     }
     for (int64_t pp : divisors(devices / tp, devices)) {
       if (!allowed(fixed.pp, pp)) continue;
+      if (pp > 1 && p.model.is_moe()) {
+        plan.pruned.push_back({int(tp), int(pp), 1, -1, "pipeline parallel is not implemented for mixture-of-experts models"});
+        continue;
+      }
       const int dp = int(devices / (tp * pp));
       if (p.global_batch % dp != 0) {
         plan.pruned.push_back({int(tp), int(pp), 1, -1,

@@ -22,13 +22,46 @@ void fill_layout(std::vector<int64_t> starts, int64_t n, int64_t T, int64_t* pos
 
 }  // namespace
 
-Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id, bool document_mask) {
+namespace {
+
+// The images of the chosen sequences, concatenated in row order.
+void attach_images(Batch& batch, const std::vector<SequenceImages>& images, const std::vector<int64_t>& indices) {
+  int64_t patches = 0, count = 0, values = 0;
+  for (int64_t i : indices) {
+    const SequenceImages& s = images[size_t(i)];
+    if (!s.pixel_values.defined()) continue;
+    FAB_CHECK(s.pixel_values.ndim() == 2 && s.grid_thw.ndim() == 2 && s.grid_thw.dim(1) == 3,
+              "sequence {}: pixel_values (patches, values) and grid_thw (images, 3)", i);
+    FAB_CHECK(values == 0 || values == s.pixel_values.dim(1), "sequence {}: {} values per patch, not {}", i,
+              s.pixel_values.dim(1), values);
+    values = s.pixel_values.dim(1);
+    patches += s.pixel_values.dim(0);
+    count += s.grid_thw.dim(0);
+  }
+  if (count == 0) return;
+  batch.pixel_values = Tensor::empty({patches, values}, DType::f32, MemoryCategory::activations);
+  batch.image_grid_thw = Tensor::empty({count, 3}, DType::i64, MemoryCategory::activations);
+  float* pixels = batch.pixel_values.data<float>();
+  int64_t* grid = batch.image_grid_thw.data<int64_t>();
+  for (int64_t i : indices) {
+    const SequenceImages& s = images[size_t(i)];
+    if (!s.pixel_values.defined()) continue;
+    pixels = std::copy_n(s.pixel_values.data<float>(), s.pixel_values.numel(), pixels);
+    grid = std::copy_n(s.grid_thw.data<int64_t>(), s.grid_thw.numel(), grid);
+  }
+}
+
+}  // namespace
+
+Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id, bool document_mask,
+              const std::vector<SequenceImages>& images) {
   int64_t longest = 0;
   for (int64_t i : indices) longest = std::max(longest, data.length(i));
   const int64_t b = int64_t(indices.size());
   Batch batch;
   batch.ids = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
   batch.labels = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
+  batch.lengths = Tensor::empty({b}, DType::i64, MemoryCategory::activations);
   if (data.packed()) {
     batch.positions = Tensor::empty({b, longest}, DType::i64, MemoryCategory::activations);
     if (document_mask) batch.doc_start = Tensor::empty({b, longest}, DType::i32, MemoryCategory::activations);
@@ -44,8 +77,14 @@ Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, i
     if (data.packed())
       fill_layout(data.sample_starts(indices[size_t(r)]), n, longest, batch.positions.data<int64_t>() + r * longest,
                   document_mask ? batch.doc_start.data<int32_t>() + r * longest : nullptr);
+    batch.lengths.data<int64_t>()[r] = n;
     batch.tokens += n;
   }
+  if (images.empty()) return batch;
+  FAB_CHECK(int64_t(images.size()) == data.size(), "{} image entries for {} sequences", images.size(), data.size());
+  FAB_USER_CHECK(!data.packed(), "packing with images is not implemented in Fabrica yet: set packing: false and "
+                 "neat_packing: false");
+  attach_images(batch, images, indices);
   return batch;
 }
 

@@ -8,6 +8,13 @@
 
 namespace fab {
 
+// One sequence's images as the image processor emits them (docs/architecture/vision.md):
+// pixel_values (patches, channels * temporal_patch_size * patch_size^2) f32 and grid_thw
+// (images, 3) i64, the images in the order of their image tokens. Undefined: no images.
+struct SequenceImages {
+  Tensor pixel_values, grid_thw;
+};
+
 struct Batch {
   Tensor ids;     // (B, T) i64, T = longest sequence of the batch, right-padded with pad_id
   Tensor labels;  // (B, T) i64, -100 on padding
@@ -15,11 +22,15 @@ struct Batch {
   // and with a document mask the index of its sample's first token (B, T) i32. The padding of a
   // row counts as one more sample.
   Tensor positions, doc_start;
+  // A vision-language model's images: every row's, row after row (undefined without images).
+  Tensor pixel_values, image_grid_thw;
+  Tensor lengths;      // (B) i64: each row's real tokens (the rest is padding)
   int64_t tokens = 0;  // real (unpadded) tokens
 };
 
 // document_mask (neat_packing): fill doc_start so attention stays inside each packed sample.
+// images: empty (text only) or one entry per sequence of `data`, whose images the batch carries.
 Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id,
-              bool document_mask = false);
+              bool document_mask = false, const std::vector<SequenceImages>& images = {});
 
 }  // namespace fab

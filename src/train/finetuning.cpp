@@ -98,6 +98,21 @@ void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& 
   }
 }
 
+void apply_multimodal_freezing(const TrainConfig& c, const ModelConfig& model, DecoderOptions& options) {
+  if (!model.vision) return;
+  std::vector<std::string> forbidden;
+  if (c.freeze_vision_tower) forbidden = {"model.visual.patch_embed.", "model.visual.blocks."};
+  if (c.freeze_multi_modal_projector) forbidden.push_back(kMergerPrefix);
+  const bool language_model_frozen = c.freeze_language_model;
+  auto chosen = options.trainable;
+  options.trainable = [forbidden, language_model_frozen, chosen](const std::string& name) {
+    if (chosen && !chosen(name)) return false;
+    if (language_model_frozen && !is_vision_parameter(name)) return false;
+    return std::none_of(forbidden.begin(), forbidden.end(),
+                        [&](const std::string& f) { return name.rfind(f, 0) == 0; });
+  };
+}
+
 void use_lora(const LoraOptions& lora, DecoderOptions& options) {
   options.lora = lora;
   const std::vector<std::string> modules = lora.modules_to_save;

@@ -15,6 +15,12 @@ namespace fab {
 // freeze_trainable_layers / _modules / freeze_extra_modules. A bad name is a UserError.
 void apply_finetuning(const TrainConfig& config, int64_t num_layers, DecoderOptions& options);
 
+// A vision-language model (qwen2_vl, qwen2_5_vl): LLaMA-Factory's forbidden modules on top of
+// finetuning_type's choice: freeze_vision_tower (the patch embedding and blocks),
+// freeze_multi_modal_projector (the merger), freeze_language_model (everything else). Nothing
+// for a text-only model.
+void apply_multimodal_freezing(const TrainConfig& config, const ModelConfig& model, DecoderOptions& options);
+
 // LoRA adapters with these options: options.lora, and only PEFT's modules_to_save train.
 void use_lora(const LoraOptions& lora, DecoderOptions& options);
 

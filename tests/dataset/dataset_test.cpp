@@ -75,7 +75,9 @@ TEST(Dataset, RealSampleFields) {
   ASSERT_TRUE(kto.examples[0].kto_tag.has_value());
   ASSERT_EQ(kto.examples[0].response.size(), 2u);
 
-  EXPECT_THROW(load_datasets("mllm_demo", options_for(llamafactory_dir())), UserError);  // images: not yet
+  LoadedDataset mllm = load_datasets("mllm_demo", options_for(llamafactory_dir()));  // images: found in dataset_dir
+  ASSERT_EQ(mllm.examples[0].images.size(), 2u);
+  EXPECT_EQ(mllm.examples[0].images[0], llamafactory_dir() + "/mllm_demo_data/1.jpg");
 
   DatasetOptions pt = options_for(llamafactory_dir(), DataStage::pt);
   pt.max_samples = 5;

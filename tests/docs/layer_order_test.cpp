@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 // optim/lr_schedule.h, and nothing below dataset/ reads a TrainConfig (models/ take DecoderOptions).
 const std::vector<std::vector<std::string>> kLayers = {
     {"core"},                                               // tensors, devices, errors, files, the Backend
-    {"autograd", "io", "kernels", "monitor", "tokenizer"},  // each on core alone
+    {"autograd", "image", "io", "kernels", "monitor", "tokenizer"},  // each on core alone
     {"comm", "nn"},                                         // collectives; differentiable ops
     {"models"},                                             // DecoderModel, DecoderLayer, weights
     {"optim"},                                              // AdamW over a ParamBuffer, LR schedules

@@ -92,6 +92,20 @@ logging_steps: 1
 YAML
 }
 
+# mllm_config: the keys the image scripts' run.yaml share (sft of the folder model/ on
+# LLaMA-Factory's mllm_demo under the qwen2_vl template, into out); each script appends its own.
+mllm_config() {
+  cat <<YAML
+model_name_or_path: model
+stage: sft
+dataset: mllm_demo
+dataset_dir: $shared/data/llamafactory
+template: qwen2_vl
+cutoff_len: 2048
+output_dir: out
+YAML
+}
+
 # rl_task N: prompts.jsonl, the first N of a fixed list of "What is a+b?" prompts with their
 # answers, and score.py, a command reward (JSON lines in, one score per line out): a response's
 # length modulo 3, so the scores within a group differ.

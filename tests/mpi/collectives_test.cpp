@@ -1,6 +1,6 @@
 // The ring collectives of MpiCommunicator: exact sums, every chunk layout (n smaller than, equal
 // to and larger than the group), bytes sent as the ring algorithm says, overlapping handles,
-// point to point, broadcast and sub-groups.
+// point to point, broadcast, sub-groups, and all_to_all with counts (MPI and the one-process group).
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -108,6 +108,46 @@ TEST(Collectives, MeshGroupsReduceWithinThemselves) {
   EXPECT_EQ(mesh.group("tp").rank(), w.rank() % 2);
   EXPECT_EQ(mesh.coordinate("tp"), w.rank() % 2);
   EXPECT_EQ(mesh.coordinate("dp"), w.rank() / 2);
+}
+
+}  // namespace
+}  // namespace fab
+
+namespace fab {
+namespace {
+
+// Rank a sends rank b count(a, b) elements (0 for some pairs), each naming a, b and its index.
+int64_t a2a_count(int a, int b) { return (a + 2 * b) % 3; }
+float a2a_value(int a, int b, int64_t i) { return float(a * 1000 + b * 10 + i); }
+
+TEST(Collectives, AllToAllWithCountsDeliversEveryBlock) {
+  Communicator& w = test::world();
+  const int n = w.size(), me = w.rank();
+  std::vector<int64_t> send_counts(n), recv_counts(n);
+  std::vector<float> send;
+  for (int b = 0; b < n; ++b) {
+    send_counts[size_t(b)] = a2a_count(me, b);
+    recv_counts[size_t(b)] = a2a_count(b, me);
+    for (int64_t i = 0; i < send_counts[size_t(b)]; ++i) send.push_back(a2a_value(me, b, i));
+  }
+  std::vector<float> recv(size_t(std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t(0))), -1.0f);
+  const CommStats before = w.stats();
+  w.all_to_all(send.data(), send_counts.data(), recv.data(), recv_counts.data(), "test all_to_all").wait();
+  size_t at = 0;
+  for (int a = 0; a < n; ++a)
+    for (int64_t i = 0; i < recv_counts[size_t(a)]; ++i) ASSERT_EQ(recv[at++], a2a_value(a, me, i)) << a << " " << i;
+  int64_t to_others = 0;
+  for (int b = 0; b < n; ++b) to_others += b == me ? 0 : send_counts[size_t(b)];
+  EXPECT_EQ(w.stats().bytes_sent - before.bytes_sent, to_others * int64_t(sizeof(float)));
+}
+
+TEST(Collectives, AllToAllOfOneProcessCopiesItsOwnBlock) {
+  LocalCommunicator one;
+  const std::vector<float> send = {1, 2, 3};
+  std::vector<float> recv(3, 0.0f);
+  const int64_t count = 3;
+  one.all_to_all(send.data(), &count, recv.data(), &count, "local all_to_all").wait();
+  EXPECT_EQ(recv, send);
 }
 
 }  // namespace

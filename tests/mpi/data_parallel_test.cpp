@@ -1,7 +1,7 @@
 // Data parallel and ZeRO-1/2/3 against one process: the same global batch gives the same per-step
 // losses (1e-5 relative over 20 fp32 steps, evaluating on the way with fewer eval batches than
 // ranks), ZeRO-3 ranks each hold about 1/N of the model states, and a checkpoint saved by N ranks
-// resumes on fewer with the uninterrupted run's losses.
+// resumes on fewer with the uninterrupted run's losses; a mixture-of-experts model with its aux loss too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -64,6 +64,31 @@ TEST(DataParallel, EveryZeroStageReproducesTheSingleProcessLosses) {
 
 // Per-rank model states after a step, against the formula: 4 bytes per element for parameters,
 // 4 for gradients, 8 for the AdamW moments, divided by N where the stage shards them.
+// A qwen3_moe (a dense layer after the MoE one) with its load-balancing loss on: micro-batches of
+// one sample each, so one process and N ranks compute each aux over the same rows (it is per
+// micro-batch, as in transformers) and the objectives agree.
+TEST(DataParallel, MixtureOfExpertsWithAuxLossReproducesTheSingleProcessLosses) {
+  Communicator& w = test::world();
+  const std::string model = test::model_folder("moe_model", R"({"model_type":"qwen3_moe","vocab_size":64,
+    "hidden_size":32,"intermediate_size":48,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+    "head_dim":8,"max_position_embeddings":64,"tie_word_embeddings":true,"num_experts":4,"num_experts_per_tok":2,
+    "moe_intermediate_size":16,"norm_topk_prob":true,"mlp_only_layers":[1]})");
+  auto config = [&](const std::string& out, int64_t accumulation, const std::string& extra) {
+    return test::train_config(model, shared_dir(out), 1,
+                              "gradient_accumulation_steps: " + std::to_string(accumulation) + "\n",
+                              "moe_aux_loss_coef: 0.05\nmax_steps: 8\n" + extra);
+  };
+  const std::vector<double> reference = single_process_losses(config("moe_reference", 2 * w.size(), ""));
+  for (int stage : {1, 3}) {
+    const auto history = train(config("moe_stage" + std::to_string(stage), 2,
+                                      "zero_stage: " + std::to_string(stage) + "\n"),
+                               &w);
+    ASSERT_EQ(history.size(), reference.size());
+    for (size_t i = 0; i < history.size(); ++i)
+      EXPECT_NEAR(history[i].loss, reference[i], 1e-5 * std::fabs(reference[i])) << "zero " << stage << " step " << i;
+  }
+}
+
 TEST(DataParallel, ZeroShardsTheModelStates) {
   Communicator& w = test::world();
   const std::string model_dir = model_folder(R"({"model_type":"llama","vocab_size":2048,"hidden_size":128,

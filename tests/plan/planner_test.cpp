@@ -236,6 +236,20 @@ TEST(PlanEnumeration, IllegalLayoutsArePrunedWithTheirReason) {
   }
 }
 
+TEST(PlanEnumeration, MixtureOfExpertsModelsGetNeitherTensorNorPipelineParallel) {
+  ModelConfig m = llama(4, 256, 4, 2, 704, 8192);
+  m.model_type = "qwen3_moe";
+  m.moe.num_experts = 8;
+  m.moe.num_experts_per_tok = 2;
+  m.moe.moe_intermediate_size = 128;
+  PlanProblem p{m, 256, 8, true};
+  const Plan plan = make_plan(p, preset_cluster("h100-80g", 8, 8));
+  EXPECT_TRUE(has_pruned(plan, "tp=2", "tensor parallel is not implemented for mixture-of-experts models"));
+  EXPECT_TRUE(has_pruned(plan, "tp=1 pp=2", "pipeline parallel is not implemented for mixture-of-experts models"));
+  ASSERT_FALSE(plan.layouts.empty());
+  for (const PlannedLayout& r : plan.layouts) EXPECT_EQ(r.layout.tp * r.layout.pp, 1);
+}
+
 TEST(PlanEnumeration, InterleavingNeedsMicroBatchesInGroupsOfPp) {
   // 2 devices, global batch 3: gradient accumulation is 1 or 3, never a multiple of pp = 2.
   PlanProblem p{llama(4, 256, 4, 2, 704, 8192), 256, 3, true};

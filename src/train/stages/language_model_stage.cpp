@@ -9,10 +9,10 @@ namespace fab {
 namespace {
 
 MicroBatch micro_batch_of(const TokenSequences& set, const std::vector<int64_t>& samples, int32_t pad,
-                          bool neat_packing) {
+                          bool neat_packing, const std::vector<SequenceImages>& images) {
   trace::Scope traced(trace::kData, "collate");
-  Batch b = collate(set, samples, pad, neat_packing);
-  return {b.ids, b.labels, {b.positions, b.doc_start}};
+  Batch b = collate(set, samples, pad, neat_packing, images);
+  return {b.ids, b.labels, {b.positions, b.doc_start, b.pixel_values, b.image_grid_thw, b.lengths}};
 }
 
 // The targets and tokens of this rank's next `micro_batches` micro-batches, counted on a copy of
@@ -33,6 +33,33 @@ std::pair<double, double> count_step(const Sampler& sampler, int64_t micro_batch
 
 }  // namespace
 
+// The load-balancing loss joins the objective as transformers adds it when output_router_logits is
+// on, at router_aux_loss_coef; LLaMA-Factory's moe_aux_loss_coef turns it on at that weight.
+LanguageModelStage::LanguageModelStage(const StageContext& context) : c_(context) {
+  const MoeConfig& moe = c_.model.model().config().moe;
+  if (!moe.enabled()) return;
+  aux_coef_ = c_.config.moe_aux_loss_coef > 0 ? c_.config.moe_aux_loss_coef
+              : moe.output_router_logits      ? moe.router_aux_loss_coef
+                                              : 0.0;
+}
+
+void LanguageModelStage::record_router_statistics() {
+  if (!c_.model.model().config().is_moe()) return;
+  const RouterStatistics& s = c_.model.model().router_statistics();
+  router_.add(0, s.aux_loss);
+  router_.add(1, s.load_max_over_mean);
+}
+
+nlohmann::json LanguageModelStage::metrics(bool) {
+  if (!c_.model.model().config().is_moe()) return nlohmann::json::object();
+  router_.all_reduce(c_.model.data_group());
+  nlohmann::json j = nlohmann::json::object();
+  for (size_t i = 0; i < router_.names().size(); ++i)
+    if (router_.has(i)) j[router_.names()[i]] = router_.mean(i);
+  router_.clear();
+  return j;
+}
+
 // Micro-batches are collated when they run; the loss of each is normalised by the target count of
 // the whole global step, summed over the ranks first (one small all-reduce before backward).
 StepResult LanguageModelStage::step(int64_t step, double lr, Sampler& sampler) {
@@ -45,10 +72,16 @@ StepResult LanguageModelStage::step(int64_t step, double lr, Sampler& sampler) {
   const double targets = counts[0];
   const float scale = targets > 0 ? float(1.0 / targets) : 0.0f;
   const int rank = model.data_group().rank();
+  // Each micro-batch's load-balancing loss is computed over its own rows, as transformers does
+  // per forward; the objective takes their mean over the step's micro-batches on every rank.
+  model.model().set_aux_loss_weight(aux_coef_ / double(micro_batches * model.data_group().size()));
   const double loss_sum = model.forward_backward(micro_batches, scale, [&](int64_t m) {
+    if (m > 0) record_router_statistics();  // the previous micro-batch's
     model.model().set_dropout_seed(dropout_seed(config, rank, step * micro_batches + m));
-    return micro_batch_of(c_.data.train, sampler.next_batch(), c_.data.pad_id, config.neat_packing);
+    return micro_batch_of(c_.data.train, sampler.next_batch(), c_.data.pad_id, config.neat_packing,
+                          c_.data.train_images);
   });
+  record_router_statistics();
   const UpdateResult u = c_.optimizer.apply(model, step, loss_sum, lr, UpdateRule{config.max_grad_norm});
   StepResult out;
   out.tokens = int64_t(counts[1]);
@@ -77,8 +110,8 @@ double LanguageModelStage::evaluate() {
     }
     std::vector<int64_t> idx;
     for (int64_t i = start; i < std::min(eval.size(), start + batch); ++i) idx.push_back(i);
-    const Batch b = collate(eval, idx, c_.data.pad_id, c_.config.neat_packing);
-    sums[0] += model.loss_sum({b.ids, b.labels, {b.positions, b.doc_start}});
+    const Batch b = collate(eval, idx, c_.data.pad_id, c_.config.neat_packing, c_.data.eval_images);
+    sums[0] += model.loss_sum({b.ids, b.labels, {b.positions, b.doc_start, b.pixel_values, b.image_grid_thw}});
     sums[1] += double(DecoderModel::count_targets(b.labels));
   }
   model.data_parallel().release_gathered_parameters();

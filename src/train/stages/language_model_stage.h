@@ -8,14 +8,20 @@ namespace fab {
 
 class LanguageModelStage final : public TrainingStage {
  public:
-  explicit LanguageModelStage(const StageContext& context) : c_(context) {}
+  explicit LanguageModelStage(const StageContext& context);
   int64_t items() const override { return c_.data.train.size(); }
   StepResult step(int64_t step, double lr, Sampler& sampler) override;
   double evaluate() override;
   bool token_loss() const override { return true; }
+  // Mixture-of-experts models: the window's mean load-balancing loss (aux_loss, apart from the
+  // cross-entropy in loss) and moe_load_max_over_mean.
+  nlohmann::json metrics(bool evaluated) override;
 
  private:
+  void record_router_statistics();
   StageContext c_;
+  double aux_coef_ = 0;  // the load-balancing loss's weight (0: not in the objective)
+  StageMetrics router_{{"aux_loss", "moe_load_max_over_mean"}};
 };
 
 }  // namespace fab

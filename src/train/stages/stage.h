@@ -18,6 +18,7 @@
 #include "config/train_config.h"
 #include "dataset/token_sequences.h"
 #include "parallel/parallel_model.h"
+#include "train/batch.h"
 #include "train/checkpoint.h"
 #include "train/optimizer_step.h"
 #include "train/sampler.h"
@@ -40,6 +41,8 @@ struct TrainData {
   int32_t pad_id = 0;  // fills the end of shorter samples in a batch (their labels are -100)
   std::vector<uint8_t> train_desirable = {}, eval_desirable = {};  // kto: each example's tag
   RolloutEnvironment rollout = {};  // grpo, ppo: the tokenizer and stop ids of rollouts
+  // pt, sft of a vision-language model: each sequence's images (empty: text only).
+  std::vector<SequenceImages> train_images = {}, eval_images = {};
 };
 
 // What every stage is built with. All of it outlives the stage.

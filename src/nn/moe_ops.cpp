@@ -1,0 +1,275 @@
+#include "nn/moe_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/profiler.h"
+#include "nn/op_helpers.h"
+
+namespace fab {
+namespace {
+
+Tensor host_activation(Shape shape) { return Tensor::empty(std::move(shape), DType::f32, MemoryCategory::activations); }
+
+// Each expert's block of packed rows is padded with zero rows to a multiple of this: the GEMMs then
+// see a few shapes per step (the CPU matmul caches one primitive per shape, 64 of them) instead
+// of a new M per expert per layer. Zero rows give zero outputs and add nothing to any gradient.
+constexpr int64_t kRowBucket = 32;
+
+// What forward keeps for backward: the routing, and each expert's rows packed one after another.
+struct Routing {
+  int64_t rows = 0;
+  std::vector<float> probs;          // (N, E) softmax of the logits
+  std::vector<int64_t> chosen;       // (N, k) experts, largest probability first (torch.topk)
+  std::vector<float> weight;         // (N, k) their combine weights (renormalised when asked)
+  std::vector<int64_t> first;        // (E + 1) where each expert's (padded) rows start in the packed order
+  std::vector<int64_t> token, slot;  // packed row -> token (-1: padding) and its top-k slot
+  std::vector<int64_t> rows_of;      // (N, k) token -> its packed rows, ascending (= by expert)
+};
+
+Routing route(const float* logits, int64_t n, const MoeShape& s) {
+  const int64_t E = s.experts, k = s.top_k;
+  Routing r;
+  r.rows = n;
+  r.probs.resize(size_t(n * E));
+  r.chosen.resize(size_t(n * k));
+  r.weight.resize(size_t(n * k));
+#pragma omp parallel for
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int64_t> order(static_cast<size_t>(E), 0);
+    const float* z = logits + t * E;
+    float* p = r.probs.data() + t * E;
+    const float top = *std::max_element(z, z + E);
+    float sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += p[e] = std::exp(z[e] - top);
+    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    // torch.topk: the k largest, ties to the lower index
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [p](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float picked = 0;
+    for (int64_t j = 0; j < k; ++j) picked += p[order[size_t(j)]];
+    for (int64_t j = 0; j < k; ++j) {
+      r.chosen[size_t(t * k + j)] = order[size_t(j)];
+      r.weight[size_t(t * k + j)] = s.norm_topk_prob ? p[order[size_t(j)]] / picked : p[order[size_t(j)]];
+    }
+  }
+  // Rows sorted by expert (a counting sort: each expert's rows in token order).
+  r.first.assign(size_t(E + 1), 0);
+  for (int64_t e : r.chosen) ++r.first[size_t(e + 1)];
+  for (int64_t e = 0; e < E; ++e)
+    r.first[size_t(e + 1)] = r.first[size_t(e)] + (r.first[size_t(e + 1)] + kRowBucket - 1) / kRowBucket * kRowBucket;
+  std::vector<int64_t> next(r.first.begin(), r.first.end() - 1);
+  r.token.assign(size_t(r.first[size_t(E)]), -1);
+  r.slot.assign(size_t(r.first[size_t(E)]), 0);
+  r.rows_of.resize(size_t(n * k));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t at = next[size_t(r.chosen[size_t(t * k + j)])]++;
+      r.token[size_t(at)] = t;
+      r.slot[size_t(at)] = j;
+      r.rows_of[size_t(t * k + j)] = at;
+    }
+    std::sort(r.rows_of.begin() + t * k, r.rows_of.begin() + (t + 1) * k);
+  }
+  return r;
+}
+
+void add_router_statistics(RouterLoss& aux, const Routing& r) {
+  if (aux.finished) return;  // a recomputed forward (activation checkpointing) during backward
+  const int64_t E = aux.experts;
+  std::vector<double> picks(size_t(E), 0.0);
+  for (int64_t t = 0; t < r.rows; ++t) {
+    const double m = aux.mask(t);
+    aux.rows += m;
+    for (int64_t e = 0; e < E; ++e) aux.prob_sum[size_t(e)] += m * r.probs[size_t(t * E + e)];
+    for (int64_t j = 0; j < aux.top_k; ++j) picks[size_t(r.chosen[size_t(t * aux.top_k + j)])] += m;
+  }
+  double total = 0, most = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    aux.picks[size_t(e)] += picks[size_t(e)];
+    total += picks[size_t(e)];
+    most = std::max(most, picks[size_t(e)]);
+  }
+  aux.layer_load_max_over_mean.push_back(total > 0 ? most / (total / double(E)) : 0.0);
+}
+
+}  // namespace
+
+RouterLoss::RouterLoss(int64_t experts_, int64_t top_k_, std::vector<float> row_mask_, double weight_)
+    : experts(experts_), top_k(top_k_), row_mask(std::move(row_mask_)), weight(weight_),
+      picks(size_t(experts_), 0.0), prob_sum(size_t(experts_), 0.0) {}
+
+double RouterLoss::aux() const {
+  if (rows <= 0) return 0.0;
+  double sum = 0;
+  for (int64_t e = 0; e < experts; ++e) sum += (picks[size_t(e)] / rows) * (prob_sum[size_t(e)] / rows);
+  return double(experts) * sum;
+}
+
+Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up, const Var& down, const MoeShape& s,
+                const std::shared_ptr<RouterLoss>& aux) {
+  ProfileScope profile("moe_experts");
+  FAB_CHECK(h->value.device().is_host(), "the mixture-of-experts layer runs on the CPU");
+  const int64_t N = rows_of(h->value), C = h->value.dim(-1), E = s.experts, k = s.top_k, I = s.intermediate;
+  const KernelTable& kt = kernels_for(h->value);
+  auto routing = std::make_shared<Routing>(route(logits->value.data<float>(), N, s));
+  const Routing& r = *routing;
+  if (aux) add_router_statistics(*aux, r);
+  const int64_t M = r.first[size_t(E)];  // packed rows, padding included
+  // x: each expert's rows gathered; g = x W_gu^T (M, 2I); a = silu(gate) * up (M, I); y = a W_d^T (M, C)
+  Tensor x = host_activation({M, C}), g = host_activation({M, 2 * I}), a = host_activation({M, I}),
+         y = host_activation({M, C});
+  const float* hv = h->value.data<float>();
+#pragma omp parallel for
+  for (int64_t i = 0; i < M; ++i) {
+    float* xi = x.data<float>() + i * C;
+    if (r.token[size_t(i)] < 0) std::fill(xi, xi + C, 0.0f);
+    else std::memcpy(xi, hv + r.token[size_t(i)] * C, size_t(C) * 4);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = r.first[size_t(e)], n = r.first[size_t(e + 1)] - begin;
+    if (n == 0) continue;
+    MatmulArgs up{x.data<float>() + begin * C, gate_up->value.data<float>() + e * 2 * I * C, g.data<float>() + begin * 2 * I,
+                  n, 2 * I, C, false, true, false, DType::f32};
+    kt.matmul(up);
+    kt.swiglu_forward(g.data<float>() + begin * 2 * I, n, I, a.data<float>() + begin * I);
+    MatmulArgs dn{a.data<float>() + begin * I, down->value.data<float>() + e * C * I, y.data<float>() + begin * C,
+                  n, C, I, false, true, false, DType::f32};
+    kt.matmul(dn);
+  }
+  // out_t = sum over t's experts (in expert order, as transformers' index_add_) of w_{t,j} y_row
+  Var out = make_var(host_activation({N, C}));
+  float* o = out->value.data<float>();
+#pragma omp parallel for
+  for (int64_t t = 0; t < N; ++t) {
+    float* ot = o + t * C;
+    std::fill(ot, ot + C, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t i = r.rows_of[size_t(t * k + j)];
+      const float w = r.weight[size_t(t * k + r.slot[size_t(i)])];
+      const float* yi = y.data<float>() + i * C;
+      for (int64_t c = 0; c < C; ++c) ot[c] += w * yi[c];
+    }
+  }
+  if (!tape.recording()) return out;
+  tape.push([h, logits, gate_up, down, s, aux, routing, x, g, a, y, out, N, C, E, k, I, M] {
+    ProfileScope profile("moe_experts backward");
+    const Routing& r = *routing;
+    const KernelTable& kt = kernels_for(x);
+    const float* dout = grad_of(out).data<float>();
+    // dy_row = w_{t,j} dout_t;   dw_{t,j} = <dout_t, y_row>
+    Tensor dy = host_activation({M, C}), da = host_activation({M, I}), dg = host_activation({M, 2 * I}),
+           dx = host_activation({M, C});
+    std::vector<float> dw(static_cast<size_t>(N * k), 0.0f);
+#pragma omp parallel for
+    for (int64_t i = 0; i < M; ++i) {
+      const int64_t t = r.token[size_t(i)], at = t * k + r.slot[size_t(i)];
+      if (t < 0) {  // padding: no gradient
+        std::fill(dy.data<float>() + i * C, dy.data<float>() + (i + 1) * C, 0.0f);
+        continue;
+      }
+      const float* d = dout + t * C;
+      const float* yi = y.data<float>() + i * C;
+      float* dyi = dy.data<float>() + i * C;
+      double dot = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        dyi[c] = r.weight[size_t(at)] * d[c];
+        dot += double(d[c]) * yi[c];
+      }
+      dw[size_t(at)] = float(dot);
+    }
+    // Per expert, y = a W_d^T:  da = dy W_d,  dW_d += dy^T a;
+    // a = swiglu(g):  dg = swiglu'(g) da;   g = x W_gu^T:  dx = dg W_gu,  dW_gu += dg^T x.
+    const bool weights_train = gate_up->requires_grad && down->requires_grad;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t begin = r.first[size_t(e)], n = r.first[size_t(e + 1)] - begin;
+      if (n == 0) continue;
+      const float* wd = down->value.data<float>() + e * C * I;
+      const float* wgu = gate_up->value.data<float>() + e * 2 * I * C;
+      kt.matmul({dy.data<float>() + begin * C, wd, da.data<float>() + begin * I, n, I, C, false, false, false,
+                 DType::f32});
+      if (weights_train)
+        kt.matmul({dy.data<float>() + begin * C, a.data<float>() + begin * I,
+                   grad_of(down).data<float>() + e * C * I, C, I, n, true, false, true, DType::f32});
+      kt.swiglu_backward(g.data<float>() + begin * 2 * I, da.data<float>() + begin * I, n, I,
+                         dg.data<float>() + begin * 2 * I, false);
+      if (weights_train)
+        kt.matmul({dg.data<float>() + begin * 2 * I, x.data<float>() + begin * C,
+                   grad_of(gate_up).data<float>() + e * 2 * I * C, 2 * I, C, n, true, false, true, DType::f32});
+      kt.matmul({dg.data<float>() + begin * 2 * I, wgu, dx.data<float>() + begin * C, n, C, 2 * I, false, false,
+                 false, DType::f32});
+    }
+    float* dh = grad_of(h).data<float>();  // h also feeds the router (and a shared expert): accumulate
+#pragma omp parallel for
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        const float* src = dx.data<float>() + r.rows_of[size_t(t * k + j)] * C;
+        for (int64_t c = 0; c < C; ++c) dh[t * C + c] += src[c];
+      }
+    // Routing weights from the probabilities p: w_j = p_{e_j} / S with S = sum_j p_{e_j} when
+    // renormalised, so dp_{e_j} = (dw_j - sum_i dw_i w_i) / S; else w_j = p_{e_j}, dp_{e_j} = dw_j.
+    // The aux loss adds weight * E F_e / R to dp_e of every unmasked row (RouterLoss::aux_grad).
+    // Softmax: dz_e = p_e (dp_e - sum_i p_i dp_i).
+    const GradTarget dz = grad_target(logits);
+#pragma omp parallel for
+    for (int64_t t = 0; t < N; ++t) {
+      std::vector<double> dp(static_cast<size_t>(E), 0.0);
+      const float* p = r.probs.data() + t * E;
+      double picked = 0, dw_w = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        picked += p[r.chosen[size_t(t * k + j)]];
+        dw_w += double(dw[size_t(t * k + j)]) * r.weight[size_t(t * k + j)];
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        const double d = dw[size_t(t * k + j)];
+        dp[size_t(r.chosen[size_t(t * k + j)])] += s.norm_topk_prob ? (d - dw_w) / picked : d;
+      }
+      if (aux && aux->weight != 0 && aux->mask(t) != 0)
+        for (int64_t e = 0; e < E; ++e) dp[size_t(e)] += aux->weight * aux->mask(t) * aux->aux_grad(e);
+      double p_dp = 0;
+      for (int64_t e = 0; e < E; ++e) p_dp += p[e] * dp[size_t(e)];
+      float* dzt = dz.data + t * E;
+      for (int64_t e = 0; e < E; ++e) {
+        const float v = float(p[e] * (dp[size_t(e)] - p_dp));
+        dzt[e] = dz.accumulate ? dzt[e] + v : v;
+      }
+    }
+  });
+  return out;
+}
+
+// s = sigmoid(g):  out = s y;   dy = s dout;   dg = s (1 - s) sum_c dout_c y_c
+Var sigmoid_gate(Tape& tape, const Var& g, const Var& y) {
+  const int64_t N = rows_of(y->value), C = y->value.dim(-1);
+  FAB_CHECK(g->value.numel() == N, "sigmoid_gate: {} gates for {} rows", g->value.numel(), N);
+  Var out = make_var(host_activation({N, C}));
+  Tensor gate = host_activation({N});
+  for (int64_t t = 0; t < N; ++t) {
+    const float s = 1.0f / (1.0f + std::exp(-g->value.data<float>()[t]));
+    gate.data<float>()[t] = s;
+    for (int64_t c = 0; c < C; ++c) out->value.data<float>()[t * C + c] = s * y->value.data<float>()[t * C + c];
+  }
+  if (!tape.recording()) return out;
+  tape.push([g, y, out, gate, N, C] {
+    const float* dout = grad_of(out).data<float>();
+    const GradTarget dy = grad_target(y), dg = grad_target(g);
+    for (int64_t t = 0; t < N; ++t) {
+      const float s = gate.data<float>()[t];
+      double dot = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const float v = s * dout[t * C + c];
+        dy.data[t * C + c] = dy.accumulate ? dy.data[t * C + c] + v : v;
+        dot += double(dout[t * C + c]) * y->value.data<float>()[t * C + c];
+      }
+      const float v = float(s * (1 - s) * dot);
+      dg.data[t] = dg.accumulate ? dg.data[t] + v : v;
+    }
+  });
+  return out;
+}
+
+}  // namespace fab

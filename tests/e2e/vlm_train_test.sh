@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# A vision-language model trained through the `fabrica` command on LLaMA-Factory's mllm_demo: a
+# tiny qwen2_vl folder (config.json only, random initialisation; the real Qwen tokenizer, whose
+# vision tokens are Qwen2-VL's) trained with the qwen2_vl template, the loss finite and falling,
+# the saved folder reloaded by `fabrica generate` (text only) and trained on; freeze_vision_tower:
+# false changes the tower's weights, the default leaves them as they were. The refusals: an
+# image token in text without images, packing, LoRA, a preprocessor_config.json whose patches
+# are not the tower's.
+# Usage: vlm_train_test.sh FABRICA_BINARY SHARED_DIR
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+e2e_begin "$@"
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+e2e_workdir
+
+mkdir model
+cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" model/
+cp "$repo/tests/reference/image/preprocessor_config.json" model/
+cp "$repo/tests/reference/vlm/qwen2_vl_scratch/config.json" model/
+# One batch of all 6 samples (8 images): every step sees the same data, so the loss must fall.
+{ mllm_config; printf 'per_device_train_batch_size: 6\nlearning_rate: 1.0e-3\nlogging_steps: 1\nmax_steps: 3\n'; } > run.yaml
+
+"$fabrica" train run.yaml >train.log 2>&1 || { cat train.log; fail "train"; }
+grep -q "6 train samples, 0 eval samples, 1025 tokens, 8 images" train.log || { cat train.log; fail "data counts"; }
+python3 - out/metrics.jsonl <<'PY' || fail "losses"
+import json, math, sys
+losses = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+print("  losses", " ".join(f"{x:.4f}" for x in losses))
+assert len(losses) == 3 and all(math.isfinite(x) for x in losses), losses
+assert all(b < a for a, b in zip(losses, losses[1:])), "not falling"
+PY
+echo "ok: trained: $(grep '^finetuning' train.log)"
+
+"$fabrica" generate --model out --template qwen2_vl --prompt "Who are you?" --max-new-tokens 4 >generate.log 2>&1 \
+  || { cat generate.log; fail "generate on the trained folder"; }
+echo "ok: generate on out/"
+
+# From the trained folder: one step with the tower trainable, one with the default freezing.
+"$fabrica" train run.yaml model_name_or_path=out max_steps=1 freeze_vision_tower=false output_dir=tower \
+  >tower.log 2>&1 || { cat tower.log; fail "train with freeze_vision_tower: false"; }
+"$fabrica" train run.yaml model_name_or_path=out max_steps=1 output_dir=frozen >frozen.log 2>&1 \
+  || { cat frozen.log; fail "train with the default freezing"; }
+# changed BEFORE AFTER PREFIX: which tensors whose names start with PREFIX differ, "all" or "none".
+changed() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+def tensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header, data = json.loads(f.read(n)), f.read()
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in header.items() if k != "__metadata__"}
+before, after = tensors(sys.argv[1] + "/model.safetensors"), tensors(sys.argv[2] + "/model.safetensors")
+names = [k for k in before if k.startswith(sys.argv[3])]
+assert names and sorted(names) == sorted(k for k in after if k.startswith(sys.argv[3])), names
+diff = sum(before[k] != after[k] for k in names)
+print("all" if diff == len(names) else "none" if diff == 0 else f"{diff} of {len(names)}")
+PY
+}
+tower="model.visual.blocks. model.visual.patch_embed."
+for prefix in $tower; do
+  [ "$(changed out tower "$prefix")" = all ] || fail "freeze_vision_tower: false left $prefix unchanged"
+  [ "$(changed out frozen "$prefix")" = none ] || fail "the default freezing changed $prefix"
+done
+[ "$(changed out tower model.visual.merger.)" = none ] || fail "freeze_multi_modal_projector changed the merger"
+[ "$(changed out frozen model.language_model.layers.)" = all ] || fail "the language model did not train"
+echo "ok: the tower trains with freeze_vision_tower: false and stays frozen by default"
+
+# refused RUN_NAME MESSAGE [key=value ...]: exit 2 naming MESSAGE, nothing written.
+refused() {
+  local name=$1 message=$2 rc=0
+  shift 2
+  "$fabrica" train run.yaml output_dir="$name" "$@" >"$name.log" 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] && grep -q -- "$message" "$name.log" || { cat "$name.log"; fail "$name: exit $rc"; }
+  [ ! -e "$name" ] || fail "$name: wrote $name/"
+  echo "ok: refused: $(tail -1 "$name.log")"
+}
+mkdir text
+cat > text/dataset_info.json <<'JSON'
+{"t": {"file_name": "t.json", "formatting": "sharegpt", "columns": {"messages": "messages"},
+ "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}}}
+JSON
+echo '[{"messages": [{"role": "user", "content": "<|image_pad|>what is it?"}, {"role": "assistant", "content": "a cat"}]}]' \
+  > text/t.json
+refused pad "holds the image token 151655" dataset=t dataset_dir=text
+refused packing "packing and neat_packing are not supported with images" packing=true
+refused lora "finetuning_type lora with qwen2_vl is not implemented" finetuning_type=lora
+cp -r model patch7 && sed -i 's/"patch_size": 14/"patch_size": 7/' patch7/config.json
+refused mismatch "the model's vision_config has patch_size 7" model_name_or_path=patch7
