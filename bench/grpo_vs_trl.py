@@ -42,13 +42,10 @@ def write_alpaca(path, pairs):
         json.dump([{"instruction": q, "input": "", "output": a} for q, a in pairs], f)
 
 
-SEED = 7  # the GRPO runs' seed (--seed); the SFT start always uses 7
-
-
-def fabrica_yaml(model, dataset, out, steps, lines):
+def fabrica_yaml(model, dataset, out, steps, lines, seed=7):
     return (f"model_name_or_path: {model}\ndataset: {dataset}\ntemplate: chatml\ncutoff_len: 32\n"
             f"output_dir: {out}\noverwrite_output_dir: true\nmax_steps: {steps}\nlogging_steps: 5\n"
-            f"save_steps: 0\nseed: {SEED}\n" + lines)
+            f"save_steps: 0\nseed: {seed}\n" + lines)
 
 
 def run_fabrica(fabrica, work, name, yaml_text):
@@ -62,13 +59,13 @@ def prompt_text(q):
     return f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def run_trl(start, rl, out, rollouts, iterations, per_generation):
+def run_trl(start, rl, out, rollouts, iterations, per_generation, seed):
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(start)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
@@ -84,7 +81,7 @@ def run_trl(start, rl, out, rollouts, iterations, per_generation):
                         num_iterations=iterations, max_completion_length=6, temperature=1.0, top_p=1.0, top_k=0,
                         beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
                         max_steps=rollouts * iterations * per_generation, logging_steps=10, save_strategy="no",
-                        report_to=[], use_cpu=True, seed=SEED, bf16=False, disable_tqdm=True)
+                        report_to=[], use_cpu=True, seed=seed, bf16=False, disable_tqdm=True)
     trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=config, train_dataset=data,
                           processing_class=tokenizer)
     trainer.train()
@@ -114,10 +111,8 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--rollouts", type=int, default=40, help="rollout batches (Fabrica's grpo steps)")
     ap.add_argument("--only", default="", help="comma list of runs to do (default: all)")
-    ap.add_argument("--seed", type=int, default=7, help="the GRPO runs' seed")
+    ap.add_argument("--seed", type=int, default=7, help="the GRPO runs' seed (the SFT start always uses 7)")
     args = ap.parse_args()
-    global SEED
-    SEED = args.seed
     fabrica = os.path.abspath(args.fabrica)
     work = os.path.abspath(args.work)
     os.makedirs(work + "/model", exist_ok=True)
@@ -130,12 +125,12 @@ def main():
     if not os.path.exists(start + "/model.safetensors"):
         subprocess.run([fabrica, "tokenizer", "train", "--input", work + "/text.txt", "--vocab-size", "300",
                         "--output", work + "/model"], check=True, stdout=subprocess.DEVNULL)
+        tokenizer = json.load(open(work + "/model/tokenizer.json"))
         config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128,
                   "intermediate_size": 352, "num_hidden_layers": 3, "num_attention_heads": 4,
                   "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 64, "rope_theta": 10000.0,
                   "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-                  "vocab_size": len(json.load(open(work + "/model/tokenizer.json"))["model"]["vocab"]) +
-                  len(json.load(open(work + "/model/tokenizer.json"))["added_tokens"])}
+                  "vocab_size": len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"])}
         with open(work + "/model/config.json", "w") as f:
             json.dump(config, f)
         run_fabrica(fabrica, work, "sft", fabrica_yaml(
@@ -149,15 +144,16 @@ def main():
             "lr_scheduler_type: constant\n")
     runs = {
         "fabrica_on_policy": lambda out: run_fabrica(fabrica, work, "on_policy",
-                                                     fabrica_yaml(start, work + "/rl.json", out, args.rollouts, grpo)),
+                                                     fabrica_yaml(start, work + "/rl.json", out, args.rollouts, grpo,
+                                                                  args.seed)),
         "fabrica_4x2": lambda out: run_fabrica(fabrica, work, "4x2", fabrica_yaml(
-            start, work + "/rl.json", out, args.rollouts, grpo + "ppo_epochs: 4\nppo_mini_batch_size: 4\n")),
-        "trl_on_policy": lambda out: run_trl(start, rl, out, args.rollouts, 1, 1),
-        "trl_4x2": lambda out: run_trl(start, rl, out, args.rollouts, 4, 2),
+            start, work + "/rl.json", out, args.rollouts, grpo + "ppo_epochs: 4\nppo_mini_batch_size: 4\n", args.seed)),
+        "trl_on_policy": lambda out: run_trl(start, rl, out, args.rollouts, 1, 1, args.seed),
+        "trl_4x2": lambda out: run_trl(start, rl, out, args.rollouts, 4, 2, args.seed),
     }
     only = [r for r in args.only.split(",") if r] or list(runs)
     for name in only:
-        out = f"{work}/{name}_seed{SEED}"
+        out = f"{work}/{name}_seed{args.seed}"
         runs[name](out)
         results[name] = greedy_accuracy(out, held_out, start)
         print(f"{name}: held-out greedy accuracy {100 * results[name]:.1f}% after {args.rollouts} rollout batches",
