@@ -289,6 +289,7 @@ Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const
   LayerContext ctx = context(std::make_shared<SequenceAttention>(shape, doc_start), pass_positions,
                              batch * seq, *sharding_, std::move(rope));
   ctx.router_loss = router_loss_;
+  if (tape.recording()) ctx.experts = expert_exchange_;
   for (size_t i = first; i < last; ++i) {
     const DecoderLayer& l = layers_[i];
     auto body = [&l, ctx](Tape& t, const Var& in) { return l.forward(t, ctx, in); };

@@ -170,6 +170,11 @@ class DecoderModel {
   void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
   double aux_loss_weight() const { return aux_loss_weight_; }
   const RouterStatistics& router_statistics() const { return router_statistics_; }
+  // Expert parallel (parallel/expert_parallel.h): the passes that back-propagate send each MoE
+  // layer's routed rows to the ranks of the exchange's group computing their experts; every rank
+  // still holds every expert, so passes without gradients (evaluation, generation) compute all of
+  // them here. Null (the default): every expert here.
+  void set_expert_exchange(std::shared_ptr<ExpertExchange> exchange) { expert_exchange_ = std::move(exchange); }
 
   // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
   // micro-batch on `tape`. `input` is the previous virtual stage's hidden states (B * T, C),
@@ -267,6 +272,7 @@ class DecoderModel {
   int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
   double aux_loss_weight_ = 0;
   std::shared_ptr<RouterLoss> router_loss_;  // the running pass's (mixture-of-experts models)
+  std::shared_ptr<ExpertExchange> expert_exchange_;
   RouterStatistics router_statistics_;
   std::shared_ptr<RouterLoss> start_router_loss(const Tensor& ids, const SequenceLayout& layout, bool with_grad);
   void finish_router_loss();

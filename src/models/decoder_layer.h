@@ -50,6 +50,8 @@ struct LayerContext {
   bool adapters_enabled = true;
   // The pass's router statistics and load-balancing loss (mixture-of-experts models; may be null).
   std::shared_ptr<RouterLoss> router_loss;
+  // Expert parallel: where the MoE layers' routed rows are computed (null: every expert here).
+  std::shared_ptr<ExpertExchange> experts;
 };
 
 enum class Split { column, row };  // Megatron's column- and row-parallel linears
@@ -94,7 +96,8 @@ class DenseMlp final : public MlpBlock {
 
 // A mixture of experts (qwen2_moe, qwen3_moe, mixtral): the bias-free router's logits pick each
 // row's top-k experts (nn/moe_ops.h), each a SwiGLU MLP; qwen2_moe adds a shared expert scaled by
-// sigmoid(shared_expert_gate(h)). One process holds every expert (no tensor or expert parallel).
+// sigmoid(shared_expert_gate(h)). Every rank holds every expert; under expert parallel a training
+// pass computes only its share of them (LayerContext::experts).
 class MoeMlp final : public MlpBlock {
  public:
   Var forward(Tape& tape, const LayerContext& ctx, const Var& h) const override;

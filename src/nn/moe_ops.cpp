@@ -19,15 +19,16 @@ Tensor host_activation(Shape shape) { return Tensor::empty(std::move(shape), DTy
 // of a new M per expert per layer. Zero rows give zero outputs and add nothing to any gradient.
 constexpr int64_t kRowBucket = 32;
 
-// What forward keeps for backward: the routing, and each expert's rows packed one after another.
+// What forward keeps for backward: the routing, and this rank's routed rows sorted by expert.
 struct Routing {
   int64_t rows = 0;
   std::vector<float> probs;          // (N, E) softmax of the logits
   std::vector<int64_t> chosen;       // (N, k) experts, largest probability first (torch.topk)
   std::vector<float> weight;         // (N, k) their combine weights (renormalised when asked)
-  std::vector<int64_t> first;        // (E + 1) where each expert's (padded) rows start in the packed order
-  std::vector<int64_t> token, slot;  // packed row -> token (-1: padding) and its top-k slot
-  std::vector<int64_t> rows_of;      // (N, k) token -> its packed rows, ascending (= by expert)
+  std::vector<int64_t> count;        // (E) routed rows per expert
+  std::vector<int64_t> token, slot;  // (N k) sorted row -> token and its top-k slot
+  std::vector<int64_t> rows_of;      // (N, k) token -> its sorted rows, ascending (= by expert)
+  ExpertRoute exchange;              // where the sorted rows go to be computed, and back
 };
 
 Routing route(const float* logits, int64_t n, const MoeShape& s) {
@@ -58,13 +59,12 @@ Routing route(const float* logits, int64_t n, const MoeShape& s) {
     }
   }
   // Rows sorted by expert (a counting sort: each expert's rows in token order).
-  r.first.assign(size_t(E + 1), 0);
-  for (int64_t e : r.chosen) ++r.first[size_t(e + 1)];
-  for (int64_t e = 0; e < E; ++e)
-    r.first[size_t(e + 1)] = r.first[size_t(e)] + (r.first[size_t(e + 1)] + kRowBucket - 1) / kRowBucket * kRowBucket;
-  std::vector<int64_t> next(r.first.begin(), r.first.end() - 1);
-  r.token.assign(size_t(r.first[size_t(E)]), -1);
-  r.slot.assign(size_t(r.first[size_t(E)]), 0);
+  r.count.assign(size_t(E), 0);
+  for (int64_t e : r.chosen) ++r.count[size_t(e)];
+  std::vector<int64_t> next(size_t(E), 0);
+  for (int64_t e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + r.count[size_t(e - 1)];
+  r.token.resize(size_t(n * k));
+  r.slot.resize(size_t(n * k));
   r.rows_of.resize(size_t(n * k));
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < k; ++j) {
@@ -76,6 +76,21 @@ Routing route(const float* logits, int64_t n, const MoeShape& s) {
     std::sort(r.rows_of.begin() + t * k, r.rows_of.begin() + (t + 1) * k);
   }
   return r;
+}
+
+// Per local expert l over its packed rows [first_l, first_{l+1}) of x (M, C), with expert
+// (first_expert + l)'s weights: g = x W_gu^T (M, 2I), a = silu(gate) * up (M, I), y = a W_d^T (M, C).
+void run_experts(const KernelTable& kt, const ExpertRoute& route, int64_t first_expert, const float* gate_up,
+                 const float* down, const Tensor& x, Tensor& g, Tensor& a, Tensor& y, int64_t C, int64_t I) {
+  for (size_t l = 0; l + 1 < route.first.size(); ++l) {
+    const int64_t begin = route.first[l], n = route.first[l + 1] - begin, e = first_expert + int64_t(l);
+    if (n == 0) continue;
+    kt.matmul({x.data<float>() + begin * C, gate_up + e * 2 * I * C, g.data<float>() + begin * 2 * I, n, 2 * I, C,
+               false, true, false, DType::f32});
+    kt.swiglu_forward(g.data<float>() + begin * 2 * I, n, I, a.data<float>() + begin * I);
+    kt.matmul({a.data<float>() + begin * I, down + e * C * I, y.data<float>() + begin * C, n, C, I, false, true, false,
+               DType::f32});
+  }
 }
 
 void add_router_statistics(RouterLoss& aux, const Routing& r) {
@@ -111,37 +126,30 @@ double RouterLoss::aux() const {
 }
 
 Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up, const Var& down, const MoeShape& s,
-                const std::shared_ptr<RouterLoss>& aux) {
+                const std::shared_ptr<RouterLoss>& aux, std::shared_ptr<ExpertExchange> exchange) {
   ProfileScope profile("moe_experts");
   FAB_CHECK(h->value.device().is_host(), "the mixture-of-experts layer runs on the CPU");
   const int64_t N = rows_of(h->value), C = h->value.dim(-1), E = s.experts, k = s.top_k, I = s.intermediate;
+  if (!exchange) exchange = std::make_shared<ExpertExchange>(E, nullptr);
   const KernelTable& kt = kernels_for(h->value);
   auto routing = std::make_shared<Routing>(route(logits->value.data<float>(), N, s));
-  const Routing& r = *routing;
+  Routing& r = *routing;
   if (aux) add_router_statistics(*aux, r);
-  const int64_t M = r.first[size_t(E)];  // packed rows, padding included
-  // x: each expert's rows gathered; g = x W_gu^T (M, 2I); a = silu(gate) * up (M, I); y = a W_d^T (M, C)
-  Tensor x = host_activation({M, C}), g = host_activation({M, 2 * I}), a = host_activation({M, I}),
-         y = host_activation({M, C});
+  r.exchange = exchange->plan(r.count, kRowBucket);
+  // This rank's routed rows, sorted by expert, go to the ranks computing their experts: x holds the
+  // rows of this rank's experts, packed (M rows, padding included).
+  Tensor sorted = host_activation({N * k, C});
   const float* hv = h->value.data<float>();
 #pragma omp parallel for
-  for (int64_t i = 0; i < M; ++i) {
-    float* xi = x.data<float>() + i * C;
-    if (r.token[size_t(i)] < 0) std::fill(xi, xi + C, 0.0f);
-    else std::memcpy(xi, hv + r.token[size_t(i)] * C, size_t(C) * 4);
-  }
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = r.first[size_t(e)], n = r.first[size_t(e + 1)] - begin;
-    if (n == 0) continue;
-    MatmulArgs up{x.data<float>() + begin * C, gate_up->value.data<float>() + e * 2 * I * C, g.data<float>() + begin * 2 * I,
-                  n, 2 * I, C, false, true, false, DType::f32};
-    kt.matmul(up);
-    kt.swiglu_forward(g.data<float>() + begin * 2 * I, n, I, a.data<float>() + begin * I);
-    MatmulArgs dn{a.data<float>() + begin * I, down->value.data<float>() + e * C * I, y.data<float>() + begin * C,
-                  n, C, I, false, true, false, DType::f32};
-    kt.matmul(dn);
-  }
-  // out_t = sum over t's experts (in expert order, as transformers' index_add_) of w_{t,j} y_row
+  for (int64_t i = 0; i < N * k; ++i)
+    std::memcpy(sorted.data<float>() + i * C, hv + r.token[size_t(i)] * C, size_t(C) * sizeof(float));
+  const Tensor x = exchange->dispatch(r.exchange, sorted.data<float>(), C);
+  const int64_t M = r.exchange.packed_rows();
+  Tensor g = host_activation({M, 2 * I}), a = host_activation({M, I}), y = host_activation({M, C});
+  run_experts(kt, r.exchange, exchange->first_expert(), gate_up->value.data<float>(), down->value.data<float>(), x, g,
+              a, y, C, I);
+  const Tensor ys = exchange->combine(r.exchange, y.data<float>(), C);  // (N k, C) this rank's rows' outputs
+  // out_t = sum over t's experts (in expert order, as transformers' index_add_) of w_{t,j} ys_row
   Var out = make_var(host_activation({N, C}));
   float* o = out->value.data<float>();
 #pragma omp parallel for
@@ -151,30 +159,25 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
     for (int64_t j = 0; j < k; ++j) {
       const int64_t i = r.rows_of[size_t(t * k + j)];
       const float w = r.weight[size_t(t * k + r.slot[size_t(i)])];
-      const float* yi = y.data<float>() + i * C;
+      const float* yi = ys.data<float>() + i * C;
       for (int64_t c = 0; c < C; ++c) ot[c] += w * yi[c];
     }
   }
   if (!tape.recording()) return out;
-  tape.push([h, logits, gate_up, down, s, aux, routing, x, g, a, y, out, N, C, E, k, I, M] {
+  tape.push([h, logits, gate_up, down, s, aux, exchange, routing, x, g, a, ys, out, N, C, E, k, I, M] {
     ProfileScope profile("moe_experts backward");
     const Routing& r = *routing;
     const KernelTable& kt = kernels_for(x);
     const float* dout = grad_of(out).data<float>();
-    // dy_row = w_{t,j} dout_t;   dw_{t,j} = <dout_t, y_row>
-    Tensor dy = host_activation({M, C}), da = host_activation({M, I}), dg = host_activation({M, 2 * I}),
-           dx = host_activation({M, C});
+    // dys_row = w_{t,j} dout_t;   dw_{t,j} = <dout_t, ys_row>
+    Tensor dys = host_activation({N * k, C});
     std::vector<float> dw(static_cast<size_t>(N * k), 0.0f);
 #pragma omp parallel for
-    for (int64_t i = 0; i < M; ++i) {
+    for (int64_t i = 0; i < N * k; ++i) {
       const int64_t t = r.token[size_t(i)], at = t * k + r.slot[size_t(i)];
-      if (t < 0) {  // padding: no gradient
-        std::fill(dy.data<float>() + i * C, dy.data<float>() + (i + 1) * C, 0.0f);
-        continue;
-      }
       const float* d = dout + t * C;
-      const float* yi = y.data<float>() + i * C;
-      float* dyi = dy.data<float>() + i * C;
+      const float* yi = ys.data<float>() + i * C;
+      float* dyi = dys.data<float>() + i * C;
       double dot = 0;
       for (int64_t c = 0; c < C; ++c) {
         dyi[c] = r.weight[size_t(at)] * d[c];
@@ -182,11 +185,15 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
       }
       dw[size_t(at)] = float(dot);
     }
-    // Per expert, y = a W_d^T:  da = dy W_d,  dW_d += dy^T a;
+    // The rows' gradients travel to the ranks computing their experts (padding rows: zero).
+    const Tensor dy = exchange->dispatch(r.exchange, dys.data<float>(), C);
+    Tensor da = host_activation({M, I}), dg = host_activation({M, 2 * I}), dx = host_activation({M, C});
+    // Per local expert e, y = a W_d^T:  da = dy W_d,  dW_d += dy^T a;
     // a = swiglu(g):  dg = swiglu'(g) da;   g = x W_gu^T:  dx = dg W_gu,  dW_gu += dg^T x.
     const bool weights_train = gate_up->requires_grad && down->requires_grad;
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t begin = r.first[size_t(e)], n = r.first[size_t(e + 1)] - begin;
+    for (size_t l = 0; l + 1 < r.exchange.first.size(); ++l) {
+      const int64_t begin = r.exchange.first[l], n = r.exchange.first[l + 1] - begin;
+      const int64_t e = exchange->first_expert() + int64_t(l);
       if (n == 0) continue;
       const float* wd = down->value.data<float>() + e * C * I;
       const float* wgu = gate_up->value.data<float>() + e * 2 * I * C;
@@ -203,11 +210,13 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
       kt.matmul({dg.data<float>() + begin * 2 * I, wgu, dx.data<float>() + begin * C, n, C, 2 * I, false, false,
                  false, DType::f32});
     }
+    // ... and the inputs' gradients come back, in this rank's sorted order.
+    const Tensor dxs = exchange->combine(r.exchange, dx.data<float>(), C);
     float* dh = grad_of(h).data<float>();  // h also feeds the router (and a shared expert): accumulate
 #pragma omp parallel for
     for (int64_t t = 0; t < N; ++t)
       for (int64_t j = 0; j < k; ++j) {
-        const float* src = dx.data<float>() + r.rows_of[size_t(t * k + j)] * C;
+        const float* src = dxs.data<float>() + r.rows_of[size_t(t * k + j)] * C;
         for (int64_t c = 0; c < C; ++c) dh[t * C + c] += src[c];
       }
     // Routing weights from the probabilities p: w_j = p_{e_j} / S with S = sum_j p_{e_j} when

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "models/hf_model.h"
 #include "models/peft_adapter.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fab {
@@ -48,6 +49,17 @@ ParallelModel::ParallelModel(std::unique_ptr<DecoderModel> model, DeviceMesh* me
   // 3. recompute is the model's own (DecoderOptions::recompute_layers). 4. data parallel / ZeRO:
   dp.device_group = mesh->device_group("dp");
   dp_ = std::make_unique<DataParallel>(*model_, mesh->group("dp"), dp);
+  // 5. expert parallel, folded into data parallel: ep consecutive data-parallel ranks exchange their
+  // MoE layers' rows (parallel/expert_parallel.h). Every rank holds every expert and computes its
+  // share, so the data-parallel gradient sum adds each expert's gradient from the ranks computing it.
+  check_expert_parallel(config.expert_parallel_size, model_->config(), sizes, model_->options().device.is_host());
+  if (config.expert_parallel_size > 1) {
+    Communicator& data = mesh->group("dp");
+    const int ep = int(config.expert_parallel_size);
+    ep_ = data.split(data.rank() / ep, data.rank() % ep);
+    experts_ = std::make_shared<ExpertExchange>(model_->config().moe.num_experts, ep_.get());
+    model_->set_expert_exchange(experts_);
+  }
 }
 
 ParallelModel::~ParallelModel() = default;
@@ -162,6 +174,9 @@ nlohmann::json ParallelModel::report(int64_t steps_since) {
   const double busy = now.busy_seconds - comm_at_last_report_.busy_seconds;
   const double blocked = now.blocked_seconds - comm_at_last_report_.blocked_seconds;
   const double tp_sent = tp_ ? double(tp_->stats().bytes_sent - tp_at_last_report_.bytes_sent) / steps : 0.0;
+  const int64_t ep_bytes = experts_ ? experts_->bytes_sent() : 0;
+  const double ep_sent = double(ep_bytes - ep_at_last_report_) / steps;
+  ep_at_last_report_ = ep_bytes;
   any_rank(bytes.data(), int64_t(bytes.size()), "memory report");  // each slot is set on one rank only
   comm_at_last_report_ = dp_->comm_stats();
   if (tp_) tp_at_last_report_ = tp_->stats();
@@ -174,6 +189,8 @@ nlohmann::json ParallelModel::report(int64_t steps_since) {
   nlohmann::json j = {{"world_size", ranks},
                       {"tensor_parallel_size", tp},
                       {"comm_tp_bytes_sent_per_step", int64_t(tp_sent)},
+                      {"expert_parallel_size", experts_ ? experts_->ranks() : 1},
+                      {"comm_ep_bytes_sent_per_step", int64_t(ep_sent)},
                       {"zero_stage", dp_->zero_stage()},
                       {"memory_parameters_bytes", params},
                       {"memory_gradients_bytes", grads},

@@ -76,7 +76,7 @@ class ParallelModel {
   void save_trained_model(const std::string& dir, const std::string& base_model);
 
   // Since the last call: the model-state bytes of every rank, the bytes this rank sent per step
-  // (data parallel, tensor parallel), the fraction of data-parallel communication hidden behind
+  // (data parallel, tensor parallel, expert parallel's token exchange), the fraction of data-parallel communication hidden behind
   // computation, and a pipeline's idle fraction and bytes per stage. Collective.
   nlohmann::json report(int64_t steps);
 
@@ -89,7 +89,10 @@ class ParallelModel {
   Communicator* tp_ = nullptr;  // the tensor-parallel group, when the model is sliced
   std::unique_ptr<PipelineParallel> pipeline_;
   std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<Communicator> ep_;  // the expert-parallel group, expert_parallel_size > 1
+  std::shared_ptr<ExpertExchange> experts_;
   CommStats comm_at_last_report_, tp_at_last_report_;
+  int64_t ep_at_last_report_ = 0;
 };
 
 }  // namespace fab

@@ -3,7 +3,8 @@
 # moe_aux_loss_coef: metrics.jsonl reports aux_loss and moe_load_max_over_mean apart from the loss,
 # the output folder holds per-expert tensors (transformers 5's save_pretrained layout) and
 # `generate` runs on it; a resumed run ends on the same weights; 2 data-parallel workers under
-# ZeRO-2 and ZeRO-3 take the one-process steps to 1e-5; what MoE does not run with yet is refused.
+# ZeRO-2 and ZeRO-3, and 2 expert-parallel workers, take the one-process steps to 1e-5; what MoE does
+# not run with yet is refused.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$1" "$2"
@@ -36,23 +37,27 @@ out=$("$fabrica" generate --model out --prompt hi --max-new-tokens 4) || fail "g
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 dp="max_steps=3 save_steps=0 max_samples=12 shuffle=false per_device_train_batch_size=1"
 "$fabrica" train run.yaml $dp output_dir=dp1 gradient_accumulation_steps=4 > dp1.log 2>&1 || { cat dp1.log; fail "dp1"; }
-for zero in 2 3; do
-  "$fabrica" train run.yaml $dp output_dir=dp2z$zero gradient_accumulation_steps=2 nproc_per_node=2 \
-    zero_stage=$zero > dp2z$zero.log 2>&1 || { cat dp2z$zero.log; fail "dp2 zero $zero"; }
+# The same with expert parallel: Megatron's expert_model_parallel_size=2 over the 2 workers.
+for run in "z2 zero_stage=2" "z3 zero_stage=3" "ep2 zero_stage=1 expert_model_parallel_size=2"; do
+  set -- $run
+  name=dp2$1; shift
+  "$fabrica" train run.yaml $dp output_dir=$name gradient_accumulation_steps=2 nproc_per_node=2 "$@" \
+    > $name.log 2>&1 || { cat $name.log; fail "$name"; }
   for key in loss aux_loss; do
     paste <(grep -o "\"$key\":[0-9.e-]*" dp1/metrics.jsonl | cut -d: -f2) \
-          <(grep -o "\"$key\":[0-9.e-]*" dp2z$zero/metrics.jsonl | cut -d: -f2) |
+          <(grep -o "\"$key\":[0-9.e-]*" $name/metrics.jsonl | cut -d: -f2) |
       awk '{ n++; d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "step " NR ": " $1 " vs " $2; bad = 1 } }
-           END { exit bad || n < 3 }' || fail "MoE dp2 ZeRO-$zero $key differs from one process"
+           END { exit bad || n < 3 }' || fail "MoE $name $key differs from one process"
   done
 done
+grep -q '"comm_ep_bytes_sent_per_step":[1-9]' dp2ep2/metrics.jsonl || fail "ep2 reports no all-to-all bytes"
 # Refused by name.
 refused() {  # refused LOGNAME "expected text" overrides...
   local log=$1 text=$2; shift 2
   if "$fabrica" train run.yaml output_dir=refused max_steps=1 "$@" > $log.log 2>&1; then fail "$log ran"; fi
   grep -q "$text" $log.log || { cat $log.log; fail "$log: no \"$text\""; }
 }
-refused ep "expert_parallel_size\" is not implemented" expert_model_parallel_size=2
+refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" expert_model_parallel_size=2
 refused lora "finetuning_type lora is not implemented for mixture-of-experts" finetuning_type=lora
 refused bf16 "bf16 is not implemented for mixture-of-experts" bf16=true
 refused dpo "stage dpo on a mixture-of-experts model" stage=dpo dataset=dpo_en_demo
