@@ -1,9 +1,9 @@
 // Expert parallel against one process. The MoE layer with its rows exchanged over the world gives
 // each rank the outputs and gradients it computes alone (the expert weights' gradients summed over
-// the ranks), and sends the bytes of the formula. Training at ep2, ep4 and ep2 x edp2, ZeRO 0-3,
-// on qwen3_moe, qwen2_moe (shared expert, recompute) and mixtral reproduces one process with the
-// same global batch over 10 fp32 steps (1e-5), and a checkpoint saved at ep2 resumes at ep1 and
-// ep4 with the uninterrupted run's losses.
+// the ranks), and sends the bytes of the formula. Training at ep2 (at 4 ranks: ep2 x edp2) and
+// ep4, ZeRO 0-3, on qwen3_moe, qwen2_moe (shared expert, recompute) and mixtral reproduces one
+// process with the same global batch over 10 fp32 steps (1e-5), and a checkpoint saved at ep2
+// resumes at ep1 and ep4 with the uninterrupted run's losses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -135,15 +135,14 @@ std::vector<double> one_process(const TrainConfig& c) {
   });
 }
 
-// Every expert-parallel size the world allows (2; at 4 ranks also 4, and 2 with two expert-data-
-// parallel replicas) under `stages`, against one process.
-void expect_expert_parallel_reproduces(const std::string& name, const char* config_json, const std::vector<int>& stages,
-                                       const std::string& extra) {
+// Training at ep2 (at 4 ranks: two expert-data-parallel replicas) and ep4 under ZeRO 0-3, each
+// where the world allows it, against one process.
+void expect_expert_parallel_reproduces(const std::string& name, const char* config_json, const std::string& extra) {
   Communicator& w = test::world();
   const std::string model = test::model_folder(name, config_json);
   const std::vector<double> reference = one_process(moe_config(model, name + "_alone", 2 * w.size(), extra));
   for (int ep = 2; ep <= w.size(); ep *= 2)
-    for (int stage : stages) {
+    for (int stage = 0; stage <= 3; ++stage) {
       const std::string what = name + " ep" + std::to_string(ep) + " zero" + std::to_string(stage);
       const TrainConfig c = moe_config(model, name + "_ep" + std::to_string(ep) + "_z" + std::to_string(stage), 2,
                                        extra + "expert_parallel_size: " + std::to_string(ep) +
@@ -152,16 +151,16 @@ void expect_expert_parallel_reproduces(const std::string& name, const char* conf
     }
 }
 
-TEST(ExpertParallel, Qwen3MoeAtEveryZeroStageReproducesOneProcess) {
-  expect_expert_parallel_reproduces("ep_qwen3_moe", kQwen3Moe, {0, 1, 2, 3}, "");
+TEST(ExpertParallel, Qwen3MoeReproducesOneProcess) {
+  expect_expert_parallel_reproduces("ep_qwen3_moe", kQwen3Moe, "");
 }
 
 TEST(ExpertParallel, Qwen2MoeWithSharedExpertAndRecomputeReproducesOneProcess) {
-  expect_expert_parallel_reproduces("ep_qwen2_moe", kQwen2Moe, {0, 3}, "recompute_layers: true\n");
+  expect_expert_parallel_reproduces("ep_qwen2_moe", kQwen2Moe, "recompute_layers: true\n");
 }
 
 TEST(ExpertParallel, MixtralReproducesOneProcess) {
-  expect_expert_parallel_reproduces("ep_mixtral", kMixtral, {1, 2}, "");
+  expect_expert_parallel_reproduces("ep_mixtral", kMixtral, "");
 }
 
 // The expert-parallel layout is not in a checkpoint (every rank holds every expert): saved at ep2,
