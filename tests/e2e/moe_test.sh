@@ -61,4 +61,4 @@ refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" ex
 refused lora "finetuning_type lora is not implemented for mixture-of-experts" finetuning_type=lora
 refused bf16 "bf16 is not implemented for mixture-of-experts" bf16=true
 refused dpo "stage dpo on a mixture-of-experts model" stage=dpo dataset=dpo_en_demo
-echo "PASS: MoE sft with aux loss, per-expert export, generate, exact resume, dp2 ZeRO-2/3 = one process, refusals"
+echo "PASS: MoE sft with aux loss, per-expert export, generate, exact resume, dp2 ZeRO-2/3 and ep2 = one process, refusals"
