@@ -53,8 +53,11 @@ std::vector<std::string> target_modules(const DecoderModel& model) {
     out.clear();
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
       for (const std::string& t : lora.targets) out.push_back(vlm_module("model.language_model.layers.", i, t));
+    const std::vector<std::string> linears = vision_lora_names(c.vision->qwen2_5);  // what the blocks have
     for (int64_t b = 0; b < c.vision->depth; ++b)
-      for (const std::string& t : lora.vision_targets) out.push_back(vlm_module("model.visual.blocks.", b, t));
+      for (const std::string& t : lora.vision_targets)
+        if (std::find(linears.begin(), linears.end(), t) != linears.end())
+          out.push_back(vlm_module("model.visual.blocks.", b, t));
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -113,8 +116,8 @@ void add_once(std::vector<std::string>& names, const std::string& name) {
 
 // A module name with its layer or block index made 0: every layer has the same modules.
 std::string first_layer(const std::string& module) {
-  static const std::regex index(R"(\.(layers|blocks)\.[0-9]+\.)");
-  return std::regex_replace(module, index, ".$1.0.");
+  static const std::regex index(R"((^|\.)(layers|blocks)\.[0-9]+\.)");
+  return std::regex_replace(module, index, "$1$2.0.");
 }
 
 // target_modules as PEFT matches them: a module is adapted when its name is a target or ends with

@@ -80,7 +80,8 @@ void resolve_multimodal_lora(const TrainConfig& c, const ModelConfig& model, Lor
   FAB_USER_CHECK(!lora.targets.empty() || !lora.vision_targets.empty(),
                  "lora_target {} adapts no linear of {} with freeze_vision_tower {} and freeze_language_model {} "
                  "(LLaMA-Factory never adapts the merger or the patch embedding)",
-                 c.lora_target, model.model_type, c.freeze_vision_tower, c.freeze_language_model);
+                 c.lora_target, model.model_type, c.freeze_vision_tower ? "true" : "false",
+                 c.freeze_language_model ? "true" : "false");
 }
 
 const std::vector<std::string> kOuterModules = {"embed_tokens", "lm_head", "norm"};
