@@ -124,6 +124,10 @@ TokenSequences to_sequences(const TokenizedItems& items, const std::vector<size_
 
 // Image datasets: stage sft without packing for now, and the model folder's preprocessor_config.json.
 ImageProcessing image_processing(const TrainConfig& c) {
+  FAB_USER_CHECK(c.stage != Stage::pt,
+                 "dataset {}: it has images, and stage pt does not train on images: LLaMA-Factory's pretraining "
+                 "preprocessing keeps only the text and drops them (use stage sft)",
+                 c.dataset);
   FAB_USER_CHECK(c.stage == Stage::sft, "dataset {}: it has images, which stage {} does not take yet (sft does)",
                  c.dataset, c.stage);
   FAB_USER_CHECK(!c.packing && !c.neat_packing, "dataset {}: packing and neat_packing are not supported with images yet",

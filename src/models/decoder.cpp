@@ -149,10 +149,13 @@ LayerContext DecoderModel::context(std::shared_ptr<AttentionCore> attention, Ten
   ctx.pass_rope = std::move(rope);
   ctx.positions = std::move(positions);
   ctx.rows = rows;
-  ctx.lora = {options_.lora.scaling(), float(options_.lora.dropout), dropout_seed_,
-              &sharding == &decoding_ ? GemmKind::decode : GemmKind::standard};
+  ctx.lora = lora_pass(&sharding == &decoding_ ? GemmKind::decode : GemmKind::standard);
   ctx.adapters_enabled = adapters_enabled_;
   return ctx;
+}
+
+LoraPass DecoderModel::lora_pass(GemmKind gemm) const {
+  return {options_.lora.scaling(), float(options_.lora.dropout), dropout_seed_, gemm};
 }
 
 void DecoderModel::check_ids(const Tensor& ids, int64_t first_position) const {
@@ -260,7 +263,10 @@ Var DecoderModel::merge_images(Tape& tape, const Tensor& ids, const Var& embedde
                  "image features and image tokens do not match: the batch's {} images give {} features, and it has "
                  "{} image tokens (id {})",
                  merged.size(), features, image_rows.size(), config_.image_token_id);
-  return scatter_rows(tape, embedded, image_rows, vision_->forward(tape, layout.pixel_values, layout.image_grid_thw));
+  const LoraPass pass = lora_pass(GemmKind::standard);
+  return scatter_rows(tape, embedded, image_rows,
+                      vision_->forward(tape, layout.pixel_values, layout.image_grid_thw,
+                                       adapters_enabled_ ? &pass : nullptr));
 }
 
 std::shared_ptr<const RopeTable> DecoderModel::mrope_of(const Tensor& ids, const SequenceLayout& layout) const {

@@ -208,7 +208,12 @@ class DecoderModel {
   void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false, int replicas = 1);
   int tp_size() const { return sharding_->size(); }
   void add_trainable_whole(const std::string& name, Shape shape);  // a trainable parameter no rank splits
-  void add_adapters(const std::string& prefix, int64_t in, const std::vector<std::pair<std::string, int64_t>>& outs);
+  // `targets`' adapters among the projections `outs` (name, output width) of input width `in`.
+  void add_adapters(const std::string& prefix, int64_t in, const std::vector<std::pair<std::string, int64_t>>& outs,
+                    const std::vector<std::string>& targets);
+  void add_vision_adapters(const std::string& block);  // model.visual.blocks.i.
+  void check_lora_targets() const;
+  LoraPass lora_pass(GemmKind gemm) const;  // this pass's scaling, dropout and masks' seed
   ParamBuffer& buffer_of(const std::string& name);
   const ParamBuffer& buffer_of(const std::string& name) const;
   std::vector<LoraBranch> adapters_of(const std::string& prefix,

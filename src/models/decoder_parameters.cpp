@@ -14,6 +14,13 @@ namespace {
 
 std::string layer_prefix(int64_t i) { return "model.layers." + std::to_string(i) + "."; }
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// A tower block's last parameter (vision_parameters' order).
+std::string vision_block_end(const VisionConfig& v) { return v.qwen2_5 ? "mlp.down_proj.bias" : "mlp.fc2.bias"; }
+
 }  // namespace
 
 // Trainable parameters go to params_, in unit order (so each unit is one range of it), as this
@@ -53,10 +60,11 @@ void DecoderModel::add_trainable_whole(const std::string& name, Shape shape) {
 // PEFT's names: <module>.lora_A.weight (r, in) and <module>.lora_B.weight (out, r), the A's of one
 // fused input side by side with their B's.
 void DecoderModel::add_adapters(const std::string& prefix, int64_t in,
-                                const std::vector<std::pair<std::string, int64_t>>& outs) {
+                                const std::vector<std::pair<std::string, int64_t>>& outs,
+                                const std::vector<std::string>& targets) {
   const LoraOptions& lora = options_.lora;
   for (const auto& [name, out] : outs) {
-    if (std::find(lora.targets.begin(), lora.targets.end(), name) == lora.targets.end()) continue;
+    if (std::find(targets.begin(), targets.end(), name) == targets.end()) continue;
     add_trainable_whole(prefix + name + ".lora_A.weight", {lora.rank, in});
     add_trainable_whole(prefix + name + ".lora_B.weight", {out, lora.rank});
   }
@@ -160,9 +168,8 @@ void DecoderModel::register_parameters() {
                    "implemented in Fabrica yet", c.model_type, c.moe.num_experts);
     FAB_USER_CHECK(tp == 1, "tensor_parallel_size {} with {} is not implemented in Fabrica yet", tp, c.model_type);
     FAB_USER_CHECK(is_whole(), "pipeline_parallel_size > 1 with {} is not implemented in Fabrica yet", c.model_type);
-    FAB_USER_CHECK(!options_.lora.enabled(), "finetuning_type lora with {} is not implemented in Fabrica yet "
-                   "(use full or freeze)", c.model_type);
   }
+  check_lora_targets();
   if (c.is_moe()) check_moe_support();
   heads_ = H / tp;
   kv_replicas_ = KV % tp == 0 ? 1 : int(tp / KV);  // K/V heads replicated per group of ranks
@@ -178,14 +185,47 @@ void DecoderModel::register_parameters() {
     // The embedding and the head hold the same vocabulary slice (a last stage may hold only the head).
     const bool vocabulary = p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight";
     if (vocabulary && tp > 1) vocab_begin_ = shards_.back().begin;
-    const bool ends_layer = p.name.size() > layer_end.size() &&
-                            p.name.compare(p.name.size() - layer_end.size(), layer_end.size(), layer_end) == 0;
+    const bool ends_layer = !is_vision_parameter(p.name) && ends_with(p.name, layer_end);
+    if (options_.lora.enabled() && c.vision && is_vision_parameter(p.name) &&
+        ends_with(p.name, vision_block_end(*c.vision)))
+      add_vision_adapters(p.name.substr(0, p.name.size() - vision_block_end(*c.vision).size()));
     if (!ends_layer || !options_.lora.enabled()) continue;
     const std::string prefix = p.name.substr(0, p.name.size() - layer_end.size());
-    add_adapters(prefix + "self_attn.", C, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}});
-    add_adapters(prefix + "self_attn.", H * D, {{"o_proj", C}});
-    add_adapters(prefix + "mlp.", C, {{"gate_proj", I}, {"up_proj", I}});
-    add_adapters(prefix + "mlp.", I, {{"down_proj", C}});
+    const std::vector<std::string>& t = options_.lora.targets;
+    add_adapters(prefix + "self_attn.", C, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}}, t);
+    add_adapters(prefix + "self_attn.", H * D, {{"o_proj", C}}, t);
+    add_adapters(prefix + "mlp.", C, {{"gate_proj", I}, {"up_proj", I}}, t);
+    add_adapters(prefix + "mlp.", I, {{"down_proj", C}}, t);
+  }
+}
+
+// LoRA's targets must name projections of the language model. (vision_targets apply to a
+// model with a tower, each where its block has that linear: an adapter's suffix such as gate_proj
+// names the language model's and qwen2_5_vl's tower's at once.)
+void DecoderModel::check_lora_targets() const {
+  const LoraOptions& lora = options_.lora;
+  if (!lora.enabled()) return;
+  const std::vector<std::string>& language = lora_projection_names();
+  for (const std::string& t : lora.targets)
+    FAB_USER_CHECK(std::find(language.begin(), language.end(), t) != language.end(),
+                   "lora_target {} is not a projection of {}'s language model (q_proj, k_proj, v_proj, o_proj, "
+                   "gate_proj, up_proj, down_proj)", t, config_.model_type);
+}
+
+// A tower block's adapters after its last parameter: attn.qkv, attn.proj, then fc1 / fc2
+// (qwen2_vl) or gate_proj, up_proj, down_proj (qwen2_5_vl), as vision_targets choose.
+void DecoderModel::add_vision_adapters(const std::string& block) {
+  const VisionConfig& v = *config_.vision;
+  const std::vector<std::string>& t = options_.lora.vision_targets;
+  const int64_t e = v.width, i = v.intermediate;
+  add_adapters(block + "attn.", e, {{"qkv", 3 * e}}, t);
+  add_adapters(block + "attn.", e, {{"proj", e}}, t);
+  if (v.qwen2_5) {
+    add_adapters(block + "mlp.", e, {{"gate_proj", i}, {"up_proj", i}}, t);
+    add_adapters(block + "mlp.", i, {{"down_proj", e}}, t);
+  } else {
+    add_adapters(block + "mlp.", e, {{"fc1", i}}, t);
+    add_adapters(block + "mlp.", i, {{"fc2", e}}, t);
   }
 }
 
@@ -254,7 +294,10 @@ void DecoderModel::bind_parameters() {
     vision_ = std::make_unique<VisionTower>(
         *c.vision, [this](const std::vector<std::string>& w, const std::vector<std::string>& b) {
           return make_linear(w, b);
-        }, var);
+        }, var,
+        [this](const std::string& prefix, const std::vector<std::pair<std::string, int64_t>>& projections) {
+          return adapters_of(prefix, projections);
+        });
   if (stage_.has_head) {
     final_norm_ = var("model.norm.weight");
     lm_head_ = make_linear({c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"}, {});

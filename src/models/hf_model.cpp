@@ -57,12 +57,6 @@ std::string internal_name(const ModelConfig& c, const std::string& stored) {
   return rest.empty() ? stored : "model." + rest;
 }
 
-// transformers 5's name of a VLM tensor (what an exported folder holds).
-std::string saved_name(const ModelConfig& c, const std::string& name) {
-  if (!c.vision || is_vision_parameter(name)) return name;
-  const std::string rest = starts_after(name, "model.");
-  return rest.empty() ? name : kLanguageModelPrefix + rest;
-}
 
 constexpr const char* kValueHeadFile = "value_head.safetensors";  // LLaMA-Factory's V_HEAD_SAFE_WEIGHTS_NAME
 
@@ -83,6 +77,12 @@ void init_value_head(DecoderModel& model, uint64_t seed) {
 }
 
 }  // namespace
+
+std::string saved_name(const ModelConfig& c, const std::string& name) {
+  if (!c.vision || is_vision_parameter(name)) return name;
+  const std::string rest = starts_after(name, "model.");
+  return rest.empty() ? name : kLanguageModelPrefix + rest;
+}
 
 void save_value_head(const DecoderModel& model, const std::string& folder) {
   const ParamBuffer& params = model.params();

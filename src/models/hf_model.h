@@ -9,6 +9,10 @@
 
 namespace fab {
 
+// The name a parameter has in a folder Fabrica writes: its own, but a VLM's language model is
+// transformers 5's model.language_model.* (Fabrica calls it model.*; the tower is model.visual.*).
+std::string saved_name(const ModelConfig& config, const std::string& name);
+
 // Copies every parameter from `weights` by its HF name, converting F32/BF16/F16 to f32 (under
 // tensor parallel, this rank's slice of it: DecoderModel::shard). A missing
 // tensor, a shape mismatch or an unexpected extra tensor is a UserError naming it (a tied model may

@@ -41,6 +41,11 @@ const std::vector<std::string>& lora_projection_names() {
   return names;
 }
 
+std::vector<std::string> vision_lora_names(bool qwen2_5) {
+  if (qwen2_5) return {"qkv", "proj", "gate_proj", "up_proj", "down_proj"};
+  return {"qkv", "proj", "fc1", "fc2"};
+}
+
 void add_lora(Tape& tape, const Var& x, const Var& y, const std::vector<LoraBranch>& branches, const LoraPass& pass) {
   if (branches.empty()) return;
   ProfileScope profile("lora");

@@ -19,6 +19,10 @@ struct LoraOptions {
   double dropout = 0;
   bool rslora = false;
   std::vector<std::string> targets;          // q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
+  // A vision-language model's tower blocks (vision_lora_names(); a name the model's blocks lack
+  // adapts nothing); empty: none, as LLaMA-Factory with freeze_vision_tower (the merger and the
+  // patch embedding never have adapters). A model without a tower ignores them.
+  std::vector<std::string> vision_targets;
   std::vector<std::string> modules_to_save;  // PEFT modules_to_save: embed_tokens, lm_head, norm, ...
   uint64_t seed = 0;                         // A's initialisation and the dropout masks
 
@@ -29,6 +33,10 @@ struct LoraOptions {
 
 // The projection names LoRA may adapt in this decoder, in layer order.
 const std::vector<std::string>& lora_projection_names();
+
+// The linears of a vision tower block LoRA may adapt: qkv and proj, then qwen2_vl's fc1 / fc2 or
+// qwen2_5_vl's gate_proj / up_proj / down_proj.
+std::vector<std::string> vision_lora_names(bool qwen2_5);
 
 // One adapter of a projection whose outputs are columns [column, column + B.rows) of a possibly
 // fused linear's output. `stream` tells its dropout masks apart from the other adapters'.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -34,9 +35,37 @@ std::vector<const ParamInfo*> saved_parameters(const DecoderModel& model) {
   return out;
 }
 
-nlohmann::json adapter_config_json(const LoraOptions& lora, const std::string& base_model) {
-  std::vector<std::string> targets = lora.targets, modules = lora.modules_to_save;
-  std::sort(targets.begin(), targets.end());
+// The module a vision-language model's adapter sits on, by transformers 5's name.
+std::string vlm_module(const std::string& part, int64_t index, const std::string& name) {
+  const bool attention = name == "q_proj" || name == "k_proj" || name == "v_proj" || name == "o_proj" ||
+                         name == "qkv" || name == "proj";
+  const bool tower = part == "model.visual.blocks.";
+  return part + std::to_string(index) + "." + (attention ? (tower ? "attn." : "self_attn.") : "mlp.") + name;
+}
+
+// target_modules: the projection names; for a vision-language model every adapted module's full
+// name, as LLaMA-Factory hands PEFT its patch_target_modules list.
+std::vector<std::string> target_modules(const DecoderModel& model) {
+  const LoraOptions& lora = model.lora();
+  const ModelConfig& c = model.config();
+  std::vector<std::string> out = lora.targets;
+  if (c.vision) {
+    out.clear();
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      for (const std::string& t : lora.targets) out.push_back(vlm_module("model.language_model.layers.", i, t));
+    const std::vector<std::string> linears = vision_lora_names(c.vision->qwen2_5);  // what the blocks have
+    for (int64_t b = 0; b < c.vision->depth; ++b)
+      for (const std::string& t : lora.vision_targets)
+        if (std::find(linears.begin(), linears.end(), t) != linears.end())
+          out.push_back(vlm_module("model.visual.blocks.", b, t));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+nlohmann::json adapter_config_json(const DecoderModel& model, const std::string& base_model) {
+  const LoraOptions& lora = model.lora();
+  std::vector<std::string> targets = target_modules(model), modules = lora.modules_to_save;
   nlohmann::json j = {
       {"alora_invocation_tokens", nullptr}, {"alpha_pattern", nlohmann::json::object()},
       {"arrow_config", nullptr},           {"auto_mapping", nullptr},
@@ -81,6 +110,53 @@ std::vector<std::string> string_list(const nlohmann::json& j, const std::string&
   return out;
 }
 
+void add_once(std::vector<std::string>& names, const std::string& name) {
+  if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+}
+
+// A module name with its layer or block index made 0: every layer has the same modules.
+std::string first_layer(const std::string& module) {
+  static const std::regex index(R"((^|\.)(layers|blocks)\.[0-9]+\.)");
+  return std::regex_replace(module, index, "$1$2.0.");
+}
+
+// target_modules as PEFT matches them: a module is adapted when its name is a target or ends with
+// "." + target. Targets are projection names, suffixes (peft shrinks a long list to the shortest
+// suffixes that match the same modules: attn.proj, qkv, ...) or full names (LLaMA-Factory's list
+// for a vision-language model), matched here against layer 0's modules of either part: the
+// language model's projections (targets) and the tower blocks' linears (vision_targets, used by a
+// model with a tower). Which layers hold adapters follows from adapter_model.safetensors, whose
+// tensors load_adapter checks against these.
+void read_target_modules(const std::vector<std::string>& modules, const std::string& file, LoraOptions& o) {
+  auto matches = [](const std::string& module, const std::string& target) {
+    return module == target ||
+           (module.size() > target.size() && module.compare(module.size() - target.size(), target.size(), target) == 0 &&
+            module[module.size() - target.size() - 1] == '.');
+  };
+  for (const std::string& m : modules) {
+    const std::string target = first_layer(m);
+    bool found = false;
+    for (const std::string& n : lora_projection_names()) {
+      const bool attention = n == "q_proj" || n == "k_proj" || n == "v_proj" || n == "o_proj";
+      const std::string inner = std::string(attention ? "self_attn." : "mlp.") + n;
+      if (matches("model.language_model.layers.0." + inner, target) || matches("model.layers.0." + inner, target)) {
+        add_once(o.targets, n);
+        found = true;
+      }
+    }
+    for (const std::string& n : {"qkv", "proj", "fc1", "fc2", "gate_proj", "up_proj", "down_proj"}) {
+      const std::string inner = std::string(n == std::string("qkv") || n == std::string("proj") ? "attn." : "mlp.") + n;
+      if (matches("model.visual.blocks.0." + inner, target) || matches("visual.blocks.0." + inner, target)) {
+        add_once(o.vision_targets, n);
+        found = true;
+      }
+    }
+    FAB_USER_CHECK(found, "{}: target module \"{}\" is not a projection of this decoder (q_proj, k_proj, v_proj, "
+                   "o_proj, gate_proj, up_proj, down_proj) or a vision tower block's linear (qkv, proj, fc1, fc2, "
+                   "gate_proj, up_proj, down_proj)", file, m);
+  }
+}
+
 }  // namespace
 
 bool is_adapter_folder(const std::string& dir) { return fs::exists(config_path(dir)); }
@@ -115,13 +191,7 @@ LoraOptions read_adapter_config(const std::string& dir, std::string* base_model)
                    "not supported (give a list of module names)", file, j["target_modules"].get<std::string>());
     o.targets = lora_projection_names();
   } else {
-    o.targets = string_list(j, file, "target_modules");
-  }
-  for (const std::string& t : o.targets) {
-    const auto& known = lora_projection_names();
-    FAB_USER_CHECK(std::find(known.begin(), known.end(), t) != known.end(),
-                   "{}: target module \"{}\" is not a projection of this decoder (q_proj, k_proj, v_proj, o_proj, "
-                   "gate_proj, up_proj, down_proj)", file, t);
+    read_target_modules(string_list(j, file, "target_modules"), file, o);
   }
   o.modules_to_save = string_list(j, file, "modules_to_save");
   require_plain(j, file, "use_dora", false);
@@ -141,10 +211,10 @@ void save_adapter(const DecoderModel& model, const std::string& dir, const std::
   std::vector<NamedTensor> tensors;
   const ParamBuffer& params = model.params();
   for (const ParamInfo* p : saved_parameters(model))
-    tensors.push_back({kPrefix + p->name, params.values_f32(*p)});  // a view on the host, else a copy
+    tensors.push_back({kPrefix + saved_name(model.config(), p->name), params.values_f32(*p)});  // a view on the host, else a copy
   save_safetensors(weights_path(dir).string(), tensors, {{"format", "pt"}});
   write_file_atomically(config_path(dir).string(),
-                        adapter_config_json(model.lora(), base_model_name_or_path).dump(2) + "\n");
+                        adapter_config_json(model, base_model_name_or_path).dump(2) + "\n");
 }
 
 void load_adapter(DecoderModel& model, const std::string& dir) {
@@ -155,7 +225,7 @@ void load_adapter(DecoderModel& model, const std::string& dir) {
   std::set<std::string> expected;
   ParamBuffer& params = model.params();
   for (const ParamInfo* p : saved_parameters(model)) {
-    const std::string key = kPrefix + p->name;
+    const std::string key = kPrefix + saved_name(model.config(), p->name);
     expected.insert(key);
     FAB_USER_CHECK(file.contains(key), "{}: missing tensor \"{}\" {}", path, key, shape_str(p->shape));
     FAB_USER_CHECK(file.entries().at(key).shape == p->shape, "{}: tensor \"{}\" has shape {}, the model needs {}", path,

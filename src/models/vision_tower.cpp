@@ -168,7 +168,9 @@ VisionWindows vision_windows(const VisionConfig& v, const Tensor& grid_thw) {
   return out;
 }
 
-VisionTower::VisionTower(const VisionConfig& config, const LinearOf& linear, const VarOf& var) : c_(config) {
+VisionTower::VisionTower(const VisionConfig& config, const LinearOf& linear, const VarOf& var,
+                         const AdaptersOf& adapters)
+    : c_(config) {
   patch_embed_ = linear({std::string(kVisionPrefix) + "patch_embed.proj.weight"}, {});
   // The conv3d's kernel equals its stride: one GEMM over the flattened patch, weight (width, patch_values).
   const Var conv = patch_embed_.weight;
@@ -191,10 +193,16 @@ VisionTower::VisionTower(const VisionConfig& config, const LinearOf& linear, con
       b.mlp_in = linear({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
                         {p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias"});
       b.mlp_out = linear({p + "mlp.down_proj.weight"}, {p + "mlp.down_proj.bias"});
+      b.mlp_in_lora = adapters(p + "mlp.", {{"gate_proj", c_.intermediate}, {"up_proj", c_.intermediate}});
+      b.mlp_out_lora = adapters(p + "mlp.", {{"down_proj", c_.width}});
     } else {
       b.mlp_in = linear({p + "mlp.fc1.weight"}, {p + "mlp.fc1.bias"});
       b.mlp_out = linear({p + "mlp.fc2.weight"}, {p + "mlp.fc2.bias"});
+      b.mlp_in_lora = adapters(p + "mlp.", {{"fc1", c_.intermediate}});
+      b.mlp_out_lora = adapters(p + "mlp.", {{"fc2", c_.width}});
     }
+    b.qkv_lora = adapters(p + "attn.", {{"qkv", 3 * c_.width}});
+    b.proj_lora = adapters(p + "attn.", {{"proj", c_.width}});
     blocks_.push_back(std::move(b));
   }
   const std::string m = kMergerPrefix;
@@ -205,8 +213,10 @@ VisionTower::VisionTower(const VisionConfig& config, const LinearOf& linear, con
 }
 
 bool VisionTower::blocks_train() const {
-  return patch_embed_.weight->requires_grad ||
-         std::any_of(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.qkv.weight->requires_grad; });
+  return patch_embed_.weight->requires_grad || std::any_of(blocks_.begin(), blocks_.end(), [](const Block& b) {
+           return b.qkv.weight->requires_grad || !b.qkv_lora.empty() || !b.proj_lora.empty() ||
+                  !b.mlp_in_lora.empty() || !b.mlp_out_lora.empty();
+         });
 }
 
 Var VisionTower::norm(Tape& tape, const Var& x, const Var& weight, const Var& bias) const {
@@ -224,18 +234,24 @@ RopeTable VisionTower::rotary_table(const std::vector<int64_t>& positions) const
   });
 }
 
-// x + proj(attention(rope(q), rope(k), v)) of norm1(x), then + mlp(norm2(x)).
+// x + proj(attention(rope(q), rope(k), v)) of norm1(x), then + mlp(norm2(x)); each linear with its
+// LoRA adapters while `lora` is set.
 Var VisionTower::block_forward(Tape& tape, const Block& b, const Var& x, const Tensor& positions,
-                               const RopeTable& rope, const std::vector<int64_t>& bounds) const {
+                               const RopeTable& rope, const std::vector<int64_t>& bounds, const LoraPass* lora) const {
   const int64_t e = c_.width, heads = c_.num_heads;
-  std::vector<Var> qkv = split_columns(tape, linear(tape, norm(tape, x, b.norm1, b.norm1_bias), b.qkv), {e, e, e});
+  auto adapted = [&tape, lora](const Var& in, const Linear& l, const std::vector<LoraBranch>& adapters) {
+    Var y = linear(tape, in, l);
+    if (lora && !adapters.empty()) add_lora(tape, in, y, adapters, *lora);
+    return y;
+  };
+  std::vector<Var> qkv = split_columns(tape, adapted(norm(tape, x, b.norm1, b.norm1_bias), b.qkv, b.qkv_lora), {e, e, e});
   const Var q = fab::rope(tape, qkv[0], positions, rope, heads), k = fab::rope(tape, qkv[1], positions, rope, heads);
   const float scale = float(1.0 / std::sqrt(double(c_.head_dim())));
   const Var attended = segment_attention(tape, q, k, qkv[2], bounds, heads, scale);
-  const Var h = add(tape, x, linear(tape, attended, b.proj));
-  const Var inner = linear(tape, norm(tape, h, b.norm2, b.norm2_bias), b.mlp_in);
+  const Var h = add(tape, x, adapted(attended, b.proj, b.proj_lora));
+  const Var inner = adapted(norm(tape, h, b.norm2, b.norm2_bias), b.mlp_in, b.mlp_in_lora);
   const Var act = c_.qwen2_5 ? swiglu(tape, inner, c_.intermediate) : quick_gelu(tape, inner);
-  return add(tape, h, linear(tape, act, b.mlp_out));
+  return add(tape, h, adapted(act, b.mlp_out, b.mlp_out_lora));
 }
 
 // PatchMerger: norm, each merge group's patches side by side (merge_unit * width), fc1, GELU, fc2.
@@ -246,7 +262,7 @@ Var VisionTower::merge(Tape& tape, const Var& x) const {
   return linear(tape, gelu(tape, linear(tape, side_by_side, merger_fc1_)), merger_fc2_);
 }
 
-Var VisionTower::forward(Tape& tape, const Tensor& pixel_values, const Tensor& grid_thw) const {
+Var VisionTower::forward(Tape& tape, const Tensor& pixel_values, const Tensor& grid_thw, const LoraPass* lora) const {
   check_images(c_, pixel_values, grid_thw);
   const int64_t patches = pixel_values.dim(0), unit = c_.merge_unit();
   std::vector<int64_t> positions = patch_positions(c_, grid_thw);
@@ -271,7 +287,7 @@ Var VisionTower::forward(Tape& tape, const Tensor& pixel_values, const Tensor& g
   for (int64_t i = 0; i < c_.depth; ++i) {
     const bool full = !c_.qwen2_5 || std::find(c_.fullatt_block_indexes.begin(), c_.fullatt_block_indexes.end(),
                                                i) != c_.fullatt_block_indexes.end();
-    x = block_forward(body, blocks_[size_t(i)], x, rows, rope, full ? frames : windows.bounds);
+    x = block_forward(body, blocks_[size_t(i)], x, rows, rope, full ? frames : windows.bounds, lora);
   }
   if (&body == &untaped) x->requires_grad = false;
   Var merged = merge(tape, x);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "models/lora.h"
 #include "models/model_config.h"
 #include "nn/ops.h"
 
@@ -53,11 +54,17 @@ class VisionTower {
  public:
   using LinearOf = std::function<Linear(const std::vector<std::string>& weights, const std::vector<std::string>& biases)>;
   using VarOf = std::function<Var(const std::string& name)>;
-  VisionTower(const VisionConfig& config, const LinearOf& linear, const VarOf& var);
+  // The LoRA adapters of the projections (name, output width) under a module prefix, each at its
+  // columns of their fused output (none: an empty list).
+  using AdaptersOf = std::function<std::vector<LoraBranch>(
+      const std::string& prefix, const std::vector<std::pair<std::string, int64_t>>& projections)>;
+  VisionTower(const VisionConfig& config, const LinearOf& linear, const VarOf& var, const AdaptersOf& adapters);
 
-  // The merger's output (patches / merge_unit, out_hidden_size), image after image.
-  Var forward(Tape& tape, const Tensor& pixel_values, const Tensor& grid_thw) const;
-  // Whether any parameter of the patch embedding and blocks trains (else they run without a tape).
+  // The merger's output (patches / merge_unit, out_hidden_size), image after image. `lora`: the
+  // blocks' adapters add in with this pass (null: they are skipped).
+  Var forward(Tape& tape, const Tensor& pixel_values, const Tensor& grid_thw, const LoraPass* lora = nullptr) const;
+  // Whether any parameter of the patch embedding and blocks trains, LoRA adapters included (else
+  // they run without a tape).
   bool blocks_train() const;
 
  private:
@@ -65,10 +72,11 @@ class VisionTower {
     Var norm1, norm1_bias, norm2, norm2_bias;  // biases: qwen2_vl's LayerNorm only
     Linear qkv, proj;
     Linear mlp_in, mlp_out;  // qwen2_vl: fc1, fc2; qwen2_5_vl: gate_proj + up_proj fused, down_proj
+    std::vector<LoraBranch> qkv_lora, proj_lora, mlp_in_lora, mlp_out_lora;
   };
   Var norm(Tape& tape, const Var& x, const Var& weight, const Var& bias) const;
   Var block_forward(Tape& tape, const Block& b, const Var& x, const Tensor& positions, const RopeTable& rope,
-                    const std::vector<int64_t>& bounds) const;
+                    const std::vector<int64_t>& bounds, const LoraPass* lora) const;
   Var merge(Tape& tape, const Var& x) const;
   RopeTable rotary_table(const std::vector<int64_t>& positions) const;
 

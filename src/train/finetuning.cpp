@@ -41,6 +41,49 @@ bool in_modules(const std::string& param, const std::vector<std::string>& module
   return false;
 }
 
+// What lora_target may name: the decoder's projections and a vision tower block's linears (a
+// name the model does not have is refused when it is built).
+std::vector<std::string> lora_target_names() {
+  std::vector<std::string> names = lora_projection_names();
+  for (const std::string& n : vision_lora_names(false)) names.push_back(n);
+  return names;
+}
+
+// LLaMA-Factory 0.9's LoRA targets on qwen2_vl / qwen2_5_vl: find_all_linear_modules for
+// lora_target all (every linear's own name but lm_head's and the merger's; the tower's only
+// without freeze_vision_tower), then patch_target_modules: a module is adapted when a target is a
+// substring of its name and no forbidden key is (visual.patch_embed and visual.blocks under
+// freeze_vision_tower, language_model under freeze_language_model, patch_embed always). Every
+// layer (block) has the same module names, so layer 0's decide.
+void resolve_multimodal_lora(const TrainConfig& c, const ModelConfig& model, LoraOptions& lora) {
+  const std::vector<std::string> vision = vision_lora_names(model.vision->qwen2_5);
+  std::vector<std::string> targets = comma_list(c.lora_target);
+  if (c.lora_target == "all") {
+    targets = lora_projection_names();
+    if (!c.freeze_vision_tower) targets.insert(targets.end(), vision.begin(), vision.end());
+  }
+  auto adapted = [&targets](const std::string& module) {
+    return std::any_of(targets.begin(), targets.end(),
+                       [&](const std::string& t) { return module.find(t) != std::string::npos; });
+  };
+  lora.targets.clear();
+  lora.vision_targets.clear();
+  for (const std::string& n : lora_projection_names()) {
+    const bool attention = n == "q_proj" || n == "k_proj" || n == "v_proj" || n == "o_proj";
+    const std::string module = "model.language_model.layers.0." + std::string(attention ? "self_attn." : "mlp.") + n;
+    if (!c.freeze_language_model && adapted(module)) lora.targets.push_back(n);
+  }
+  for (const std::string& n : vision) {
+    const std::string module = "model.visual.blocks.0." + std::string(n == "qkv" || n == "proj" ? "attn." : "mlp.") + n;
+    if (!c.freeze_vision_tower && adapted(module)) lora.vision_targets.push_back(n);
+  }
+  FAB_USER_CHECK(!lora.targets.empty() || !lora.vision_targets.empty(),
+                 "lora_target {} adapts no linear of {} with freeze_vision_tower {} and freeze_language_model {} "
+                 "(LLaMA-Factory never adapts the merger or the patch embedding)",
+                 c.lora_target, model.model_type, c.freeze_vision_tower ? "true" : "false",
+                 c.freeze_language_model ? "true" : "false");
+}
+
 const std::vector<std::string> kOuterModules = {"embed_tokens", "lm_head", "norm"};
 const std::vector<std::string> kSavableModules = {"embed_tokens", "lm_head", "norm", "input_layernorm",
                                                   "post_attention_layernorm", "q_norm", "k_norm"};
@@ -52,7 +95,7 @@ LoraOptions lora_from_config(const TrainConfig& c) {
   o.dropout = c.lora_dropout;
   o.rslora = c.use_rslora;
   o.targets = c.lora_target == "all" ? lora_projection_names() : comma_list(c.lora_target);
-  require_known(o.targets, lora_projection_names(), "lora_target");
+  require_known(o.targets, lora_target_names(), "lora_target");
   FAB_USER_CHECK(!o.targets.empty(), "lora_target is empty: expected all or a comma list of projections");
   o.modules_to_save = comma_list(c.additional_target);
   require_known(o.modules_to_save, kSavableModules, "additional_target");
@@ -100,6 +143,7 @@ void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& 
 
 void apply_multimodal_freezing(const TrainConfig& c, const ModelConfig& model, DecoderOptions& options) {
   if (!model.vision) return;
+  if (options.lora.enabled() && c.adapter_name_or_path.empty()) resolve_multimodal_lora(c, model, options.lora);
   std::vector<std::string> forbidden;
   if (c.freeze_vision_tower) forbidden = {"model.visual.patch_embed.", "model.visual.blocks."};
   if (c.freeze_multi_modal_projector) forbidden.push_back(kMergerPrefix);

@@ -17,8 +17,11 @@ void apply_finetuning(const TrainConfig& config, int64_t num_layers, DecoderOpti
 
 // A vision-language model (qwen2_vl, qwen2_5_vl): LLaMA-Factory's forbidden modules on top of
 // finetuning_type's choice: freeze_vision_tower (the patch embedding and blocks),
-// freeze_multi_modal_projector (the merger), freeze_language_model (everything else). Nothing
-// for a text-only model.
+// freeze_multi_modal_projector (the merger), freeze_language_model (everything else); and with
+// LoRA, LLaMA-Factory's targets (the language model's projections unless freeze_language_model,
+// the tower blocks' linears without freeze_vision_tower, never the merger or the patch
+// embedding; lora_target matched by substring as its patch_target_modules does). Nothing for a
+// text-only model.
 void apply_multimodal_freezing(const TrainConfig& config, const ModelConfig& model, DecoderOptions& options);
 
 // LoRA adapters with these options: options.lora, and only PEFT's modules_to_save train.

@@ -3,9 +3,9 @@
 # tiny qwen2_vl folder (config.json only, random initialisation; the real Qwen tokenizer, whose
 # vision tokens are Qwen2-VL's) trained with the qwen2_vl template, the loss finite and falling,
 # the saved folder reloaded by `fabrica generate` (text only) and trained on; freeze_vision_tower:
-# false changes the tower's weights, the default leaves them as they were. The refusals: an
-# image token in text without images, packing, LoRA, a preprocessor_config.json whose patches
-# are not the tower's.
+# false changes the tower's weights, the default leaves them as they were; LoRA on the tower and
+# the language model, merged by export. The refusals: an image token in text without images,
+# packing, a preprocessor_config.json whose patches are not the tower's.
 # Usage: vlm_train_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -65,6 +65,28 @@ done
 [ "$(changed out frozen model.language_model.layers.)" = all ] || fail "the language model did not train"
 echo "ok: the tower trains with freeze_vision_tower: false and stays frozen by default"
 
+# LoRA with the tower unfrozen (LLaMA-Factory's lora_target all): adapters on the language model's
+# projections and the tower blocks' linears, none on the merger or the patch embedding; the
+# export merges them and keeps preprocessor_config.json and the chat template.
+"$fabrica" train run.yaml model_name_or_path=out max_steps=1 finetuning_type=lora freeze_vision_tower=false \
+  output_dir=lora >lora.log 2>&1 || { cat lora.log; fail "train with finetuning_type: lora"; }
+python3 - lora/adapter_model.safetensors <<'PY' || fail "adapter tensors"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    names = json.loads(f.read(struct.unpack("<Q", f.read(8))[0])).keys()
+parts = {p: sum(n.startswith("base_model.model.model." + p) for n in names)
+         for p in ["language_model.layers.", "visual.blocks.", "visual.merger.", "visual.patch_embed."]}
+print("  adapter tensors", parts)
+assert parts["language_model.layers."] and parts["visual.blocks."], parts
+assert not parts["visual.merger."] and not parts["visual.patch_embed."], parts
+PY
+"$fabrica" export --checkpoint lora --output lora-merged >export.log 2>&1 || { cat export.log; fail "export lora"; }
+[ -f lora-merged/model.safetensors ] && [ -f lora-merged/preprocessor_config.json ] \
+  && grep -q chat_template lora-merged/tokenizer_config.json || fail "export dropped preprocessor_config.json or chat_template"
+"$fabrica" generate --model lora-merged --template qwen2_vl --prompt "Who are you?" --max-new-tokens 2 >lora-gen.log 2>&1 \
+  || { cat lora-gen.log; fail "generate on the merged folder"; }
+echo "ok: LoRA on the tower and language model, merged by export with preprocessor_config.json"
+
 # refused RUN_NAME MESSAGE [key=value ...]: exit 2 naming MESSAGE, nothing written.
 refused() {
   local name=$1 message=$2 rc=0
@@ -83,6 +105,6 @@ echo '[{"messages": [{"role": "user", "content": "<|image_pad|>what is it?"}, {"
   > text/t.json
 refused pad "holds the image token 151655" dataset=t dataset_dir=text
 refused packing "packing and neat_packing are not supported with images" packing=true
-refused lora "finetuning_type lora with qwen2_vl is not implemented" finetuning_type=lora
+refused pt "stage pt does not train on images" stage=pt
 cp -r model patch7 && sed -i 's/"patch_size": 14/"patch_size": 7/' patch7/config.json
 refused mismatch "the model's vision_config has patch_size 7" model_name_or_path=patch7

@@ -1,7 +1,8 @@
 // A vision-language model through the Trainer: micro-batches carry their rows' images
 // (TrainData::train_images, collate), LanguageModelStage hands them to the model, and three
 // optimizer steps on the fixture's batch give transformers' AdamW losses
-// (tests/reference/make_vlm_fixture.py); LLaMA-Factory's freezing keys choose what trains.
+// (tests/reference/make_vlm_fixture.py); LLaMA-Factory's freezing keys choose what trains, LoRA
+// included.
 #include <gtest/gtest.h>
 
 #include "core/error.h"
@@ -96,8 +97,23 @@ TEST_P(VisionLanguageTraining, FreezeLanguageModelTrainsOnlyTheVisionSide) {
   EXPECT_TRUE(model->params().contains("model.visual.patch_embed.proj.weight"));
 }
 
-TEST_P(VisionLanguageTraining, RefusesLoraAndPackingWithImages) {
-  EXPECT_THROW(vlm_model(vlm_config(GetParam(), "finetuning_type: lora\n")), UserError);
+// LoRA with the tower unfrozen: only adapters train (the language model's and the tower blocks'),
+// B starts at zero so the first loss is the base model's (transformers'), and the loss falls.
+TEST_P(VisionLanguageTraining, LoraTrainsTheAdaptersOfTowerAndLanguageModel) {
+  const SafetensorsFile ref = SafetensorsFile::open(kFixture + "/" + GetParam() + "_reference.safetensors");
+  const TrainConfig c = vlm_config(GetParam(), "finetuning_type: lora\nlora_rank: 4\nfreeze_vision_tower: false\n"
+                                               "learning_rate: 1.0e-2\n");
+  auto model = vlm_model(c);
+  for (const ParamInfo& p : model->params().params()) EXPECT_TRUE(model->is_adapter(p.name)) << p.name;
+  EXPECT_TRUE(model->params().contains("model.visual.blocks.1.attn.qkv.lora_A.weight"));
+  Trainer trainer(c, parallelize(std::move(model), nullptr, c), fixture_data(ref));
+  ASSERT_TRUE(trainer.run());
+  const float* hf = ref.tensor("adamw_losses").data<float>();
+  EXPECT_NEAR(trainer.history().front().loss, hf[0], 1e-5 * hf[0]);
+  EXPECT_LT(trainer.history().back().loss, trainer.history().front().loss);
+}
+
+TEST_P(VisionLanguageTraining, RefusesPackingWithImages) {
   const SafetensorsFile ref = SafetensorsFile::open(kFixture + "/" + GetParam() + "_reference.safetensors");
   TrainData data = fixture_data(ref);
   TokenSequencesBuilder packed;
