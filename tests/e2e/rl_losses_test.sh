@@ -73,7 +73,10 @@ print("ok: 8 loss / advantage settings trained; rollout_logp_diff_max",
 PY
 grep -q "^loss_agg_mode: seq-mean-token-sum-norm" dr_grpo/train_config.yaml || fail "loss_type dr_grpo: no loss_agg_mode"
 grep -q "^policy_loss: gspo" sequence/train_config.yaml || fail "importance_sampling_level sequence: not gspo"
-grep -q "^clip_ratio_high: 0.3" sequence/train_config.yaml || fail "epsilon_high did not set clip_ratio_high"
+/usr/bin/python3 -c "
+v = {l.split(':')[0]: l.split(':', 1)[1].strip() for l in open('sequence/train_config.yaml') if ':' in l}
+assert abs(float(v['clip_ratio_high']) - 0.3) < 1e-12 and abs(float(v['clip_ratio_low']) - 0.1) < 1e-12, v
+" || fail "epsilon / epsilon_high did not set clip_ratio_low / _high"
 
 refuse() {  # refuse NAME EXPECTED_TEXT OVERRIDES...
   local name=$1 text=$2 rc=0
