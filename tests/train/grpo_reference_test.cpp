@@ -210,7 +210,8 @@ TEST(GrpoReference, ReinforcePlusPlusAdvantages) {
 
 TEST(GrpoReference, OverlongPenaltyAsDapo) {
   if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
-  for (const auto& [length, want] : GrpoFixture().json("overlong").items())
+  const nlohmann::json overlong = GrpoFixture().json("overlong");  // kept alive: items() refers to it
+  for (const auto& [length, want] : overlong.items())
     EXPECT_NEAR(overlong_penalty(std::stoll(length), 20, 8, 0.5), want.get<double>(), 1e-12) << length;
   EXPECT_EQ(overlong_penalty(20, 20, 0, 0.5), 0.0);  // buffer 0: off
 }
