@@ -199,7 +199,17 @@
   X(clip_ratio_low, clip_ratio_low, double, 0.2, Own, "grpo, ppo: PPO ratio clipped below at 1 - clip_ratio_low (verl)") \
   X(clip_ratio_high, clip_ratio_high, double, 0.2, Own, "grpo, ppo: PPO ratio clipped above at 1 + clip_ratio_high (verl)") \
   X(clip_ratio_c, clip_ratio_c, double, 3.0, Own, "grpo, ppo: dual-clip bound of the loss of negative advantages, > 1 (verl)") \
-  X(loss_agg_mode, loss_agg_mode, std::string, "token-mean", Own, "grpo, ppo: token-mean, seq-mean-token-sum or seq-mean-token-mean (verl)") \
+  X(loss_agg_mode, loss_agg_mode, std::string, "token-mean", Own, "grpo, ppo: token-mean, seq-mean-token-sum, seq-mean-token-mean (verl) or seq-mean-token-sum-norm (Dr. GRPO: the sum over every token / (responses x max_new_tokens), TRL's dr_grpo)") \
+  X(policy_loss, policy_loss, std::string, "vanilla", Own, "grpo, ppo: vanilla (PPO's per-token clipped ratio with dual clip), gspo (the length-normalised sequence ratio clipped once per response; GSPO, TRL's importance_sampling_level sequence) or cispo (the clipped ratio as a stop-gradient weight of the log-probability; MiniMax-M1) (verl's actor.policy_loss.loss_mode)") \
+  X(loss_type, loss_type, std::string, "", Own, "grpo, ppo: TRL's loss_type, read as the loss_agg_mode it normalises by: grpo seq-mean-token-mean, bnpo and dapo token-mean, dr_grpo seq-mean-token-sum-norm (empty: loss_agg_mode decides; both given must agree)") \
+  X(importance_sampling_level, importance_sampling_level, std::string, "token", Own, "grpo, ppo: TRL's name: token (policy_loss as given) or sequence (policy_loss gspo)") \
+  X(adv_estimator, adv_estimator, std::string, "", Own, "grpo, ppo: grpo (group-normalised), rloo (leave-one-out baseline) or reinforce_plus_plus (the score whitened over every response token of the batch) for stage grpo; gae for stage ppo (empty: the stage's own; verl's algorithm.adv_estimator)") \
+  X(scale_rewards, scale_rewards, std::string, "", Own, "grpo: TRL's advantage scaling, r - the group's mean over group (the group's std + 1e-4), batch (the batch's std + 1e-4) or none (1); empty: norm_adv_by_std decides (verl's 1e-6)") \
+  X(mask_truncated_completions, mask_truncated_completions, bool, false, Own, "grpo, ppo: a response cut at max_new_tokens takes no part in the loss (its reward still counts in its group's advantages; TRL's name)") \
+  X(filter_groups, filter_groups, bool, false, Own, "grpo: DAPO's dynamic sampling: a group whose rewards are all equal is dropped and more prompts are drawn until the batch is full or max_num_gen_batches rollout batches were drawn (verl's algorithm.filter_groups.enable)") \
+  X(max_num_gen_batches, max_num_gen_batches, int64_t, 10, Own, "grpo: with filter_groups, the most rollout batches per step; past it the batch is filled up with dropped groups, which have advantage 0 (verl's filter_groups.max_num_gen_batches)") \
+  X(overlong_buffer_len, overlong_buffer_len, int64_t, 0, Own, "grpo, ppo: DAPO's overlong shaping: a response longer than max_new_tokens - overlong_buffer_len loses overlong_penalty_factor per overlong_buffer_len tokens past it (0: off; verl's reward_model.overlong_buffer.len)") \
+  X(overlong_penalty_factor, overlong_penalty_factor, double, 1.0, Own, "grpo, ppo: the largest overlong penalty, at max_new_tokens (verl's overlong_buffer.penalty_factor)") \
   X(kl_loss_coef, kl_loss_coef, double, 0.0, Own, "grpo, ppo: weight of the KL term to the reference (0: none, verl's use_kl_loss false)") \
   X(kl_loss_type, kl_loss_type, std::string, "low_var_kl", Own, "grpo, ppo: k1 (kl), k2 (mse) or k3 (low_var_kl, clamped as verl)") \
   X(ppo_mini_batch_size, ppo_mini_batch_size, int64_t, 0, Own, "grpo, ppo: prompts per optimizer step within a rollout batch, their num_generations responses each (0: the whole batch; verl)") \
@@ -207,7 +217,7 @@
   X(critic_learning_rate, critic_learning_rate, double, 0.0, Own, "ppo: the critic's peak learning rate, on the actor's schedule (0: learning_rate; verl's critic.optim.lr)") \
   X(critic_max_grad_norm, critic_max_grad_norm, double, 1.0, Own, "ppo: clip the critic's gradients to this global L2 norm (0: no clipping; verl's critic.grad_clip)") \
   X(critic_warmup, critic_warmup, int64_t, 0, Own, "ppo: the actor updates from this step on (1-based, as verl's trainer.critic_warmup; 0 and 1: from the first), the critic every step") \
-  X(gamma, gamma, double, 1.0, Own, "ppo: GAE discount (verl's algorithm.gamma)") \
+  X(gamma, gamma, double, 1.0, Own, "ppo: GAE discount; grpo with adv_estimator reinforce_plus_plus: the discount of its returns (verl's algorithm.gamma)") \
   X(lam, lam, double, 1.0, Own, "ppo: GAE lambda (verl's algorithm.lam)") \
   X(cliprange_value, cliprange_value, double, 0.5, Own, "ppo: the critic's values clipped to within this of their rollout-time values in the value loss (verl)") \
   X(use_kl_in_reward, use_kl_in_reward, bool, false, Own, "ppo: subtract kl_coef * kl_penalty(rollout policy, reference) from every token's reward (verl's algorithm.use_kl_in_reward)") \
@@ -429,7 +439,9 @@
   A(tensor_model_parallel_size, tensor_parallel_size)                                                               \
   A(pipeline_model_parallel_size, pipeline_parallel_size)                                                           \
   A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)                                           \
-  A(expert_model_parallel_size, expert_parallel_size)
+  A(expert_model_parallel_size, expert_parallel_size)                                                               \
+  A(epsilon, clip_ratio_low)                                                                                        \
+  A(epsilon_high, clip_ratio_high)
 
 // Longer notes docs/CONFIG.md adds after the tables, one section per topic.
 inline constexpr const char* kConfigNotes = R"(## Rewards (stages grpo and ppo)

@@ -231,17 +231,72 @@ void check_preference_keys(const TrainConfig& c, Require& require) {
   require(!preference || (!c.packing && !c.neat_packing), format("packing is for pt and sft, not stage {}", c.stage));
 }
 
+// TRL's loss_type as the loss_agg_mode it normalises by (TRL 1.x's GRPOTrainer): grpo averages
+// each response's token mean, bnpo and dapo average every token of the batch, dr_grpo divides the
+// sum by responses x max_new_tokens; "" for other names.
+std::string loss_agg_mode_of_loss_type(const std::string& loss_type) {
+  if (loss_type == "grpo") return "seq-mean-token-mean";
+  if (loss_type == "bnpo" || loss_type == "dapo") return "token-mean";
+  if (loss_type == "dr_grpo") return "seq-mean-token-sum-norm";
+  return "";
+}
+
+// The policy loss, TRL's names for it, the advantage estimator and DAPO's data-side keys.
+template <typename Require>
+void check_rl_loss_keys(const TrainConfig& c, Require& require) {
+  const bool trl_type = !loss_agg_mode_of_loss_type(c.loss_type).empty();
+  require(c.loss_type.empty() || trl_type,
+          format("loss_type \"{}\" must be grpo, bnpo, dr_grpo or dapo (TRL's), or empty", c.loss_type));
+  require(!trl_type || c.loss_agg_mode == loss_agg_mode_of_loss_type(c.loss_type),
+          format("loss_type {} means loss_agg_mode {}, but loss_agg_mode is {}: set one of them",
+                 c.loss_type, loss_agg_mode_of_loss_type(c.loss_type), c.loss_agg_mode));
+  require(c.policy_loss == "vanilla" || c.policy_loss == "gspo" || c.policy_loss == "cispo",
+          format("policy_loss \"{}\" must be vanilla, gspo or cispo", c.policy_loss));
+  require(c.importance_sampling_level == "token" || c.importance_sampling_level == "sequence",
+          format("importance_sampling_level \"{}\" must be token or sequence", c.importance_sampling_level));
+  require(c.importance_sampling_level != "sequence" || c.policy_loss == "gspo",
+          format("importance_sampling_level sequence is policy_loss gspo, but policy_loss is {}", c.policy_loss));
+  const bool grpo = c.stage == Stage::grpo;
+  require(c.adv_estimator.empty() || (grpo ? c.adv_estimator == "grpo" || c.adv_estimator == "rloo" ||
+                                                 c.adv_estimator == "reinforce_plus_plus"
+                                           : c.adv_estimator == "gae"),
+          format("adv_estimator \"{}\" with stage {}: expected {}", c.adv_estimator, c.stage,
+                 grpo ? "grpo, rloo or reinforce_plus_plus (gae needs a critic: stage ppo)" : "gae"));
+  require(c.scale_rewards.empty() || c.scale_rewards == "group" || c.scale_rewards == "batch" ||
+              c.scale_rewards == "none",
+          format("scale_rewards \"{}\" must be group, batch or none (TRL's), or empty", c.scale_rewards));
+  const bool group_norm = c.adv_estimator.empty() || c.adv_estimator == "grpo";
+  require(c.scale_rewards.empty() || (grpo && group_norm),
+          "scale_rewards is the scaling of adv_estimator grpo's group advantages (stage grpo)");
+  require(c.scale_rewards.empty() || c.norm_adv_by_std || c.scale_rewards == "none",
+          format("norm_adv_by_std false and scale_rewards {} disagree: set one of them", c.scale_rewards));
+  require(!c.filter_groups || grpo, "filter_groups (DAPO's dynamic sampling) is for stage grpo");
+  require(c.max_num_gen_batches >= 1, format("max_num_gen_batches must be at least 1, got {}", c.max_num_gen_batches));
+  require(c.overlong_buffer_len >= 0 && c.overlong_buffer_len <= c.max_new_tokens,
+          format("overlong_buffer_len must be in [0, max_new_tokens {}], got {}", c.max_new_tokens,
+                 c.overlong_buffer_len));
+  require(c.overlong_penalty_factor >= 0 && std::isfinite(c.overlong_penalty_factor),
+          format("overlong_penalty_factor must be >= 0, got {}", c.overlong_penalty_factor));
+  require(c.stage != Stage::ppo || c.loss_agg_mode != "seq-mean-token-sum-norm",
+          "loss_agg_mode seq-mean-token-sum-norm (loss_type dr_grpo) is not implemented for stage ppo's critic yet");
+}
+
 // stage grpo's settings, with the ranges verl's config checks.
 template <typename Require>
 void check_grpo_keys(const TrainConfig& c, Require& require) {
   require(c.num_generations >= 1, format("num_generations must be at least 1 (0: the stage's default), got {}",
                                          c.num_generations));
-  require(c.clip_ratio_low >= 0 && c.clip_ratio_low < 1, format("clip_ratio_low must be in [0, 1), got {}", c.clip_ratio_low));
+  const bool cispo = c.policy_loss == "cispo";  // its lower bound may be 0: no bound (MiniMax-M1)
+  require(c.clip_ratio_low >= 0 && (c.clip_ratio_low < 1 || (cispo && c.clip_ratio_low == 1)),
+          format("clip_ratio_low must be in [0, 1){}, got {}", cispo ? " (or 1 with policy_loss cispo)" : "",
+                 c.clip_ratio_low));
   require(c.clip_ratio_high >= 0, format("clip_ratio_high must be >= 0, got {}", c.clip_ratio_high));
   require(c.clip_ratio_c > 1, format("clip_ratio_c must be greater than 1 (verl's dual-clip), got {}", c.clip_ratio_c));
   require(c.loss_agg_mode == "token-mean" || c.loss_agg_mode == "seq-mean-token-sum" ||
-              c.loss_agg_mode == "seq-mean-token-mean",
-          format("loss_agg_mode \"{}\" must be token-mean, seq-mean-token-sum or seq-mean-token-mean", c.loss_agg_mode));
+              c.loss_agg_mode == "seq-mean-token-mean" || c.loss_agg_mode == "seq-mean-token-sum-norm",
+          format("loss_agg_mode \"{}\" must be token-mean, seq-mean-token-sum, seq-mean-token-mean or "
+                 "seq-mean-token-sum-norm", c.loss_agg_mode));
+  check_rl_loss_keys(c, require);
   const std::string& k = c.kl_loss_type;
   require(k == "k1" || k == "kl" || k == "k2" || k == "mse" || k == "k3" || k == "low_var_kl",
           format("kl_loss_type \"{}\" must be k1 (kl), k2 (mse) or k3 (low_var_kl)", k));
@@ -391,6 +446,10 @@ void use_rl_sampling_defaults(TrainConfig& c) {
   auto given = [&](const char* key) {
     return std::find(c.given_keys.begin(), c.given_keys.end(), key) != c.given_keys.end();
   };
+  // TRL's names for the loss: what they mean unless the verl key is given too (then both must agree).
+  if (!given("loss_agg_mode") && !loss_agg_mode_of_loss_type(c.loss_type).empty())
+    c.loss_agg_mode = loss_agg_mode_of_loss_type(c.loss_type);
+  if (!given("policy_loss") && c.importance_sampling_level == "sequence") c.policy_loss = "gspo";
   if (!given("temperature")) c.temperature = 1.0;
   if (!given("top_p")) c.top_p = 1.0;
   if (!given("top_k")) c.top_k = 0;

@@ -13,6 +13,7 @@
 #include "core/profiler.h"
 #include "core/rng.h"
 #include "infer/kv_cache.h"
+#include "nn/sequence_logps.h"
 
 namespace fab {
 namespace {
@@ -115,22 +116,27 @@ class Engine {
     const Tensor logits = logits_slots(model_, id_tensor, spans, shared_.cache);
     const int64_t vocab = model_.config().vocab_size;
     std::vector<int32_t> sampled(spans.size());
+    std::vector<double> logp(spans.size());
+    const double temperature = shared_.o.temperature > 0 ? shared_.o.temperature : 1.0;
     ProfileScope profile("sample");
     // Each slot samples from its own stream: the same tokens whichever thread draws them.
 #pragma omp parallel for schedule(dynamic)
-    for (size_t i = 0; i < spans.size(); ++i)
-      sampled[i] = sample_token(logits.data<float>() + int64_t(i) * vocab, vocab, shared_.o,
-                                slots_[size_t(spans[i].slot) - first_slot_]->rng);
-    for (size_t i = 0; i < spans.size(); ++i) take(size_t(spans[i].slot) - first_slot_, sampled[i]);
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const float* row = logits.data<float>() + int64_t(i) * vocab;
+      sampled[i] = sample_token(row, vocab, shared_.o, slots_[size_t(spans[i].slot) - first_slot_]->rng);
+      logp[i] = row_token_logp(row, vocab, sampled[i], temperature);
+    }
+    for (size_t i = 0; i < spans.size(); ++i) take(size_t(spans[i].slot) - first_slot_, sampled[i], logp[i]);
     stats.peak_batch = std::max(stats.peak_batch, int64_t(spans.size()));
     stats.generated_tokens += int64_t(spans.size());
   }
 
-  // Appends `token` to the slot's output; ends the sequence on a stop id or at max_new_tokens.
-  void take(size_t slot, int32_t token) {
+  // Appends `token` (and its log-probability) to the slot's output; ends the sequence on a stop id or at max_new_tokens.
+  void take(size_t slot, int32_t token, double logp) {
     Sequence& seq = *slots_[slot];
     RolloutOutput& out = shared_.outputs[seq.request];
     out.tokens.push_back(token);
+    out.logp.push_back(logp);
     if (on_token_) on_token_(seq.request, token);
     out.stopped = is_stop(shared_.o, token);
     seq.pending = token;

@@ -19,6 +19,9 @@ struct RolloutRequest {
 struct RolloutOutput {
   std::vector<int32_t> tokens;  // the response; ends with the stop id when one ended it
   bool stopped = false;         // ended by a stop id (false: cut at max_new_tokens)
+  // log p of each token under softmax(logits / temperature) (temperature 1 when greedy), taken from
+  // the logits it was sampled from (nn/sequence_logps.h row_token_logp).
+  std::vector<double> logp;
 };
 
 struct RolloutStats {

@@ -132,6 +132,15 @@ double row_entropy(const float* z, int64_t vocab) {
 // loss of the one row of scaled logits, negated. Backward, with g_r = dL/d logp_r:
 // dL/dz_r = -g_r s (softmax(s z_r) - onehot(y_r)), the kernel's gradient with scale -g_r s, row by
 // row; then dh = dz W and dW += dz^T h as in sequence_logps.
+double row_token_logp(const float* logits, int64_t vocab, int32_t token, double temperature) {
+  const KernelTable& k = backend(DeviceKind::cpu).kernels();
+  const float inverse_temperature = float(1.0 / temperature);
+  std::vector<float> row(logits, logits + vocab);  // the kernel overwrites its logits
+  if (inverse_temperature != 1.0f) k.scale(row.data(), vocab, inverse_temperature);
+  const int64_t target = token;
+  return -k.cross_entropy_chunk(row.data(), &target, 1, vocab, 0.0f, nullptr);
+}
+
 TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets, bool with_entropy,
                        double temperature, int64_t chunk_rows) {
   ProfileScope profile("token_logps");

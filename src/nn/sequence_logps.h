@@ -41,6 +41,11 @@ struct TokenLogps {
 TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets, bool with_entropy,
                        double temperature = 1.0, int64_t chunk_rows = 1024);
 
+// log p(token) of one row of host logits under softmax(logits / temperature), by the kernels and
+// in the order token_logps takes it (the logits scaled in fp32, then the cross-entropy kernel): the
+// rollout engine's log-probability of each token it samples.
+double row_token_logp(const float* logits, int64_t vocab, int32_t token, double temperature);
+
 struct RowScores {
   std::vector<double> value;                 // w · hidden[row] + b for each chosen row
   std::shared_ptr<std::vector<float>> grad;  // dL/d value, filled before tape.backward()

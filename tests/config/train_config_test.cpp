@@ -197,6 +197,40 @@ TEST(TrainConfig, RlSettingsThatLearnNothingAreRefused) {
   EXPECT_DOUBLE_EQ(c.reward_timeout, 600.0);
 }
 
+// Issue 31: TRL's loss_type means a loss_agg_mode, importance_sampling_level sequence means policy_loss
+// gspo, epsilon / epsilon_high are clip_ratio_low / _high; settings that disagree are refused.
+TEST(TrainConfig, TrlLossNamesMapOntoVerlKeys) {
+  const std::string grpo = "stage: grpo\nreward: exact_match\n";
+  for (const auto& [type, mode] : std::vector<std::pair<std::string, std::string>>{
+           {"grpo", "seq-mean-token-mean"}, {"bnpo", "token-mean"}, {"dapo", "token-mean"},
+           {"dr_grpo", "seq-mean-token-sum-norm"}})
+    EXPECT_EQ(parse_train_config(grpo, "run.yaml", {"loss_type=" + type}).loss_agg_mode, mode) << type;
+  EXPECT_EQ(parse_train_config(grpo, "run.yaml").loss_agg_mode, "token-mean");
+  EXPECT_EQ(parse_train_config(grpo, "run.yaml", {"importance_sampling_level=sequence"}).policy_loss, "gspo");
+  const TrainConfig eps = parse_train_config(grpo + "epsilon: 0.1\nepsilon_high: 0.28\n", "run.yaml");
+  EXPECT_DOUBLE_EQ(eps.clip_ratio_low, 0.1);
+  EXPECT_DOUBLE_EQ(eps.clip_ratio_high, 0.28);
+  EXPECT_EQ(parse_train_config(grpo, "run.yaml", {"loss_type=dapo", "loss_agg_mode=token-mean"}).loss_agg_mode,
+            "token-mean");
+  EXPECT_NE(error_of(grpo, {"loss_type=dapo", "loss_agg_mode=seq-mean-token-mean"})
+                .find("loss_type dapo means loss_agg_mode token-mean, but loss_agg_mode is seq-mean-token-mean"),
+            std::string::npos);
+  EXPECT_NE(error_of(grpo, {"importance_sampling_level=sequence", "policy_loss=cispo"})
+                .find("importance_sampling_level sequence is policy_loss gspo, but policy_loss is cispo"),
+            std::string::npos);
+  EXPECT_NE(error_of(grpo, {"adv_estimator=gae"}).find("adv_estimator \"gae\" with stage grpo"), std::string::npos);
+  EXPECT_NE(error_of("stage: ppo\nreward: exact_match\nadv_estimator: rloo\n").find("expected gae"),
+            std::string::npos);
+  EXPECT_NE(error_of(grpo, {"scale_rewards=group", "norm_adv_by_std=false"}).find("disagree"), std::string::npos);
+  EXPECT_NE(error_of(grpo, {"policy_loss=cispo", "clip_ratio_low=1.5"}).find("(or 1 with policy_loss cispo), got 1.5"),
+            std::string::npos);
+  EXPECT_EQ(parse_train_config(grpo, "run.yaml", {"policy_loss=cispo", "clip_ratio_low=1"}).clip_ratio_low, 1.0);
+  EXPECT_NE(error_of("stage: ppo\nreward: exact_match\nloss_type: dr_grpo\n").find("not implemented for stage ppo"),
+            std::string::npos);
+  EXPECT_NE(error_of(grpo, {"filter_groups=true", "max_num_gen_batches=0"}).find("max_num_gen_batches must be at least 1"),
+            std::string::npos);
+}
+
 // Stages grpo and ppo sample as verl and TRL do unless told otherwise (temperature 1, top_p 1,
 // top_k off), not with LLaMA-Factory's generation defaults; what the config sets is kept, each key
 // on its own, from the YAML or the command line; other stages keep the documented defaults.

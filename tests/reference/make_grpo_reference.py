@@ -13,6 +13,14 @@ parameter; one more case at temperature 1; the policy's per-token log-probabilit
 at TEMPERATURE. And the group-normalised advantages of groups of 1, 2 and 8 responses, with and
 without the std.
 
+Issue 31's losses on the same batch (POLICY_CASES): GSPO written as TRL's sequence-level ratio
+(importance_sampling_level "sequence": exp of the mean log-ratio, the gradient through the mean),
+against old log-probabilities whose per-response mean ratios reach both clips and stay inside;
+CISPO (MiniMax-M1: -sg(clamp(ratio, 1 - low, 1 + high)) A logp); Dr. GRPO's sum / (B
+max_new_tokens) (TRL's dr_grpo); and TRL's mask_truncated_completions (responses marked cut take no
+part). The advantages of rloo (verl), TRL's scale_rewards group / batch (std + 1e-4) and
+REINFORCE++'s whitened discounted returns (verl); DAPO's overlong penalty.
+
 usage: make_grpo_reference.py OUT_DIR    (writes OUT_DIR/grpo/)
 """
 import json
@@ -31,6 +39,13 @@ CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
 KL_COEF = 0.1
 TEMPERATURE = 0.7  # the rollout temperature the log-probabilities are taken at (not 1: the tests see it)
 AGG_MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+MAX_NEW_TOKENS = 10  # seq-mean-token-sum-norm's constant length (the longest response is 8)
+TRUNCATED = [0, 1, 0, 0, 1, 0]  # responses cut at max_new_tokens, for mask_truncated_completions
+# (policy loss, loss_agg_mode, KL type, masked): each against a formula of its own below.
+POLICY_CASES = [("gspo", "token-mean", "none", False), ("gspo", "seq-mean-token-mean", "k3", False),
+                ("gspo", "seq-mean-token-sum", "none", False), ("cispo", "token-mean", "none", False),
+                ("cispo", "seq-mean-token-sum", "k1", False), ("vanilla", "seq-mean-token-sum-norm", "none", False),
+                ("vanilla", "token-mean", "k2", True), ("gspo", "seq-mean-token-sum-norm", "none", True)]
 KL_TYPES = ["none", "k1", "k2", "k3"]
 
 
@@ -53,6 +68,8 @@ def masked_mean(x, mask):
 
 
 def agg_loss(loss_mat, mask, mode):
+    if mode == "seq-mean-token-sum-norm":  # TRL's dr_grpo: every row counts in B, masked or not
+        return (loss_mat * mask).sum() / (loss_mat.shape[0] * MAX_NEW_TOKENS)
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
     seq_sum = (loss_mat * mask).sum(-1)
@@ -82,6 +99,69 @@ def policy_loss(logp, old, adv, mask, mode):
     clipfrac = masked_mean(torch.gt(l2, l1).double(), mask)
     lower = masked_mean((torch.gt(clip1, l3) & (adv < 0)).double(), mask)
     return agg_loss(losses, mask, mode), clipfrac, lower
+
+
+def gspo_loss(logp, old, adv, mask, mode):
+    """TRL's importance_sampling_level "sequence": one ratio per response, exp(mean log-ratio)."""
+    seq_log_ratio = ((logp - old) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    ratio = torch.exp(seq_log_ratio).expand_as(logp)
+    l1 = -adv * ratio
+    l2 = -adv * torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH)
+    losses = torch.maximum(l1, l2)
+    return agg_loss(losses, mask, mode), masked_mean(torch.gt(l2, l1).double(), mask), torch.tensor(0.0)
+
+
+def cispo_loss(logp, old, adv, mask, mode):
+    """MiniMax-M1's CISPO: the clipped ratio as a constant weight of the log-probability."""
+    ratio = torch.exp(torch.clamp(logp - old, min=-20.0, max=20.0))
+    weight = torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH).detach()
+    losses = -weight * adv * logp
+    return agg_loss(losses, mask, mode), masked_mean(torch.ne(weight, ratio).double(), mask), torch.tensor(0.0)
+
+
+def rloo_advantages(scores, index):
+    """verl's compute_rloo_outcome_advantage."""
+    out = scores.clone()
+    for g in sorted(set(index)):
+        members = [i for i, x in enumerate(index) if x == g]
+        n = len(members)
+        if n > 1:
+            mean = scores[members].mean()
+            out[members] = scores[members] * n / (n - 1) - mean * n / (n - 1)
+    return out
+
+
+def trl_advantages(scores, index, scale):
+    """TRL's GRPOTrainer: r - the group's mean, over the group's or the batch's std + 1e-4."""
+    out = scores.clone()
+    for g in sorted(set(index)):
+        members = [i for i, x in enumerate(index) if x == g]
+        out[members] = scores[members] - scores[members].mean()
+        if scale == "group" and len(members) == 1:  # TRL's std of one reward is NaN; the test skips it
+            out[members] = 0.0
+        elif scale == "group":
+            out[members] = out[members] / (scores[members].std() + 1e-4)
+    return out / (scores.std() + 1e-4) if scale == "batch" else out
+
+
+def reinforce_pp_advantages(scores, lengths, gamma):
+    """verl's compute_reinforce_plus_plus_outcome_advantage over a padded (B, T) batch."""
+    t = max(lengths)
+    mask = torch.zeros(len(lengths), t, dtype=torch.float64)
+    rewards = torch.zeros(len(lengths), t, dtype=torch.float64)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+        rewards[i, n - 1] = scores[i]
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(len(lengths), dtype=torch.float64)
+    for k in reversed(range(t)):
+        running = rewards[:, k] + gamma * running
+        returns[:, k] = running
+        running = running * mask[:, k]
+    mean = masked_mean(returns, mask)
+    var = masked_mean((returns - mean) ** 2, mask) * mask.sum() / (mask.sum() - 1)
+    whitened = (returns - mean) * torch.rsqrt(var + 1e-8)
+    return [whitened[i, :n].tolist() for i, n in enumerate(lengths)]
 
 
 def token_logps(params, ids, labels, temperature, with_entropy=False):
@@ -167,12 +247,55 @@ def main(argv):
             fixture[name + ".grad." + n] = p[n].grad.float()
         print(f"[{name}] loss {float(loss):.8f} clipfrac {float(clipfrac):.4f} lower {float(lower):.4f}")
     meta["cases"] = json.dumps(cases)
+    # GSPO's old log-probabilities: per-response mean log-ratios past 1 + high (A > 0: clipped; A < 0:
+    # not), below 1 - low (A < 0: clipped) and inside, with per-token noise.
+    seq_shift = torch.tensor([-0.5, 0.3, -0.5, -0.1, 0.4, 0.02], dtype=torch.float64).unsqueeze(1)
+    noise = torch.rand(logp.shape, generator=g, dtype=torch.float64) * 0.1 - 0.05
+    old_gspo = (logp + seq_shift + noise) * mask
+    fixture["old_logp_gspo"] = old_gspo.float()
+    fixture["truncated"] = torch.tensor(TRUNCATED, dtype=torch.int64)
+    meta["max_new_tokens"] = repr(MAX_NEW_TOKENS)
+    policy_cases = []
+    for policy, mode, kind, masked in POLICY_CASES:
+        p = {n: init[n].clone().requires_grad_(True) for n in names}
+        lp, m = token_logps(p, ids, labels, TEMPERATURE)
+        if masked:
+            m = m * (1 - torch.tensor(TRUNCATED, dtype=torch.float64)).unsqueeze(1)
+        a = adv.float().double().unsqueeze(1)
+        the_old = (old_gspo if policy == "gspo" else old).float().double()
+        if policy == "gspo":
+            pg, clipfrac, lower = gspo_loss(lp, the_old, a, m, mode)
+        elif policy == "cispo":
+            pg, clipfrac, lower = cispo_loss(lp, the_old, a, m, mode)
+        else:
+            pg, clipfrac, lower = policy_loss(lp, the_old, a, m, mode)
+        loss = pg
+        if kind != "none":
+            loss = loss + KL_COEF * agg_loss(kl_penalty(lp, ref.float().double(), kind), m, mode)
+        loss.backward()
+        name = f"{policy}.{mode}.{kind}" + (".masked" if masked else "")
+        policy_cases.append(name)
+        meta[name] = json.dumps({"loss": float(loss), "pg_clipfrac": float(clipfrac),
+                                 "pg_clipfrac_lower": float(lower)})
+        for n in names:
+            fixture[name + ".grad." + n] = p[n].grad.float()
+        print(f"[{name}] loss {float(loss):.8f} clipfrac {float(clipfrac):.4f}")
+    meta["policy_cases"] = json.dumps(policy_cases)
     # Advantages of groups of 1, 2 and 8 (one of them with equal rewards: std 0).
     adv_index = [0, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3]
     adv_rewards = torch.tensor([0.7, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 2.5, 0.0, 1.0, -1.0, 0.3, 0.3], dtype=torch.float64)
     meta["advantages"] = json.dumps({"index": adv_index, "rewards": adv_rewards.tolist(),
                                      "norm": group_advantages(adv_rewards, adv_index, True).tolist(),
-                                     "mean_only": group_advantages(adv_rewards, adv_index, False).tolist()})
+                                     "mean_only": group_advantages(adv_rewards, adv_index, False).tolist(),
+                                     "rloo": rloo_advantages(adv_rewards, adv_index).tolist(),
+                                     "trl_group": trl_advantages(adv_rewards, adv_index, "group").tolist(),
+                                     "trl_batch": trl_advantages(adv_rewards, adv_index, "batch").tolist(),
+                                     "batch_std": float(adv_rewards.std())})
+    lengths = [3, 1, 5, 2, 4, 4, 1, 2, 3, 5, 2, 1, 3]
+    meta["reinforce_pp"] = json.dumps({"lengths": lengths, "gamma_1": reinforce_pp_advantages(adv_rewards, lengths, 1.0),
+                                       "gamma_0.9": reinforce_pp_advantages(adv_rewards, lengths, 0.9)})
+    # DAPO's overlong penalty (verl's DAPORewardManager) at max_new_tokens 20, buffer 8, factor 0.5.
+    meta["overlong"] = json.dumps({str(n): min(-(n - (20 - 8)) / 8 * 0.5, 0) for n in [1, 12, 13, 16, 20]})
     save_file(fixture, os.path.join(out, "reference.safetensors"), metadata=meta)
     return 0
 

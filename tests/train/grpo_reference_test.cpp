@@ -3,17 +3,22 @@
 // parameter gradient within 1e-5 for each loss_agg_mode and KL type, the log-probabilities of
 // softmax(logits / temperature) at a rollout temperature of 0.7 (and one case at 1), as verl's
 // actor and TRL's GRPOTrainer take them; the per-token log-probabilities and entropies at 0.7; the
-// group advantages of groups of 1, 2 and 8 as verl computes them.
+// group advantages of groups of 1, 2 and 8 as verl computes them. Issue 31: GSPO (against TRL's
+// sequence-level ratio, every clip reached), CISPO, Dr. GRPO's normalisation and
+// mask_truncated_completions, each loss and every gradient; rloo, TRL's scale_rewards, REINFORCE++
+// and DAPO's overlong penalty and group filter.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
 #include "models/hf_model.h"
+#include "train/stages/ppo_loss.h"
 #include "train/stages/rollout_stage.h"
 #include "test_util.h"
 
@@ -28,8 +33,9 @@ struct GrpoFixture {
   SafetensorsFile ref = SafetensorsFile::open(fixture_dir() + "/reference.safetensors");
   std::vector<RolloutSequence> rollouts;
 
-  GrpoFixture() {
-    const Tensor ids = ref.tensor("ids"), old = ref.tensor("old_logp"), reference = ref.tensor("ref_logp");
+  explicit GrpoFixture(const std::string& old_name = "old_logp") {
+    const Tensor ids = ref.tensor("ids"), old = ref.tensor(old_name), reference = ref.tensor("ref_logp");
+    const Tensor truncated = ref.tensor("truncated");
     const Tensor prompts = ref.tensor("prompt_lengths"), responses = ref.tensor("response_lengths");
     const Tensor adv = ref.tensor("advantages");
     const int64_t t = ids.dim(1);
@@ -42,6 +48,7 @@ struct GrpoFixture {
         r.ref_logp.push_back(reference.data<float>()[i * (t - 1) + p - 1 + k]);
       }
       r.advantage = adv.data<float>()[i];
+      r.truncated = truncated.data<int64_t>()[i] != 0;
       rollouts.push_back(std::move(r));
     }
   }
@@ -57,21 +64,19 @@ struct GrpoFixture {
 
 class GrpoReference : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(GrpoReference, LossAndEveryGradientMatchPyTorch) {
-  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
-  const GrpoFixture f;
-  const std::string name = GetParam();
-  const size_t dot = name.find('.'), at = name.find('@');
+GrpoLossOptions fixture_options(const GrpoFixture& f, const std::string& kl) {
   GrpoLossOptions o;
-  o.temperature = at == std::string::npos ? f.meta("temperature") : std::stod(name.substr(at + 1));
-  EXPECT_NE(f.meta("temperature"), 1.0) << "a fixture at temperature 1 would not see the division";
+  o.temperature = f.meta("temperature");
   o.clip_ratio_low = f.meta("clip_ratio_low");
   o.clip_ratio_high = f.meta("clip_ratio_high");
   o.clip_ratio_c = f.meta("clip_ratio_c");
-  o.loss_agg_mode = parse_loss_agg_mode(name.substr(0, dot));
-  const std::string kl = name.substr(dot + 1, at == std::string::npos ? std::string::npos : at - dot - 1);
   o.kl_loss_coef = kl == "none" ? 0.0 : f.meta("kl_loss_coef");
   if (kl != "none") o.kl_loss_type = parse_kl_type(kl);
+  return o;
+}
+
+// The loss, the clip fractions and every parameter's gradient of case `name` against the fixture.
+void expect_case(const GrpoFixture& f, const std::string& name, const GrpoLossOptions& o) {
   auto model = load_model_folder(fixture_dir(), DecoderOptions{});
   model->params().grads().zero_();
   const GrpoLossResult r = grpo_minibatch(*model, f.rows(), o, 0, 1.0f, true);
@@ -82,6 +87,62 @@ TEST_P(GrpoReference, LossAndEveryGradientMatchPyTorch) {
   for (const ParamInfo& p : model->params().params())
     test::expect_close(model->params().grads().view(p.offset, p.shape), f.ref.tensor(name + ".grad." + p.name), 1e-5,
                        name + " grad " + p.name);
+}
+
+TEST_P(GrpoReference, LossAndEveryGradientMatchPyTorch) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
+  const GrpoFixture f;
+  const std::string name = GetParam();
+  const size_t dot = name.find('.'), at = name.find('@');
+  GrpoLossOptions o = fixture_options(f, name.substr(dot + 1, at == std::string::npos ? std::string::npos : at - dot - 1));
+  if (at != std::string::npos) o.temperature = std::stod(name.substr(at + 1));
+  EXPECT_NE(f.meta("temperature"), 1.0) << "a fixture at temperature 1 would not see the division";
+  o.loss_agg_mode = parse_loss_agg_mode(name.substr(0, dot));
+  expect_case(f, name, o);
+}
+
+// POLICY.MODE.KL[.masked]: GSPO against TRL's sequence-level ratio (its own old log-probabilities,
+// whose per-response ratios pass both clips), CISPO, Dr. GRPO's sum / (B max_new_tokens), and
+// mask_truncated_completions.
+class GrpoPolicyLossReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GrpoPolicyLossReference, LossAndEveryGradientMatchPyTorch) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
+  const std::string name = GetParam();
+  std::vector<std::string> part;
+  for (size_t at = 0, dot; at <= name.size(); at = dot + 1) {
+    dot = std::min(name.find('.', at), name.size());
+    part.push_back(name.substr(at, dot - at));
+  }
+  const GrpoFixture f(part[0] == "gspo" ? "old_logp_gspo" : "old_logp");
+  EXPECT_NE(f.json("policy_cases").dump().find("\"" + name + "\""), std::string::npos) << name << " not in the fixture";
+  GrpoLossOptions o = fixture_options(f, part[2]);
+  o.policy_loss = parse_policy_loss(part[0]);
+  o.loss_agg_mode = parse_loss_agg_mode(part[1]);
+  o.max_new_tokens = int64_t(f.meta("max_new_tokens"));
+  o.mask_truncated_completions = part.size() > 3;
+  expect_case(f, name, o);
+}
+
+INSTANTIATE_TEST_SUITE_P(Issue31, GrpoPolicyLossReference,
+                         ::testing::Values("gspo.token-mean.none", "gspo.seq-mean-token-mean.k3",
+                                           "gspo.seq-mean-token-sum.none", "cispo.token-mean.none",
+                                           "cispo.seq-mean-token-sum.k1", "vanilla.seq-mean-token-sum-norm.none",
+                                           "vanilla.token-mean.k2.masked", "gspo.seq-mean-token-sum-norm.none.masked"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& c : s)
+                             if (c == '-' || c == '.') c = '_';
+                           return s;
+                         });
+
+// GSPO clips whole responses: on its fixture some are clipped (no gradient) and some are not, so
+// the case is not one of all-clipped or none-clipped.
+TEST(GrpoReference, GspoFixtureClipsSomeResponsesAndNotOthers) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
+  const double clipfrac = GrpoFixture().json("gspo.token-mean.none")["pg_clipfrac"].get<double>();
+  EXPECT_GT(clipfrac, 0.2);
+  EXPECT_LT(clipfrac, 0.8);
 }
 
 INSTANTIATE_TEST_SUITE_P(AggModesAndKl, GrpoReference,
@@ -109,6 +170,100 @@ TEST(GrpoReference, GroupAdvantagesOfGroupsOf1_2_8) {
     for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-9) << i << " norm " << norm;
   }
   EXPECT_NEAR(group_advantages(r, g, true)[0], r[0] / (1 + 1e-6), 1e-12);  // a group of one: mean 0, std 1, as verl
+}
+
+// rloo (verl), TRL's scale_rewards group and batch on groups of 2, 8 and 2 (the group of one is
+// left out: TRL's mean of one reward is that reward, verl's is 0).
+TEST(GrpoReference, RlooAndTrlScaledAdvantages) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
+  const nlohmann::json a = GrpoFixture().json("advantages");
+  const auto r = a["rewards"].get<std::vector<double>>();
+  const auto g = a["index"].get<std::vector<int64_t>>();
+  const auto want_rloo = a["rloo"].get<std::vector<double>>(), want_group = a["trl_group"].get<std::vector<double>>();
+  const auto want_batch = a["trl_batch"].get<std::vector<double>>();
+  const std::vector<double> rloo = rloo_advantages(r, g), group = group_advantages(r, g, true, 1e-4);
+  const std::vector<double> batch = batch_scaled_advantages(r, g, a["batch_std"].get<double>(), 1e-4);
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_NEAR(rloo[i], want_rloo[i], 1e-9) << i;
+    if (i == 0) continue;
+    EXPECT_NEAR(group[i], want_group[i], 1e-9) << i;
+    EXPECT_NEAR(batch[i], want_batch[i], 1e-9) << i;
+  }
+}
+
+// REINFORCE++: each response's discounted returns whitened over every token of the batch.
+TEST(GrpoReference, ReinforcePlusPlusAdvantages) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
+  const GrpoFixture f;
+  const auto r = f.json("advantages")["rewards"].get<std::vector<double>>();
+  const nlohmann::json want = f.json("reinforce_pp");
+  const auto lengths = want["lengths"].get<std::vector<size_t>>();
+  for (const auto& [key, gamma] : {std::pair<std::string, double>{"gamma_1", 1.0}, {"gamma_0.9", 0.9}}) {
+    std::vector<std::vector<double>> returns;
+    for (size_t i = 0; i < r.size(); ++i) returns.push_back(outcome_returns(r[i], lengths[i], gamma));
+    masked_whiten(returns);
+    const auto w = want[key].get<std::vector<std::vector<double>>>();
+    for (size_t i = 0; i < r.size(); ++i)
+      for (size_t t = 0; t < lengths[i]; ++t) EXPECT_NEAR(returns[i][t], w[i][t], 1e-9) << key << " " << i << "," << t;
+  }
+}
+
+TEST(GrpoReference, OverlongPenaltyAsDapo) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
+  const nlohmann::json overlong = GrpoFixture().json("overlong");  // kept alive: items() refers to it
+  for (const auto& [length, want] : overlong.items())
+    EXPECT_NEAR(overlong_penalty(std::stoll(length), 20, 8, 0.5), want.get<double>(), 1e-12) << length;
+  EXPECT_EQ(overlong_penalty(20, 20, 0, 0.5), 0.0);  // buffer 0: off
+}
+
+// TRL 1.16's GRPOTrainer._compute_loss (tests/reference/make_trl_loss_fixture.py, its output
+// committed) on the same weights and completions, with TRL's old and reference log-probabilities
+// and advantages fed in: first the policy's log-probabilities at the rollout temperature, then
+// for each case Fabrica's loss, its options read from TRL's keys through the config (loss_type,
+// importance_sampling_level, epsilon, epsilon_high, beta as kl_loss_coef), within 1e-5. TRL has no
+// dual clip (clip_ratio_c set out of reach); TRL's cispo caps the ratio at epsilon_high itself.
+TEST(GrpoReference, LossEqualsTrlGrpoTrainer) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
+  std::ifstream in(std::string(FAB_SOURCE_DIR) + "/tests/reference/trl/grpo_trl_losses.json");
+  const nlohmann::json trl = nlohmann::json::parse(in);
+  GrpoFixture f;
+  for (size_t i = 0; i < f.rollouts.size(); ++i) {
+    f.rollouts[i].old_logp = trl["old_logp"][i].get<std::vector<double>>();
+    f.rollouts[i].ref_logp = trl["ref_logp"][i].get<std::vector<double>>();
+    f.rollouts[i].advantage = trl["advantages"][i].get<double>();
+  }
+  auto model = load_model_folder(fixture_dir(), DecoderOptions{});
+  const double temperature = trl["temperature"].get<double>();
+  const auto logps = response_logps(*model, f.rows(), 0, temperature);
+  for (size_t i = 0; i < logps.size(); ++i)
+    for (size_t k = 0; k < logps[i].size(); ++k)
+      EXPECT_NEAR(logps[i][k], trl["policy_logp"][i][k].get<double>(), 1e-5) << i << "," << k;
+  ASSERT_EQ(trl["cases"].size(), 6u);
+  for (const auto& [name, c] : trl["cases"].items()) {
+    const bool cispo = c["loss_type"] == "cispo";
+    std::vector<std::string> keys = {
+        "temperature=" + std::to_string(temperature), "max_new_tokens=" + trl["max_completion_length"].dump(),
+        "kl_loss_coef=" + trl["beta"].dump(), "kl_loss_type=k3", "clip_ratio_c=1e30",
+        "importance_sampling_level=" + c["importance_sampling_level"].get<std::string>()};
+    if (cispo) {  // TRL: min(ratio, epsilon_high), no lower bound, over every token of the batch
+      keys.insert(keys.end(), {"policy_loss=cispo", "loss_type=dapo", "epsilon=1",
+                               "epsilon_high=" + std::to_string(c["epsilon_high"].get<double>() - 1)});
+    } else {
+      keys.insert(keys.end(), {"loss_type=" + c["loss_type"].get<std::string>(), "epsilon=" + trl["epsilon"].dump(),
+                               "epsilon_high=" + c["epsilon_high"].dump()});
+    }
+    const TrainConfig config = parse_train_config("stage: grpo\nreward: exact_match\n", "run.yaml", keys);
+    const GrpoLossResult r = grpo_minibatch(*model, f.rows(), grpo_loss_options(config), 0, 1.0f, false);
+    EXPECT_NEAR(r.loss, c["loss"].get<double>(), 1e-5) << name;
+  }
+}
+
+// DAPO's filter: groups of all-0 and all-1 rewards are uniform, a mixed one is not, whatever its
+// place in the batch.
+TEST(GrpoReference, UniformGroupsAllZeroAllOneMixed) {
+  const std::vector<double> rewards = {0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 0, 0, 0.5, 0.5, 0.5};
+  const std::vector<int64_t> group = {0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4};
+  EXPECT_EQ(uniform_groups(rewards, group, 5), (std::vector<bool>{true, true, false, false, true}));
 }
 
 // The log-probabilities of the responses and the entropy of each position's distribution, both of

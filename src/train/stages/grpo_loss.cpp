@@ -45,9 +45,60 @@ TokenPg token_policy_loss(double logp, double old_logp, double a, const GrpoLoss
   return t;
 }
 
+// verl's compute_policy_loss_gspo (GSPO-token) for a response, s = exp(min(x, 10)) with x the mean of
+// logp - old over its tokens, every token's loss max(-A s, -A clamp(s, 1 - lo, 1 + hi)) (no dual clip).
+// Each token's own log-probability carries the ratio (log s_t = logp_t - sg(logp_t) + sg(x)), so
+// d s_t / d logp_t = s below the clamp of 10, else 0; the max splits a tie evenly as above. The
+// same gradient as TRL's sequence-level ratio exp(x), whose every token's loss moves s by s / n.
+std::vector<TokenPg> gspo_policy_loss(const ResponseTokens& r, const GrpoLossOptions& o) {
+  const size_t n = r.logp.size();
+  double x = 0;
+  for (size_t t = 0; t < n; ++t) x += (r.logp[t] - r.old_logp[t]) / double(n);
+  const double s = std::exp(std::min(x, 10.0));
+  const double d_s = x <= 10.0 ? s : 0.0;
+  const double lo = 1.0 - o.clip_ratio_low, hi = 1.0 + o.clip_ratio_high;
+  std::vector<TokenPg> out(n);
+  for (size_t t = 0; t < n; ++t) {
+    const double a = r.token_advantages.empty() ? r.advantage : r.token_advantages[t];
+    const double l1 = -a * s, l2 = -a * std::clamp(s, lo, hi);
+    const double dl1 = -a * d_s, dl2 = (s >= lo && s <= hi) ? dl1 : 0.0;
+    out[t].loss = std::max(l1, l2);
+    out[t].d_logp = l1 > l2 ? dl1 : l2 > l1 ? dl2 : 0.5 * (dl1 + dl2);
+    out[t].clipped = l2 > l1;
+    out[t].neg_kl = r.logp[t] - r.old_logp[t];
+  }
+  return out;
+}
+
+// CISPO (MiniMax-M1): loss = -sg(w) A logp with w = clamp(ratio, 1 - lo, 1 + hi), ratio =
+// e^clamp(logp - old, -20, 20); the weight is a constant, so d loss / d logp = -w A for every token,
+// clipped or not. pg_clipfrac counts the tokens whose weight was clipped.
+TokenPg cispo_token_loss(double logp, double old_logp, double a, const GrpoLossOptions& o) {
+  const double x = std::clamp(logp - old_logp, -20.0, 20.0);
+  const double ratio = std::exp(x);
+  const double w = std::clamp(ratio, 1.0 - o.clip_ratio_low, 1.0 + o.clip_ratio_high);
+  TokenPg t;
+  t.loss = -w * a * logp;
+  t.d_logp = -w * a;
+  t.clipped = w != ratio;
+  t.neg_kl = x;
+  return t;
+}
+
+std::vector<TokenPg> response_policy_loss(const ResponseTokens& r, const GrpoLossOptions& o) {
+  if (o.policy_loss == PolicyLoss::gspo) return gspo_policy_loss(r, o);
+  std::vector<TokenPg> out(r.logp.size());
+  for (size_t t = 0; t < r.logp.size(); ++t) {
+    const double a = r.token_advantages.empty() ? r.advantage : r.token_advantages[t];
+    out[t] = o.policy_loss == PolicyLoss::cispo ? cispo_token_loss(r.logp[t], r.old_logp[t], a, o)
+                                                : token_policy_loss(r.logp[t], r.old_logp[t], a, o);
+  }
+  return out;
+}
+
 }  // namespace
 
-std::vector<double> loss_agg_weights(const std::vector<size_t>& lengths, LossAggMode mode) {
+std::vector<double> loss_agg_weights(const std::vector<size_t>& lengths, LossAggMode mode, int64_t max_new_tokens) {
   int64_t tokens = 0, nonempty = 0;
   for (size_t n : lengths) {
     tokens += int64_t(n);
@@ -61,6 +112,9 @@ std::vector<double> loss_agg_weights(const std::vector<size_t>& lengths, LossAgg
       case LossAggMode::token_mean: w[i] = 1.0 / double(tokens); break;         // Σ l / Σ mask
       case LossAggMode::seq_mean_token_sum: w[i] = 1.0 / double(lengths.size()); break;  // mean_i Σ_t l
       case LossAggMode::seq_mean_token_mean: w[i] = 1.0 / (double(nonempty) * n); break;   // mean_i mean_t l
+      case LossAggMode::seq_mean_token_sum_norm:  // Σ_i Σ_t l / (B L)
+        w[i] = 1.0 / (double(lengths.size()) * double(max_new_tokens));
+        break;
     }
   }
   return w;
@@ -70,9 +124,19 @@ LossAggMode parse_loss_agg_mode(const std::string& name) {
   if (name == "token-mean") return LossAggMode::token_mean;
   if (name == "seq-mean-token-sum") return LossAggMode::seq_mean_token_sum;
   if (name == "seq-mean-token-mean") return LossAggMode::seq_mean_token_mean;
-  throw UserError(format("loss_agg_mode: expected token-mean, seq-mean-token-sum or seq-mean-token-mean, got \"{}\"",
+  if (name == "seq-mean-token-sum-norm") return LossAggMode::seq_mean_token_sum_norm;
+  throw UserError(format("loss_agg_mode: expected token-mean, seq-mean-token-sum, seq-mean-token-mean or "
+                         "seq-mean-token-sum-norm, got \"{}\"",
                          name));
 }
+
+PolicyLoss parse_policy_loss(const std::string& name) {
+  if (name == "vanilla") return PolicyLoss::vanilla;
+  if (name == "gspo") return PolicyLoss::gspo;
+  if (name == "cispo") return PolicyLoss::cispo;
+  throw UserError(format("policy_loss: expected vanilla, gspo or cispo, got \"{}\"", name));
+}
+
 
 KlType parse_kl_type(const std::string& name) {
   if (name == "k1" || name == "kl") return KlType::k1;
@@ -105,6 +169,51 @@ std::vector<double> group_advantages(const std::vector<double>& rewards, const s
   return out;
 }
 
+std::vector<double> batch_scaled_advantages(const std::vector<double>& rewards, const std::vector<int64_t>& group,
+                                            double batch_std, double epsilon) {
+  std::vector<double> out = group_advantages(rewards, group, false);
+  for (double& a : out) a /= batch_std + epsilon;
+  return out;
+}
+
+std::vector<double> rloo_advantages(const std::vector<double>& rewards, const std::vector<int64_t>& group) {
+  std::map<int64_t, std::pair<double, double>> sums;  // Σ r, n
+  for (size_t i = 0; i < rewards.size(); ++i) sums[group[i]].first += rewards[i], sums[group[i]].second += 1;
+  std::vector<double> out(rewards.size());
+  for (size_t i = 0; i < rewards.size(); ++i) {
+    const auto [sum, n] = sums[group[i]];
+    out[i] = n > 1 ? rewards[i] * n / (n - 1) - (sum / n) * n / (n - 1) : rewards[i];
+  }
+  return out;
+}
+
+std::vector<double> outcome_returns(double score, size_t length, double gamma) {
+  std::vector<double> g(length);
+  double running = 0;
+  for (size_t t = length; t-- > 0;) g[t] = running = (t + 1 == length ? score : 0.0) + gamma * running;
+  return g;
+}
+
+std::vector<bool> uniform_groups(const std::vector<double>& rewards, const std::vector<int64_t>& group,
+                                 int64_t num_groups) {
+  std::vector<bool> uniform(size_t(num_groups), true);
+  std::vector<bool> seen(size_t(num_groups), false);
+  std::vector<double> first(size_t(num_groups), 0.0);
+  for (size_t i = 0; i < rewards.size(); ++i) {
+    const size_t g = size_t(group[i]);
+    FAB_CHECK(group[i] >= 0 && group[i] < num_groups, "group id {} of {} groups", group[i], num_groups);
+    if (!seen[g]) seen[g] = true, first[g] = rewards[i];
+    else if (rewards[i] != first[g]) uniform[g] = false;
+  }
+  return uniform;
+}
+
+double overlong_penalty(int64_t length, int64_t max_new_tokens, int64_t buffer_len, double penalty_factor) {
+  if (buffer_len <= 0) return 0.0;
+  const double exceed = double(length - (max_new_tokens - buffer_len));
+  return std::min(-exceed / double(buffer_len) * penalty_factor, 0.0);
+}
+
 // Derivatives: k1' = 1; k2' = logp - ref; k3 with x = ref - logp: d(e^x - x - 1)/dlogp =
 // -(e^x - 1) = 1 - e^x inside both clamps (torch's clamp passes the gradient at its bounds), else 0.
 KlTerm kl_penalty(double logp, double ref_logp, KlType type) {
@@ -126,8 +235,8 @@ KlTerm kl_penalty(double logp, double ref_logp, KlType type) {
 GrpoLossResult grpo_loss(const std::vector<ResponseTokens>& responses, const GrpoLossOptions& o) {
   GrpoLossResult out;
   std::vector<size_t> lengths;
-  for (const ResponseTokens& r : responses) lengths.push_back(r.logp.size());
-  const std::vector<double> w = loss_agg_weights(lengths, o.loss_agg_mode);
+  for (const ResponseTokens& r : responses) lengths.push_back(r.masked ? 0 : r.logp.size());
+  const std::vector<double> w = loss_agg_weights(lengths, o.loss_agg_mode, o.max_new_tokens);
   const bool with_kl = o.kl_loss_coef != 0;
   int64_t tokens = 0;
   out.d_logp.resize(responses.size());
@@ -138,9 +247,10 @@ GrpoLossResult grpo_loss(const std::vector<ResponseTokens>& responses, const Grp
               "response {}: {} log-probabilities, {} old, {} reference, {} advantages", i, r.logp.size(),
               r.old_logp.size(), r.ref_logp.size(), r.token_advantages.size());
     out.d_logp[i].assign(r.logp.size(), 0.0);
+    if (r.masked) continue;
+    const std::vector<TokenPg> pgs = response_policy_loss(r, o);
     for (size_t t = 0; t < r.logp.size(); ++t) {
-      const double a = r.token_advantages.empty() ? r.advantage : r.token_advantages[t];
-      const TokenPg pg = token_policy_loss(r.logp[t], r.old_logp[t], a, o);
+      const TokenPg& pg = pgs[t];
       out.pg_loss += w[i] * pg.loss;
       double d = pg.d_logp;
       if (with_kl) {

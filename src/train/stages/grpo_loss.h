@@ -9,10 +9,16 @@
 
 namespace fab {
 
-enum class LossAggMode { token_mean, seq_mean_token_sum, seq_mean_token_mean };
+// seq_mean_token_sum_norm: Dr. GRPO's Σ_i Σ_t l / (B · max_new_tokens), as TRL's loss_type dr_grpo.
+enum class LossAggMode { token_mean, seq_mean_token_sum, seq_mean_token_mean, seq_mean_token_sum_norm };
 enum class KlType { k1, k2, k3 };
+// vanilla: PPO's per-token clipped ratio with dual clip (verl's vanilla); gspo: the length-normalised
+// sequence ratio, clipped once per response (verl's gspo, TRL's importance_sampling_level sequence);
+// cispo: the clipped, stop-gradient ratio times the log-probability (MiniMax-M1, verl's and TRL's cispo).
+enum class PolicyLoss { vanilla, gspo, cispo };
 
 LossAggMode parse_loss_agg_mode(const std::string& name);  // UserError for other names
+PolicyLoss parse_policy_loss(const std::string& name);     // UserError for other names
 // k1 (verl: kl), k2 (mse), k3 (low_var_kl); UserError for other names.
 KlType parse_kl_type(const std::string& name);
 
@@ -21,6 +27,28 @@ KlType parse_kl_type(const std::string& name);
 // A group of one has mean 0 and std 1, as verl sets them. `group[i]`: response i's prompt.
 std::vector<double> group_advantages(const std::vector<double>& rewards, const std::vector<int64_t>& group,
                                      bool norm_by_std, double epsilon = 1e-6);
+
+// TRL's scale_rewards "batch": r - the group's mean, over (the std of every reward of the batch +
+// epsilon), the std unbiased; `batch_std` is that std (taken over every rank by the caller).
+std::vector<double> batch_scaled_advantages(const std::vector<double>& rewards, const std::vector<int64_t>& group,
+                                            double batch_std, double epsilon);
+
+// verl's compute_rloo_outcome_advantage: in a group of n > 1, r_i n/(n-1) - mean n/(n-1) (r_i less
+// the mean of the others); a group of one keeps its reward.
+std::vector<double> rloo_advantages(const std::vector<double>& rewards, const std::vector<int64_t>& group);
+
+// verl's REINFORCE++ returns of one response of `length` tokens whose score sits on its last token:
+// returns_t = score γ^(length-1-t) (the stage then whitens them over the batch's tokens).
+std::vector<double> outcome_returns(double score, size_t length, double gamma);
+
+// The groups (ids of `group`) whose rewards are all equal: DAPO's dynamic sampling drops them.
+std::vector<bool> uniform_groups(const std::vector<double>& rewards, const std::vector<int64_t>& group,
+                                 int64_t num_groups);
+
+// DAPO's overlong reward shaping (verl's DAPORewardManager): a response of `length` tokens past
+// max_new_tokens - buffer_len gets min(-(length - (max_new_tokens - buffer_len)) / buffer_len *
+// penalty_factor, 0) added to its reward.
+double overlong_penalty(int64_t length, int64_t max_new_tokens, int64_t buffer_len, double penalty_factor);
 
 // verl's kl_penalty of one token and its derivative with respect to logp.
 //   k1: logp - ref            k2: (logp - ref)^2 / 2
@@ -34,6 +62,9 @@ struct GrpoLossOptions {
   double clip_ratio_low = 0.2, clip_ratio_high = 0.2;
   double clip_ratio_c = 3.0;  // dual-clip: the loss of a negative advantage is at most -A * c
   LossAggMode loss_agg_mode = LossAggMode::token_mean;
+  PolicyLoss policy_loss = PolicyLoss::vanilla;
+  int64_t max_new_tokens = 0;  // seq-mean-token-sum-norm's constant length
+  bool mask_truncated_completions = false;  // grpo_minibatch masks the responses cut at max_new_tokens
   double kl_loss_coef = 0.0;  // 0: no KL term (verl's use_kl_loss false)
   KlType kl_loss_type = KlType::k3;
   // The policy's log-probabilities are of softmax(logits / temperature), the distribution the
@@ -47,12 +78,13 @@ struct ResponseTokens {
   std::vector<double> logp, old_logp, ref_logp;  // ref_logp may be empty when kl_loss_coef is 0
   double advantage = 0;
   std::vector<double> token_advantages;  // ppo (GAE): one per token, used instead of `advantage` when set
+  bool masked = false;  // mask_truncated_completions: a cut response takes no part in the loss (0 tokens)
 };
 
 // verl's agg_loss as weights: aggregate = Σ_i w_i Σ_t l_it over responses of these lengths.
 //   token-mean: 1 / Σ_i n_i   seq-mean-token-sum: 1 / B   seq-mean-token-mean: 1 / (B' n_i), B' the
-//   nonempty responses (an empty response weighs 0).
-std::vector<double> loss_agg_weights(const std::vector<size_t>& lengths, LossAggMode mode);
+//   nonempty responses (an empty response weighs 0)   seq-mean-token-sum-norm: 1 / (B max_new_tokens).
+std::vector<double> loss_agg_weights(const std::vector<size_t>& lengths, LossAggMode mode, int64_t max_new_tokens = 0);
 
 struct GrpoLossResult {
   double loss = 0;                         // pg_loss + kl_loss_coef * kl_loss

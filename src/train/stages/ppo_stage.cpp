@@ -125,7 +125,6 @@ void set_advantages(std::vector<RolloutSequence>& rollouts, const TrainConfig& c
                     double* kl_sum) {
   const KlType kl_type = parse_kl_type(c.kl_penalty);
   std::vector<std::vector<double>> advantages;
-  double moments[2] = {0, 0};  // Σ a, n over every rank
   for (RolloutSequence& r : rollouts) {
     double kl = 0;
     const std::vector<double> rewards =
@@ -134,16 +133,9 @@ void set_advantages(std::vector<RolloutSequence>& rollouts, const TrainConfig& c
     if (kl_sum) *kl_sum += kl / double(r.response.size());
     Gae g = gae(rewards, r.values, c.gamma, c.lam);
     r.returns = std::move(g.returns);
-    for (double a : g.advantages) moments[0] += a, moments[1] += 1;
     advantages.push_back(std::move(g.advantages));
   }
-  group.all_reduce(moments, 2, "ppo advantage mean").wait();
-  TokenMoments m{moments[0], moments[1], 0};
-  const double mean = moments_mean(m);
-  for (const auto& response : advantages)
-    for (double a : response) m.centered_squares += (a - mean) * (a - mean);
-  group.all_reduce(&m.centered_squares, 1, "ppo advantage variance").wait();
-  whiten(advantages, mean, moments_unbiased_variance(m));
+  whiten_over_ranks(advantages, group);
   for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].token_advantages = std::move(advantages[i]);
 }
 

@@ -9,6 +9,7 @@
 #include "dataset/tokenizer_encoder.h"
 #include "infer/rollout.h"
 #include "nn/sequence_logps.h"
+#include "train/stages/ppo_loss.h"
 
 namespace fab {
 namespace {
@@ -37,7 +38,8 @@ double seconds_since(Clock::time_point start) {
 // Means over the window's responses (or tokens, or updates), then the per-step figures.
 enum GrpoMetric : size_t {
   kRewardMean, kAccuracy, kResponseLength, kResponseClip, kAdvantageMean, kEntropy, kPgLoss, kKl, kPgClipfrac,
-  kPgClipfracLower, kPpoKl, kTimeGen, kTimeOld, kTimeRef, kTimeUpdate, kRolloutTokensPerS, kNumGrpoMetrics
+  kPgClipfracLower, kPpoKl, kTimeGen, kTimeOld, kTimeRef, kTimeUpdate, kRolloutTokensPerS, kRolloutLogpDiff,
+  kNumGenBatches, kKeptGroups, kDroppedGroups, kRefilledGroups, kNumGrpoMetrics
 };
 
 const std::vector<std::string>& grpo_metric_names() {
@@ -45,7 +47,8 @@ const std::vector<std::string>& grpo_metric_names() {
       "reward_mean",    "accuracy",     "response_length_mean", "response_clip_ratio", "advantages_mean",
       "entropy",        "pg_loss",      "kl",                   "pg_clipfrac",         "pg_clipfrac_lower",
       "ppo_kl",         "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref",       "timing_s/update_actor",
-      "rollout_tokens_per_s"};
+      "rollout_tokens_per_s", "rollout_logp_diff_mean", "filter_groups/num_gen_batches", "filter_groups/kept_groups",
+      "filter_groups/dropped_groups", "filter_groups/refilled_groups"};
   return names;
 }
 
@@ -62,6 +65,19 @@ RewardOptions reward_options(const TrainConfig& c, const DecoderModel& model, co
 }
 
 }  // namespace
+
+void whiten_over_ranks(std::vector<std::vector<double>>& values, Communicator& group) {
+  double moments[2] = {0, 0};  // Σ a, n over every rank
+  for (const auto& response : values)
+    for (double a : response) moments[0] += a, moments[1] += 1;
+  group.all_reduce(moments, 2, "advantage mean").wait();
+  TokenMoments m{moments[0], moments[1], 0};
+  const double mean = moments_mean(m);
+  for (const auto& response : values)
+    for (double a : response) m.centered_squares += (a - mean) * (a - mean);
+  group.all_reduce(&m.centered_squares, 1, "advantage variance").wait();
+  whiten(values, mean, moments_unbiased_variance(m));
+}
 
 std::vector<const RolloutSequence*> mini_batch(const std::vector<RolloutSequence>& all, size_t first, size_t count) {
   std::vector<const RolloutSequence*> rows;
@@ -166,6 +182,7 @@ GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const Rollo
       tokens[i].ref_logp = rows[i]->ref_logp;
       tokens[i].advantage = rows[i]->advantage;
       tokens[i].token_advantages = rows[i]->token_advantages;
+      tokens[i].masked = options.mask_truncated_completions && rows[i]->truncated;
       for (size_t k = 0; k < rows[i]->response.size(); ++k)
         tokens[i].logp.push_back(lp.logp[size_t(response_row(int64_t(i), seq, *rows[i], k))]);
     }
@@ -184,6 +201,9 @@ GrpoLossOptions grpo_loss_options(const TrainConfig& c) {
   o.clip_ratio_high = c.clip_ratio_high;
   o.clip_ratio_c = c.clip_ratio_c;
   o.loss_agg_mode = parse_loss_agg_mode(c.loss_agg_mode);
+  o.policy_loss = parse_policy_loss(c.policy_loss);
+  o.max_new_tokens = c.max_new_tokens;
+  o.mask_truncated_completions = c.mask_truncated_completions;
   o.kl_loss_coef = c.kl_loss_coef;
   o.kl_loss_type = parse_kl_type(c.kl_loss_type);
   o.temperature = logp_temperature(c);
@@ -213,7 +233,7 @@ RolloutStage::RolloutStage(const StageContext& context)
       rewards_(std::make_unique<Rewards>(config_.reward, reward_options(config_, model_, env_, pad_id_))),
       needs_reference_(config_.kl_loss_coef != 0),
       means_(grpo_metric_names()),
-      extremes_(4, -INFINITY) {}
+      extremes_(5, -INFINITY) {}
 
 RolloutStage::~RolloutStage() = default;
 
@@ -222,13 +242,15 @@ void RolloutStage::prepare() {
   reference_weights_ = model_.params().values().clone(MemoryCategory::parameters);
 }
 
-std::vector<RolloutSequence> RolloutStage::roll_out(int64_t step, Sampler& sampler) {
+std::vector<RolloutSequence> RolloutStage::roll_out(int64_t step, Sampler& sampler, int64_t draw) {
   model_.set_dropout_seed(dropout_seed(config_, group_.rank(), step));
   const std::vector<int64_t> prompts = sampler.next_batch();
   const int64_t n = config_.num_generations;
+  // The first draw keeps the seeds of a run without filter_groups; later ones hash the draw in.
+  const uint64_t seed = draw == 0 ? uint64_t(config_.seed) : rollout_seed(uint64_t(config_.seed), -1, draw, -1);
   std::vector<RolloutRequest> requests;
   for (int64_t p : prompts)
-    for (int64_t j = 0; j < n; ++j) requests.push_back({prompts_[size_t(p)].ids, rollout_seed(uint64_t(config_.seed), step, p, j)});
+    for (int64_t j = 0; j < n; ++j) requests.push_back({prompts_[size_t(p)].ids, rollout_seed(seed, step, p, j)});
   SamplingOptions sampling;
   sampling.max_new_tokens = config_.max_new_tokens;
   sampling.temperature = config_.temperature;
@@ -247,6 +269,8 @@ std::vector<RolloutSequence> RolloutStage::roll_out(int64_t step, Sampler& sampl
     const RolloutPrompt& p = prompts_[size_t(prompts[i / size_t(n)])];
     rollouts[i].prompt = p.ids;
     rollouts[i].response = outputs[i].tokens;
+    rollouts[i].rollout_logp = outputs[i].logp;
+    rollouts[i].truncated = !outputs[i].stopped;
     FAB_CHECK(!rollouts[i].response.empty(), "rollout {}: no tokens generated", i);
     samples[i] = {env_.tokenizer->decode(p.ids, true),
                   strip_response(env_.tokenizer->decode(outputs[i].tokens, true), env_.eos_token), p.answer, p.ids,
@@ -262,6 +286,8 @@ std::vector<RolloutSequence> RolloutStage::roll_out(int64_t step, Sampler& sampl
     throw UserError(format("stage {}: step {}: {}", config_.stage, step + 1, e.what()));
   }
   for (size_t i = 0; i < rollouts.size(); ++i) {
+    rewards[i] += overlong_penalty(int64_t(rollouts[i].response.size()), config_.max_new_tokens,
+                                   config_.overlong_buffer_len, config_.overlong_penalty_factor);
     rollouts[i].reward = rewards[i];
     means_.add(kRewardMean, rewards[i]);
     extremes_[0] = std::max(extremes_[0], rewards[i]);
@@ -345,8 +371,14 @@ void RolloutStage::old_logps(std::vector<RolloutSequence>& rollouts, size_t per_
     const auto rows = mini_batch(rollouts, first, per_mini);
     const auto logps = response_logps(model_, rows, pad_id_, loss_options_.temperature, &entropy);
     for (size_t i = 0; i < rows.size(); ++i) {
-      rollouts[first + i].old_logp = logps[i];
+      RolloutSequence& r = rollouts[first + i];
+      r.old_logp = logps[i];
       tokens += double(logps[i].size());
+      for (size_t k = 0; k < r.rollout_logp.size(); ++k) {
+        const double diff = std::fabs(r.rollout_logp[k] - r.old_logp[k]);
+        means_.add(kRolloutLogpDiff, diff);
+        extremes_[4] = std::max(extremes_[4], diff);
+      }
     }
   }
   means_.add(kEntropy, entropy, tokens);
@@ -372,18 +404,78 @@ int64_t RolloutStage::count_tokens(const std::vector<RolloutSequence>& rollouts)
   return int64_t(counted[0]);
 }
 
-StepResult GrpoStage::step(int64_t step, double lr, Sampler& sampler) {
-  StepResult out;
-  std::vector<RolloutSequence> rollouts = roll_out(step, sampler);
+std::vector<RolloutSequence> GrpoStage::filtered_roll_out(int64_t step, Sampler& sampler) {
+  const size_t n = size_t(config_.num_generations), want = size_t(config_.per_device_train_batch_size) * n;
+  std::vector<RolloutSequence> kept, dropped;
+  int64_t draws = 0;
+  while (kept.size() < want && draws < config_.max_num_gen_batches) {
+    std::vector<RolloutSequence> batch = roll_out(step, sampler, draws++);
+    std::vector<double> rewards;
+    std::vector<int64_t> group;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      rewards.push_back(batch[i].reward);
+      group.push_back(int64_t(i / n));
+    }
+    const std::vector<bool> uniform = uniform_groups(rewards, group, int64_t((batch.size() + n - 1) / n));
+    for (size_t i = 0; i < batch.size(); ++i) (uniform[i / n] ? dropped : kept).push_back(std::move(batch[i]));
+  }
+  means_.add(kNumGenBatches, double(draws));
+  means_.add(kKeptGroups, double(std::min(kept.size(), want) / n));
+  means_.add(kDroppedGroups, double(dropped.size() / n));
+  if (kept.size() > want) kept.erase(kept.begin() + ptrdiff_t(want), kept.end());
+  const size_t refill = std::min(want - kept.size(), dropped.size());
+  means_.add(kRefilledGroups, double(refill / n));
+  for (size_t i = 0; i < refill; ++i) kept.push_back(std::move(dropped[i]));
+  return kept;
+}
+
+double GrpoStage::batch_reward_std(const std::vector<double>& rewards) {
+  double moments[2] = {0, double(rewards.size())};
+  for (double r : rewards) moments[0] += r;
+  group_.all_reduce(moments, 2, "grpo reward mean").wait();
+  TokenMoments m{moments[0], moments[1], 0};
+  const double mean = moments_mean(m);
+  for (double r : rewards) m.centered_squares += (r - mean) * (r - mean);
+  group_.all_reduce(&m.centered_squares, 1, "grpo reward variance").wait();
+  return m.count > 1 ? std::sqrt(m.centered_squares / (m.count - 1)) : 0.0;
+}
+
+// adv_estimator reinforce_plus_plus is verl's compute_reinforce_plus_plus_outcome_advantage: each
+// response's outcome_returns whitened over every token of the batch, on every rank.
+void GrpoStage::set_advantages(std::vector<RolloutSequence>& rollouts) {
   std::vector<double> rewards;
   std::vector<int64_t> group;
   for (size_t i = 0; i < rollouts.size(); ++i) {
     rewards.push_back(rollouts[i].reward);
     group.push_back(int64_t(i) / config_.num_generations);
   }
-  const std::vector<double> advantages = group_advantages(rewards, group, config_.norm_adv_by_std);
+  const std::string& estimator = config_.adv_estimator;
+  if (estimator == "reinforce_plus_plus") {
+    std::vector<std::vector<double>> returns;
+    for (const RolloutSequence& r : rollouts) returns.push_back(outcome_returns(r.reward, r.response.size(), config_.gamma));
+    whiten_over_ranks(returns, group_);
+    for (size_t i = 0; i < rollouts.size(); ++i) {
+      note_advantages(returns[i]);
+      rollouts[i].token_advantages = std::move(returns[i]);
+    }
+    return;
+  }
+  const std::string& scale = config_.scale_rewards;
+  constexpr double kTrlEpsilon = 1e-4;  // TRL's GRPOTrainer: (r - mean) / (std + 1e-4)
+  std::vector<double> advantages;
+  if (estimator == "rloo") advantages = rloo_advantages(rewards, group);
+  else if (scale == "batch") advantages = batch_scaled_advantages(rewards, group, batch_reward_std(rewards), kTrlEpsilon);
+  else if (scale == "group") advantages = group_advantages(rewards, group, true, kTrlEpsilon);
+  else if (scale == "none") advantages = group_advantages(rewards, group, false);
+  else advantages = group_advantages(rewards, group, config_.norm_adv_by_std);
   for (size_t i = 0; i < rollouts.size(); ++i) rollouts[i].advantage = advantages[i];
   note_advantages(advantages);
+}
+
+StepResult GrpoStage::step(int64_t step, double lr, Sampler& sampler) {
+  StepResult out;
+  std::vector<RolloutSequence> rollouts = config_.filter_groups ? filtered_roll_out(step, sampler) : roll_out(step, sampler);
+  set_advantages(rollouts);
   const size_t per_mini = per_mini_batch();
   old_logps(rollouts, per_mini);
   if (loss_options_.kl_loss_coef != 0) reference_logps(rollouts, per_mini);
@@ -394,12 +486,13 @@ StepResult GrpoStage::step(int64_t step, double lr, Sampler& sampler) {
 
 nlohmann::json RolloutStage::metrics(bool) {
   means_.all_reduce(group_);
-  std::vector<double> slots(4 * size_t(group_.size()), 0.0);
-  std::copy(extremes_.begin(), extremes_.end(), slots.begin() + 4 * group_.rank());
+  constexpr size_t kExtremes = 5;
+  std::vector<double> slots(kExtremes * size_t(group_.size()), 0.0);
+  std::copy(extremes_.begin(), extremes_.end(), slots.begin() + ptrdiff_t(kExtremes) * group_.rank());
   group_.all_reduce(slots.data(), int64_t(slots.size()), "grpo extremes").wait();
-  double most[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  std::vector<double> most(kExtremes, -INFINITY);
   for (int r = 0; r < group_.size(); ++r)
-    for (size_t k = 0; k < 4; ++k) most[k] = std::max(most[k], slots[4 * size_t(r) + k]);
+    for (size_t k = 0; k < kExtremes; ++k) most[k] = std::max(most[k], slots[kExtremes * size_t(r) + k]);
   nlohmann::json j = nlohmann::json::object();
   for (size_t m = 0; m < kNumGrpoMetrics; ++m)
     if (means_.has(m)) j[means_.names()[m]] = means_.mean(m);
@@ -409,6 +502,7 @@ nlohmann::json RolloutStage::metrics(bool) {
     j["reward_min"] = -most[2];
     j["advantages_min"] = -most[3];
   }
+  if (std::isfinite(most[4])) j["rollout_logp_diff_max"] = most[4];
   means_.clear();
   std::fill(extremes_.begin(), extremes_.end(), -INFINITY);
   j["reference_weights_bytes"] = reference_weights_.defined() ? reference_weights_.numel() * 4 : 0;

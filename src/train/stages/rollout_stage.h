@@ -56,7 +56,9 @@ void check_rollout_context(const TrainConfig& config, int64_t context, const Tok
 struct RolloutSequence {
   std::vector<int32_t> prompt, response;
   std::vector<double> old_logp, ref_logp;  // per response token
-  double reward = 0;                       // the sequence's score
+  std::vector<double> rollout_logp;        // per response token, as the rollout engine sampled it
+  bool truncated = false;                  // cut at max_new_tokens (no stop id)
+  double reward = 0;                       // the sequence's score (with the overlong penalty)
   double advantage = 0;                    // grpo: one per response
   // ppo: per response token, the advantage (used instead of `advantage` when set), the critic's
   // value before the update and the GAE return.
@@ -91,6 +93,10 @@ GrpoLossOptions grpo_loss_options(const TrainConfig& config);
 // the dataset and the sample's index in its group.
 uint64_t rollout_seed(uint64_t seed, int64_t step, int64_t prompt, int64_t sample);
 
+// verl's masked_whiten of per-token values over every token of every rank's responses (two
+// all-reduces over `group`: the sum and count, then the centred squares). Collective.
+void whiten_over_ranks(std::vector<std::vector<double>>& values, Communicator& group);
+
 // Responses [first, first + count) of the rollout batch (fewer at its end).
 std::vector<const RolloutSequence*> mini_batch(const std::vector<RolloutSequence>& all, size_t first, size_t count);
 
@@ -107,12 +113,14 @@ class RolloutStage : public TrainingStage {
   nlohmann::json metrics(bool evaluated) override;
 
  protected:
-  // The step's responses to this rank's next prompts, with their rewards (and the reward and
-  // response metrics); the step's LoRA dropout masks are chosen first.
-  std::vector<RolloutSequence> roll_out(int64_t step, Sampler& sampler);
+  // The step's responses to this rank's next prompts, with their rewards (overlong shaping
+  // included) and the reward and response metrics; the step's LoRA dropout masks are chosen first.
+  // `draw` > 0: another batch of prompts in the same step (filter_groups), with seeds of its own.
+  std::vector<RolloutSequence> roll_out(int64_t step, Sampler& sampler, int64_t draw = 0);
   // Responses per forward pass and per optimizer step: ppo_mini_batch_size prompts' responses.
   size_t per_mini_batch() const;
-  // The rollout policy's log-probabilities ("old") and the entropy metric.
+  // The rollout policy's log-probabilities ("old"), the entropy metric and the difference of the
+  // rollout engine's log-probabilities from them (rollout_logp_diff_mean, _max).
   void old_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini);
   // Forward passes of `per_mini` responses each.
   void reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini);
@@ -138,17 +146,28 @@ class RolloutStage : public TrainingStage {
   bool needs_reference_ = false;  // a KL term (ppo: also the KL penalty in the reward)
   Tensor reference_weights_;  // full and freeze fine-tuning with a KL term: the trainable start weights
   StageMetrics means_;
-  std::vector<double> extremes_;  // this rank's max reward, max advantage, -min reward, -min advantage
+  // This rank's max reward, max advantage, -min reward, -min advantage, max |rollout - old| log-prob.
+  std::vector<double> extremes_;
 
  private:
   double update(int64_t step, const std::vector<const RolloutSequence*>& rows, double lr, double* grad_norm);
 };
 
 // stage grpo: each prompt's group of responses normalised into one advantage per response.
+// adv_estimator grpo (with TRL's scale_rewards), rloo or reinforce_plus_plus; filter_groups.
 class GrpoStage final : public RolloutStage {
  public:
   using RolloutStage::RolloutStage;
   StepResult step(int64_t step, double lr, Sampler& sampler) override;
+
+ private:
+  // DAPO's dynamic sampling: rollout batches until per_device_train_batch_size prompts' groups
+  // have rewards that differ, at most max_num_gen_batches; groups past the batch are dropped, and
+  // a batch still short is filled with the first all-equal groups (advantage 0 under grpo).
+  std::vector<RolloutSequence> filtered_roll_out(int64_t step, Sampler& sampler);
+  void set_advantages(std::vector<RolloutSequence>& rollouts);
+  // The unbiased std of every rank's rewards (TRL's scale_rewards batch). Collective.
+  double batch_reward_std(const std::vector<double>& rewards);
 };
 
 }  // namespace fab
