@@ -170,7 +170,7 @@ class DecoderModel {
   void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
   double aux_loss_weight() const { return aux_loss_weight_; }
   const RouterStatistics& router_statistics() const { return router_statistics_; }
-  // Expert parallel (parallel/expert_parallel.h): the passes that back-propagate send each MoE
+  // Expert parallel (nn/expert_exchange.h): the passes that back-propagate send each MoE
   // layer's routed rows to the ranks of the exchange's group computing their experts; every rank
   // still holds every expert, so passes without gradients (evaluation, generation) compute all of
   // them here. Null (the default): every expert here.

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
-#include "parallel/expert_parallel.h"
+#include "nn/expert_exchange.h"
 
 namespace fab {
 
@@ -47,7 +47,7 @@ struct RouterLoss {
 // the row's output is the sum over its experts of weight * output. gate_up (E * 2I, C) holds expert
 // e's [gate; up] at rows [2Ie, 2I(e+1)), down (E * C, I) its down matrix at rows [Ce, C(e+1)).
 // `aux` (may be null) collects the pass's router statistics. Under expert parallel, `exchange`
-// (parallel/expert_parallel.h) sends the rows to the ranks computing their experts and brings the
+// (nn/expert_exchange.h) sends the rows to the ranks computing their experts and brings the
 // outputs back, forward and backward; this rank computes (and writes the gradients of) only
 // experts [first_expert, first_expert + local_experts) of gate_up and down. Null: every expert here.
 Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up, const Var& down,

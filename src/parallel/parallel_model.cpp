@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "models/hf_model.h"
 #include "models/peft_adapter.h"
+#include "nn/expert_exchange.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 
@@ -50,7 +51,7 @@ ParallelModel::ParallelModel(std::unique_ptr<DecoderModel> model, DeviceMesh* me
   dp.device_group = mesh->device_group("dp");
   dp_ = std::make_unique<DataParallel>(*model_, mesh->group("dp"), dp);
   // 5. expert parallel, folded into data parallel: ep consecutive data-parallel ranks exchange their
-  // MoE layers' rows (parallel/expert_parallel.h). Every rank holds every expert and computes its
+  // MoE layers' rows (nn/expert_exchange.h). Every rank holds every expert and computes its
   // share, so the data-parallel gradient sum adds each expert's gradient from the ranks computing it.
   check_expert_parallel(config.expert_parallel_size, model_->config(), sizes, model_->options().device.is_host());
   if (config.expert_parallel_size > 1) {

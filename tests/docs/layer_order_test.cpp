@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 const std::vector<std::vector<std::string>> kLayers = {
     {"core"},                                               // tensors, devices, errors, files, the Backend
     {"autograd", "image", "io", "kernels", "monitor", "tokenizer"},  // each on core alone
-    {"comm", "nn"},                                         // collectives; differentiable ops
+    {"comm"},                                               // collectives
+    {"nn"},                                                 // differentiable ops (expert parallel's exchange: comm)
     {"models"},                                             // DecoderModel, DecoderLayer, weights
     {"optim"},                                              // AdamW over a ParamBuffer, LR schedules
     {"config"},                                             // TrainConfig, the YAML loader

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "nn/expert_exchange.h"
 #include "parallel/expert_parallel.h"
 
 namespace fab {
