@@ -15,6 +15,7 @@
 #include "comm/mpi_communicator.h"
 #include "config/stage.h"
 #include "config/train_config.h"
+#include "core/allocator.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/stop_signals.h"
@@ -183,6 +184,7 @@ int run_env() {
 
 int main(int argc, char** argv) {
   try {
+    fab::fix_system_mmap_threshold();  // before anything allocates (core/allocator.h says why)
     fab::start_signal_watcher();  // before any other thread exists (core/stop_signals.h)
     if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
       print_usage();

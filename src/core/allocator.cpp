@@ -1,5 +1,6 @@
 #include "core/allocator.h"
 
+#include <malloc.h>
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -18,6 +19,12 @@ std::string_view category_name(MemoryCategory c) {
     case MemoryCategory::temporaries: return "temporaries";
   }
   return "?";
+}
+
+void fix_system_mmap_threshold() {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);  // setting it turns the dynamic adjustment off
+#endif
 }
 
 static void raise_peak(std::atomic<size_t>& peak, size_t value) {

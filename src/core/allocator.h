@@ -13,6 +13,15 @@ enum class MemoryCategory : uint8_t { parameters, gradients, optimizer_state, ac
 constexpr size_t kNumMemoryCategories = 5;
 std::string_view category_name(MemoryCategory c);
 
+// Fixes glibc's mmap threshold at its default (128 KiB) for the whole process: called first thing
+// in `fabrica`'s main. Left dynamic, every freed mapping raises the threshold to its size (up to
+// 32 MiB), and from then on blocks below it come from the heap, which fragments and never shrinks.
+// On AVX2 hosts oneDNN's jit GEMM mallocs and frees its packing buffers (up to the packed weight,
+// 3.7 MB for a 3210x256 head) on every call: a ZeRO-3 run of 101 MB resident held 14 MB more,
+// free but resident, and the planner's peak (which counts live bytes) came out 13% low. The cost:
+// those buffers are mapped afresh on each call, 2-5% of tokens/s on tiny models (bench/RESULTS.md).
+void fix_system_mmap_threshold();
+
 struct MemoryStats {
   size_t live = 0;
   size_t peak = 0;
