@@ -1,26 +1,19 @@
 // Context parallel over every rank of the test run (cp 2, or cp 4 / cp 2 x dp 2 at 4 ranks) against
-// one process: the attention core alone (outputs and dq/dk/dv within 1e-6), one step of whole
-// models (every gradient within 1e-6), and 10 fp32 steps through the Trainer (losses within 1e-5
-// relative), for ring (p2p), all_gather and Ulysses (a2a), on llama and qwen3 (GQA, tied
-// embeddings), plain rows and packed rows with a document mask.
+// one process: the attention core alone (outputs and dq/dk/dv within 1e-6) and one step of whole
+// models (every gradient within 1e-6), for ring (p2p), all_gather and Ulysses (a2a), on llama and
+// qwen3 (GQA, tied embeddings), plain rows and packed rows with a document mask.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "dataset/packing.h"
 #include "models/hf_model.h"
 #include "mpi/mpi_training.h"
 #include "mpi/mpi_world.h"
 #include "parallel/context_parallel.h"
 #include "parallel/layout.h"
 #include "parallel/parallelize.h"
-#include "train/synthetic_data.h"
 #include "test_util.h"
 
 namespace fab {
@@ -81,9 +74,11 @@ Tensor take_rows(const Tensor& x, int64_t batch, int64_t seq, int64_t width, con
 void expect_rows_near(const Tensor& got, const Tensor& whole, int64_t batch, int64_t seq, int64_t width,
                       const std::vector<int32_t>& indices, double tolerance, const std::string& what) {
   const Tensor want = take_rows(whole, batch, seq, width, indices);
-  double worst = 0;
+  const int64_t n = int64_t(indices.size());
+  double worst = 0;  // over real tokens (a padding query's output is never used)
   for (int64_t i = 0; i < want.numel(); ++i)
-    worst = std::max(worst, std::fabs(double(got.data<float>()[i]) - double(want.data<float>()[i])));
+    if (indices[size_t(i / width % n)] < seq)
+      worst = std::max(worst, std::fabs(double(got.data<float>()[i]) - double(want.data<float>()[i])));
   EXPECT_LE(worst, tolerance) << what;
 }
 
@@ -164,79 +159,6 @@ TEST(ContextParallel, GradientsMatchOneProcess) {
         EXPECT_LE(worst, 1e-6) << what;
         EXPECT_NEAR(loss, alone->loss_sum(whole.ids, whole.labels, whole.layout), 1e-4) << what;
       }
-}
-
-// 10 fp32 steps through the Trainer on packed rows (neat_packing: each sample its own document)
-// or plain ones, against one process with the same global batch.
-std::vector<StepRecord> train(const TrainConfig& c, DeviceMesh* mesh, bool packed) {
-  TokenSequences samples = test::synthetic_samples(48, 1);
-  if (packed) samples = pack_samples(samples, {40, 1000});
-  TrainData data{std::move(samples), test::synthetic_samples(6, 2), 0};
-  const ModelConfig config = load_model_config(c.model_name_or_path + "/config.json");
-  const Precision precision = c.bf16 ? Precision::bf16 : Precision::fp32;
-  auto model = load_model_folder(c.model_name_or_path, {precision, false, 64}, uint64_t(c.seed));
-  Trainer trainer(c, parallelize(std::move(model), mesh, c), std::move(data));
-  trainer.run();
-  return trainer.history();
-}
-
-void expect_training_matches(const std::string& name, const char* json, int cp, const std::string& extra, bool packed,
-                             double tolerance = 1e-5) {
-  Communicator& world = test::world();
-  const std::string folder = model_folder(name, json);
-  const int dp = world.size() / cp;
-  const std::string keys = format("max_steps: 10\nneat_packing: {}\n{}", packed ? "true" : "false", extra);
-  TrainConfig alone = test::train_config(folder, test::fresh_scratch_dir("cp-one"), 2 * dp, "", keys);
-  const auto reference = test::single_process_losses(alone.max_steps, [&] { return train(alone, nullptr, packed); });
-  TrainConfig c = test::train_config(folder, test::fresh_scratch_dir("cp-train"), 2, "",
-                                     keys + format("context_parallel_size: {}\n", cp));
-  const ParallelLayout layout = parallel_layout(c, load_model_config(folder + "/config.json"), world.size());
-  DeviceMesh mesh(world, layout.sizes());
-  const auto got = train(c, &mesh, packed);
-  ASSERT_EQ(got.size(), reference.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i].loss, reference[i], tolerance * reference[i]) << name << " " << extra << " step " << i + 1;
-}
-
-TEST(ContextParallelTraining, LossesMatchOneProcess) {
-  const int cp = test::world().size();
-  expect_training_matches("llama", kLlama, cp, "cp_comm_type: p2p\n", false);
-  expect_training_matches("llama", kLlama, cp, "cp_comm_type: all_gather\n", true);
-  expect_training_matches("qwen3", kQwen3, cp, "cp_comm_type: a2a\n", true);
-  expect_training_matches("qwen3", kQwen3, cp, "cp_mode: ring\n", false);
-}
-
-// bf16 under cp follows one process's bf16 run (the attention itself runs in fp32 both ways).
-TEST(ContextParallelTraining, Bf16FollowsOneProcess) {
-  expect_training_matches("llama", kLlama, test::world().size(), "cp_comm_type: p2p\nbf16: true\n", false, 2e-2);
-}
-
-// cp 2 (x dp 2 at 4 ranks): gradients summed over dp x cp and ZeRO sharded over them.
-TEST(ContextParallelTraining, WithDataParallelAndZero) {
-  expect_training_matches("llama", kLlama, 2, "cp_comm_type: p2p\nzero_stage: 2\n", true);
-  expect_training_matches("qwen3", kQwen3, 2, "cp_comm_type: a2a\nzero_stage: 3\n", false);
-}
-
-// A cp run saved at step 5 resumes with the uninterrupted run's losses, bit for bit; its
-// trainer_state counts the data-parallel replicas (dp), not dp x cp, so the sampler resumes where
-// it stopped.
-TEST(ContextParallelTraining, ResumesExactly) {
-  Communicator& world = test::world();
-  const std::string folder = model_folder("resume", kQwen3);
-  const std::string saved = test::fresh_scratch_dir("cp-saved");
-  const std::string keys = "max_steps: 10\ncp_comm_type: p2p\nzero_stage: 1\ncontext_parallel_size: 2\n";
-  const TrainConfig c = test::train_config(folder, saved, 2, "", keys + "save_steps: 5\n");
-  const ParallelLayout layout = parallel_layout(c, load_model_config(folder + "/config.json"), world.size());
-  DeviceMesh mesh(world, layout.sizes());
-  const auto full = train(c, &mesh, false);
-  ASSERT_EQ(full.size(), 10u);
-  std::ifstream state(saved + "/checkpoint-5/trainer_state.json");
-  EXPECT_EQ(nlohmann::json::parse(state).at("world_size").get<int64_t>(), world.size() / 2);
-  const TrainConfig again = test::train_config(folder, test::fresh_scratch_dir("cp-resumed"), 2, "",
-                                               keys + "resume_from_checkpoint: " + saved + "/checkpoint-5\n");
-  const auto resumed = train(again, &mesh, false);
-  ASSERT_EQ(resumed.size(), 5u);
-  for (const StepRecord& r : resumed) EXPECT_EQ(r.loss, full[size_t(r.step - 1)].loss) << "step " << r.step;
 }
 
 }  // namespace
