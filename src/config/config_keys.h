@@ -423,8 +423,10 @@
   X(async_save, async_save, bool, false, Own, "Checkpoints copied to host memory at the step and written by a background thread while training goes on (renamed to checkpoint-N once on disk; one save in flight)") \
   X(ddp_bucket_size, ddp_bucket_size, double, 25.0, Own, "Gradient bucket size in MB (torch DDP's bucket_cap_mb): each bucket is reduced while backward goes on") \
   /* model parallelism (Fabrica's own keys; Megatron's spellings are aliases, below) */                 \
-  X(tensor_parallel_size, tensor_parallel_size, int64_t, 1, Own, "Tensor-parallel ranks (Megatron's split of each layer; tensor_model_parallel_size is an alias). world = tp x pp x dp, tp fastest") \
+  X(tensor_parallel_size, tensor_parallel_size, int64_t, 1, Own, "Tensor-parallel ranks (Megatron's split of each layer; tensor_model_parallel_size is an alias). world = tp x cp x pp x dp, tp fastest") \
   X(sequence_parallel, sequence_parallel, bool, false, Own, "With tensor parallel: norms and the residual stream on 1/tp of the tokens, all-gather / reduce-scatter instead of all-reduce") \
+  X(context_parallel_size, context_parallel_size, int64_t, 1, Own, "Context-parallel ranks (Megatron's name; LLaMA-Factory v1's cp_size is an alias): each row's tokens split over them, rank r holding chunks r and 2cp-1-r of 2cp; world = tp x cp x pp x dp, gradients summed and ZeRO sharded over dp x cp. Not yet with tensor or pipeline parallel, mixture-of-experts or vision-language models, the preference and RL stages, or a device (docs/architecture/parallelism.md)") \
+  X(cp_comm_type, cp_comm_type, std::string, "p2p", Own, "Context parallel attention: p2p (ring attention: K/V blocks passed around the ring), all_gather (K/V all-gathered) or a2a (Ulysses all-to-all from sequence to head shards; needs num_attention_heads, and num_key_value_heads or cp, divisible). LLaMA-Factory v1's cp_mode is an alias, its ring and ulysses read as p2p and a2a") \
   X(pipeline_parallel_size, pipeline_parallel_size, int64_t, 1, Own, "Pipeline stages (pipeline_model_parallel_size is an alias)") \
   X(expert_parallel_size, expert_parallel_size, int64_t, 1, Own, "Expert-parallel ranks of a mixture-of-experts model (Megatron's expert_model_parallel_size is an alias), folded into data parallel: it must divide the data-parallel ranks and the experts; each group of that many data-parallel ranks splits the experts' computation and exchanges tokens by all-to-all (CPU, not with tensor/pipeline parallel; docs/architecture/moe.md)") \
   X(virtual_pipeline_parallel_size, virtual_pipeline_parallel_size, int64_t, 1, Own, "Model chunks per pipeline stage for interleaved 1F1B (virtual_pipeline_model_parallel_size is an alias)") \
@@ -441,7 +443,9 @@
   A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)                                           \
   A(expert_model_parallel_size, expert_parallel_size)                                                               \
   A(epsilon, clip_ratio_low)                                                                                        \
-  A(epsilon_high, clip_ratio_high)
+  A(epsilon_high, clip_ratio_high)                                                                                  \
+  A(cp_size, context_parallel_size)                                                                                 \
+  A(cp_mode, cp_comm_type)
 
 // Longer notes docs/CONFIG.md adds after the tables, one section per topic.
 inline constexpr const char* kConfigNotes = R"(## Rewards (stages grpo and ppo)

@@ -282,18 +282,28 @@ std::shared_ptr<const RopeTable> DecoderModel::mrope_of(const Tensor& ids, const
 
 // Under tensor parallel, this rank's heads and intermediate features only: q/k/v and gate/up are
 // column-parallel, o_proj and down row-parallel (models/decoder_layer.cpp).
-Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions,
-                             const Tensor& doc_start, int64_t batch, int64_t seq, std::shared_ptr<const RopeTable> rope) {
+std::shared_ptr<AttentionCore> DecoderModel::attention_of(const SequenceLayout& layout, const Tensor& doc_start,
+                                                        int64_t batch, int64_t seq) const {
+  if (layout.attention) return layout.attention;
   const AttentionShape shape{batch, seq, heads_, kv_heads_, config_.head_dim,
                              float(1.0 / std::sqrt(double(config_.head_dim))), nullptr,
                              options_.precision == Precision::bf16};
+  return std::make_shared<SequenceAttention>(shape, doc_start);
+}
+
+Tensor DecoderModel::targets_of(const Tensor& labels, const SequenceLayout& layout) const {
+  return on_device(layout.targets.defined() ? layout.targets : shift_labels(labels, config_.vocab_size));
+}
+
+Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions,
+                             std::shared_ptr<AttentionCore> attention, int64_t batch, int64_t seq,
+                             std::shared_ptr<const RopeTable> rope) {
   Tensor pass_positions = positions;  // a pass's own table holds one row per token
   if (rope) {
     pass_positions = Tensor::empty({batch * seq}, DType::i64, MemoryCategory::activations);
     for (int64_t i = 0; i < batch * seq; ++i) pass_positions.data<int64_t>()[i] = i;
   }
-  LayerContext ctx = context(std::make_shared<SequenceAttention>(shape, doc_start), pass_positions,
-                             batch * seq, *sharding_, std::move(rope));
+  LayerContext ctx = context(std::move(attention), pass_positions, batch * seq, *sharding_, std::move(rope));
   ctx.router_loss = router_loss_;
   if (tape.recording()) ctx.experts = expert_exchange_;
   for (size_t i = first; i < last; ++i) {
@@ -340,7 +350,7 @@ Var DecoderModel::forward_hidden(Tape& tape, const Tensor& ids, const SequenceLa
   const Tensor positions = on_device(positions_of(ids, layout));
   router_loss_ = start_router_loss(ids, layout, tape.recording());
   Var x = run_layers(tape, 0, layers_.size(), embed(tape, on_device(ids), layout), positions,
-                     on_device(layout.doc_start), batch, seq, std::move(mrope));
+                     attention_of(layout, on_device(layout.doc_start), batch, seq), batch, seq, std::move(mrope));
   finish_router_loss();
   enter_unit(tape, head_unit());  // left by the caller after lm_head
   return rmsnorm(tape, x, sharding_->rows_weight(tape, final_norm_), float(config_.rms_norm_eps));
@@ -370,7 +380,7 @@ Var DecoderModel::stage_forward(Tape& tape, int chunk, const Tensor& ids, const 
               input->value.numel(), batch, seq);
   const Var x = embeds ? embed(tape, ids) : input;
   return run_layers(tape, chunk_first_[size_t(chunk)], chunk_first_[size_t(chunk) + 1], x, positions_of(ids, layout),
-                    layout.doc_start, batch, seq);
+                    attention_of(layout, layout.doc_start, batch, seq), batch, seq);
 }
 
 double DecoderModel::stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale) {
@@ -385,7 +395,7 @@ double DecoderModel::stage_loss(Tape& tape, const Var& hidden, const Tensor& lab
 
 double DecoderModel::forward_backward(const Tensor& ids, const Tensor& labels, float loss_scale,
                                       const SequenceLayout& layout) {
-  const Tensor targets = on_device(shift_labels(labels, config_.vocab_size));
+  const Tensor targets = targets_of(labels, layout);
   Tape tape;
   Var hidden = forward_hidden(tape, ids, layout);
   double loss = head_loss(tape, hidden, targets, loss_scale);
@@ -410,7 +420,7 @@ Tensor DecoderModel::shifted_labels(const Tensor& labels) const { return shift_l
 double DecoderModel::loss_sum(const Tensor& ids, const Tensor& labels, const SequenceLayout& layout) {
   Tape no_grad(false);
   Var hidden = forward_hidden(no_grad, ids, layout);
-  const double loss = head_loss(no_grad, hidden, on_device(shift_labels(labels, config_.vocab_size)), 1.0f);
+  const double loss = head_loss(no_grad, hidden, targets_of(labels, layout), 1.0f);
   leave_unit(no_grad, head_unit());
   return loss;
 }

@@ -68,6 +68,12 @@ struct SequenceLayout {
   // (B) i64: each row's real tokens, the rest padding (HF's attention_mask 0, left out of the MoE
   // load-balancing loss). Undefined: no padding.
   Tensor lengths;
+  // Context parallel (parallel/context_parallel.h): the micro-batch is this rank's share of each
+  // row, whose targets were shifted over the whole row -- (B * T) i64, used instead of shifting
+  // the labels -- and whose attention reaches the other ranks' tokens. Undefined / null: the row
+  // is whole (labels shifted here, SequenceAttention).
+  Tensor targets;
+  std::shared_ptr<AttentionCore> attention;
 };
 
 // A mixture-of-experts model's router statistics over the last forward pass (models/decoder.cpp).
@@ -236,8 +242,15 @@ class DecoderModel {
   std::shared_ptr<const RopeTable> mrope_of(const Tensor& ids, const SequenceLayout& layout) const;
   // layers_[first, last) on x: training's attention over (batch, seq) rows; `rope` (with
   // positions 0..rows-1) replaces rope_ and `positions` when set.
-  Var run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions, const Tensor& doc_start,
-                 int64_t batch, int64_t seq, std::shared_ptr<const RopeTable> rope = nullptr);
+  Var run_layers(Tape& tape, size_t first, size_t last, Var x, const Tensor& positions,
+                 std::shared_ptr<AttentionCore> attention, int64_t batch, int64_t seq,
+                 std::shared_ptr<const RopeTable> rope = nullptr);
+  // The layout's attention core (context parallel), else causal attention over each row of
+  // (batch, seq) within its documents (doc_start, already where the model lives).
+  std::shared_ptr<AttentionCore> attention_of(const SequenceLayout& layout, const Tensor& doc_start, int64_t batch,
+                                              int64_t seq) const;
+  // The layout's targets, else the labels shifted.
+  Tensor targets_of(const Tensor& labels, const SequenceLayout& layout) const;
   int layer_unit(size_t local_layer) const { return int(local_layer) + (stage_.has_embedding ? 1 : 0); }
   int head_unit() const { return num_units() - 1; }
   double head_loss(Tape& tape, const Var& hidden, const Tensor& targets, float loss_scale);

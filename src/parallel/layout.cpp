@@ -89,6 +89,31 @@ void check_pipeline(const TrainConfig& c, const ModelConfig& m, const ParallelLa
                  join(c.pipeline_layers), layers);
 }
 
+// What context parallel runs with so far; everything else is refused by name.
+void check_context_parallel(const TrainConfig& c, const ModelConfig& m, const ParallelLayout& l, bool on_host) {
+  if (l.cp == 1) return;
+  const auto refuse = [&](bool bad, const std::string& what) {
+    FAB_USER_CHECK(!bad, "context_parallel_size {} with {} is not implemented in Fabrica yet: context parallel runs "
+                         "sft and pt on the CPU, data parallel (and ZeRO) around it",
+                   l.cp, what);
+  };
+  refuse(l.tp > 1, format("tensor_parallel_size {}", l.tp));
+  refuse(l.pp > 1, format("pipeline_parallel_size {}", l.pp));
+  refuse(m.is_moe(), format("a mixture-of-experts model ({})", m.model_type));
+  refuse(m.vision.has_value(), format("a vision-language model ({})", m.model_type));
+  refuse(c.stage != Stage::sft && c.stage != Stage::pt, format("stage {}", c.stage));
+  refuse(!on_host, format("device {}", c.device));
+  FAB_USER_CHECK(c.cutoff_len >= 2 * l.cp,
+                 "cutoff_len {} is shorter than 2 x context_parallel_size {} = {}: each row is split into 2cp chunks",
+                 c.cutoff_len, l.cp, 2 * l.cp);
+  if (l.cp_comm != "a2a") return;
+  FAB_USER_CHECK(m.num_attention_heads % l.cp == 0 &&
+                     (m.num_key_value_heads % l.cp == 0 || l.cp % m.num_key_value_heads == 0),
+                 "cp_comm_type a2a (Ulysses) with context_parallel_size {}: config.json's num_attention_heads {} must "
+                 "be divisible by it, and num_key_value_heads {} divisible by it or divide it (K/V heads replicated)",
+                 l.cp, m.num_attention_heads, m.num_key_value_heads);
+}
+
 }  // namespace
 
 int64_t ParallelLayout::first_layer(int chunk) const {
@@ -139,11 +164,16 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
   l.vpp = int(c.virtual_pipeline_parallel_size);
   l.sequence_parallel = c.sequence_parallel;
   l.schedule = c.pipeline_schedule;
-  FAB_USER_CHECK(world_size % (l.tp * l.pp) == 0,
-                 "{} ranks is not a multiple of tensor_parallel_size {} x pipeline_parallel_size {} = {} (world = tp "
-                 "x pp x dp)",
-                 world_size, l.tp, l.pp, l.tp * l.pp);
-  l.dp = world_size / (l.tp * l.pp);
+  FAB_USER_CHECK(c.context_parallel_size >= 1, "context_parallel_size {} must be at least 1", c.context_parallel_size);
+  l.cp = int(c.context_parallel_size);
+  l.cp_comm = c.cp_comm_type == "ring" ? "p2p" : c.cp_comm_type == "ulysses" ? "a2a" : c.cp_comm_type;
+  FAB_USER_CHECK(l.cp_comm == "p2p" || l.cp_comm == "all_gather" || l.cp_comm == "a2a",
+                 "cp_comm_type \"{}\": expected p2p, all_gather or a2a (cp_mode: ring or ulysses)", c.cp_comm_type);
+  FAB_USER_CHECK(world_size % (l.tp * l.cp * l.pp) == 0,
+                 "{} ranks is not a multiple of tensor_parallel_size {} x context_parallel_size {} x "
+                 "pipeline_parallel_size {} = {} (world = tp x cp x pp x dp)",
+                 world_size, l.tp, l.cp, l.pp, l.tp * l.cp * l.pp);
+  l.dp = world_size / (l.tp * l.cp * l.pp);
   FAB_USER_CHECK(!l.sequence_parallel || l.tp > 1,
                  "sequence_parallel needs tensor_parallel_size > 1 (it splits the tokens over the tensor-parallel "
                  "ranks)");
@@ -158,6 +188,7 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
   // Here, so that parallel: auto never picks them for a device run (`fabrica plan` of a cuda run
   // plans on a machine without one too: the setting counts, not this machine's GPU).
   const bool on_host = c.device == "cpu" || (c.device == "auto" && !cuda_backend().available());
+  check_context_parallel(c, m, l, on_host);
   FAB_USER_CHECK(on_host || l.pp == 1,
                  "device {} with pipeline_parallel_size {} is not implemented in Fabrica yet: on a device a run is "
                  "data and tensor parallel (with ZeRO-0 to 3)",

@@ -1,7 +1,8 @@
 #pragma once
 // The parallel layout of a run: how many ranks split each layer (tensor parallel), how many
-// pipeline stages (and model chunks per stage) the layers are spread over, and how many
-// data-parallel replicas remain: world = tp x pp x dp. Read from the config, checked against the
+// pipeline stages (and model chunks per stage) the layers are spread over, how many ranks split
+// each row's tokens (context parallel), and how many data-parallel replicas remain:
+// world = tp x cp x pp x dp. Read from the config, checked against the
 // model's config.json, before any worker starts; every invalid combination is a UserError that
 // names the sizes that conflict.
 #include <cstdint>
@@ -15,7 +16,8 @@
 namespace fab {
 
 struct ParallelLayout {
-  int tp = 1, pp = 1, vpp = 1, dp = 1;
+  int tp = 1, pp = 1, vpp = 1, dp = 1, cp = 1;
+  std::string cp_comm = "p2p";  // p2p | all_gather | a2a (cp_mode's ring / ulysses read as p2p / a2a)
   bool sequence_parallel = false;
   std::string schedule = "1f1b";  // 1f1b | interleaved_1f1b
   // Decoder layers of each model chunk, in layer order: chunk k runs on stage k % pp as its
@@ -23,7 +25,7 @@ struct ParallelLayout {
   // k). pp x vpp entries summing to num_hidden_layers.
   std::vector<int64_t> chunk_layers;
 
-  ParallelSizes sizes() const { return {tp, 1, dp, pp}; }
+  ParallelSizes sizes() const { return {tp, cp, dp, pp}; }
   int chunks() const { return pp * vpp; }
   // The first decoder layer of chunk k.
   int64_t first_layer(int chunk) const;

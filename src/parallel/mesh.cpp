@@ -45,11 +45,17 @@ std::vector<std::vector<int>> mesh_groups(int world_size, const ParallelSizes& s
   FAB_USER_CHECK(sizes.tp * sizes.cp * sizes.dp * sizes.pp == world_size,
                  "tp {} x cp {} x dp {} x pp {} = {} ranks, but the world has {}", sizes.tp, sizes.cp, sizes.dp,
                  sizes.pp, sizes.tp * sizes.cp * sizes.dp * sizes.pp, world_size);
-  sizes.of(dim);
+  std::vector<std::string> dims;  // `dim` may join several: "cp-dp"
+  for (size_t start = 0; start <= dim.size();) {
+    const size_t dash = std::min(dim.find('-', start), dim.size());
+    dims.push_back(dim.substr(start, dash - start));
+    sizes.of(dims.back());
+    start = dash + 1;
+  }
   std::map<std::vector<int>, std::vector<int>> by_rest;  // the other coordinates -> ranks
   for (int r = 0; r < world_size; ++r) {
     auto c = mesh_coordinates(r, sizes, order);
-    c.erase(dim);
+    for (const std::string& d : dims) c.erase(d);
     std::vector<int> rest;
     for (const auto& [name, value] : c) rest.push_back(value);
     by_rest[rest].push_back(r);  // r increases, and so does the coordinate along dim
@@ -62,12 +68,15 @@ std::vector<std::vector<int>> mesh_groups(int world_size, const ParallelSizes& s
 
 DeviceMesh::DeviceMesh(Communicator& world, const ParallelSizes& sizes, const std::string& order)
     : sizes_(sizes), coords_(mesh_coordinates(world.rank(), sizes, order)) {
-  for (const std::string& dim : parse_mesh_order(order)) {
+  std::vector<std::string> dims = parse_mesh_order(order);
+  dims.push_back("cp-dp");
+  for (const std::string& dim : dims) {
     const auto groups = mesh_groups(world.size(), sizes, order, dim);
-    int color = 0;
+    int color = 0, key = 0;
     for (size_t g = 0; g < groups.size(); ++g)
-      if (std::count(groups[g].begin(), groups[g].end(), world.rank())) color = int(g);
-    groups_[dim] = world.split(color, coords_[dim]);
+      for (size_t i = 0; i < groups[g].size(); ++i)
+        if (groups[g][i] == world.rank()) color = int(g), key = int(i);
+    groups_[dim] = world.split(color, key);
   }
 }
 

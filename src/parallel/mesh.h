@@ -3,7 +3,9 @@
 // first (Megatron's "tp-cp-dp-pp": tensor-parallel peers are neighbouring ranks, so they share a
 // node). Every process group comes from mesh_groups(); groups are passed around explicitly as
 // Communicators, never held in global state, so two meshes can live side by side. tp, dp and pp
-// may each exceed 1 (parallelize.h applies them); cp is laid out for context parallelism to come.
+// may each exceed 1 (parallelize.h applies them), and cp with data parallel only so far. Beside
+// the four dimensions, the mesh holds the group "cp-dp": the ranks of one tensor and pipeline
+// place, over which context parallel's gradients are summed and ZeRO shards (as Megatron does).
 #include <functional>
 #include <map>
 #include <memory>
@@ -25,15 +27,15 @@ std::vector<std::string> parse_mesh_order(const std::string& order);
 // Coordinates of `rank` along each dimension.
 std::map<std::string, int> mesh_coordinates(int rank, const ParallelSizes& sizes, const std::string& order);
 
-// Every group along `dim`: the world ranks that differ only in their `dim` coordinate, each group
-// ordered by that coordinate, groups ordered by their first rank.
+// Every group along `dim` (or several dimensions joined by '-', e.g. "cp-dp"): the world ranks
+// that differ only in those coordinates, each group in rank order, groups ordered by their first rank.
 std::vector<std::vector<int>> mesh_groups(int world_size, const ParallelSizes& sizes, const std::string& order,
                                           const std::string& dim);
 
 class DeviceMesh {
  public:
   DeviceMesh(Communicator& world, const ParallelSizes& sizes, const std::string& order = "tp-cp-dp-pp");
-  // This rank's group along `dim`.
+  // This rank's group along `dim` (tp, cp, dp, pp or cp-dp).
   Communicator& group(const std::string& dim) const;
   // Collectives over device memory (NCCL for CUDA): `make` turns a host group into the same
   // group's device collectives. Without it, or for a group of one, device_group is nullptr and

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "core/backend.h"
 #include "core/error.h"
+#include "core/pages.h"
 #include "models/hf_model.h"
 #include "models/peft_adapter.h"
 #include "nn/expert_exchange.h"
@@ -47,9 +49,17 @@ ParallelModel::ParallelModel(std::unique_ptr<DecoderModel> model, DeviceMesh* me
     dp.model_parallel_groups.push_back(&pipeline_->group());
     dp.not_counted = merge_ranges(dp.not_counted, pipeline_->norm_counted_elsewhere());
   }
-  // 3. recompute is the model's own (DecoderOptions::recompute_layers). 4. data parallel / ZeRO:
-  dp.device_group = mesh->device_group("dp");
-  dp_ = std::make_unique<DataParallel>(*model_, mesh->group("dp"), dp);
+  // 3. recompute is the model's own (DecoderOptions::recompute_layers). 4. data parallel / ZeRO,
+  // over dp x cp under context parallel (each cp rank holds its tokens' share of the gradient).
+  const std::string reduced_over = sizes.cp > 1 ? "cp-dp" : "dp";
+  if (sizes.cp > 1) {
+    const ModelConfig& m = model_->config();
+    cp_ = std::make_unique<ContextParallel>(mesh->group("cp"), parse_cp_comm(config.cp_comm_type),
+                                            m.num_attention_heads, m.num_key_value_heads, m.head_dim);
+    data_ = &mesh->group("dp");
+  }
+  dp.device_group = mesh->device_group(reduced_over);
+  dp_ = std::make_unique<DataParallel>(*model_, mesh->group(reduced_over), dp);
   // 5. expert parallel, folded into data parallel: ep consecutive data-parallel ranks exchange their
   // MoE layers' rows (nn/expert_exchange.h). Every rank holds every expert and computes its
   // share, so the data-parallel gradient sum adds each expert's gradient from the ranks computing it.
@@ -84,10 +94,10 @@ std::pair<int, int> ParallelModel::stage_place() const {
 double ParallelModel::forward_backward(int64_t micro_batches, float scale,
                                        const std::function<MicroBatch(int64_t)>& next) {
   if (!pipeline_)
-    return accumulate(micro_batches, [&](int64_t m) {
-      const MicroBatch b = next(m);
+    return sum_over_context(accumulate(micro_batches, [&](int64_t m) {
+      const MicroBatch b = context_share(next(m));
       return model_->forward_backward(b.ids, b.labels, scale, b.layout);
-    });
+    }));
   // Each stage collates the same micro-batches: the first embeds their ids, the last takes their
   // labels, every stage their packing layout. Memory holds the step's ids beside the activations.
   dp_->begin_step(micro_batches);
@@ -107,8 +117,19 @@ double ParallelModel::accumulate(int64_t micro_batches, const std::function<doub
   return sum;
 }
 
-double ParallelModel::loss_sum(const MicroBatch& b) {
-  return pipeline_ ? pipeline_->loss_sum(b) : model_->loss_sum(b.ids, b.labels, b.layout);
+double ParallelModel::loss_sum(const MicroBatch& whole) {
+  if (pipeline_) return pipeline_->loss_sum(whole);
+  const MicroBatch b = context_share(whole);
+  return sum_over_context(model_->loss_sum(b.ids, b.labels, b.layout));
+}
+
+MicroBatch ParallelModel::context_share(const MicroBatch& whole) const {
+  return cp_ ? cp_->shard(whole, model_->shifted_labels(whole.labels)) : whole;
+}
+
+double ParallelModel::sum_over_context(double loss_sum) {
+  if (cp_) cp_->group().all_reduce(&loss_sum, 1, "context parallel loss").wait();
+  return loss_sum;
 }
 
 void ParallelModel::finish_gradients() {
@@ -116,8 +137,10 @@ void ParallelModel::finish_gradients() {
   if (pipeline_) pipeline_->sum_tied_gradients();
 }
 
+// Over the data-parallel replicas only: under context parallel a replica's cp ranks share its rows,
+// so they count the same targets and hold the same (summed) loss; adding them would count it cp times.
 void ParallelModel::sum_over_data(double* values, int64_t n, const std::string& what) {
-  dp_->group().all_reduce(values, n, what).wait();
+  data_group().all_reduce(values, n, what).wait();
 }
 
 void ParallelModel::sum_over_stages(double* values, int64_t n, const std::string& what) {
@@ -165,10 +188,13 @@ nlohmann::json ParallelModel::report(int64_t steps_since) {
   Communicator& group = dp_->group();
   const int ranks = processes();
   const size_t slot = size_t((stage * group.size() + group.rank()) * tp + tp_rank);
-  std::vector<double> bytes(size_t(3 * ranks), 0.0);
+  std::vector<double> bytes(size_t(4 * ranks), 0.0);
   bytes[3 * slot] = double(mine.parameters);
   bytes[3 * slot + 1] = double(mine.gradients);
   bytes[3 * slot + 2] = double(mine.optimizer_state);
+  const Device device = model_->options().device;
+  bytes[size_t(3 * ranks) + slot] =
+      device.is_host() ? process_peak_resident_bytes() : double(backend(device.kind).allocator().total().peak);
   const CommStats now = dp_->comm_stats();
   const double steps = double(std::max<int64_t>(1, steps_since));
   const double sent = double(now.bytes_sent - comm_at_last_report_.bytes_sent) / steps;
@@ -178,9 +204,11 @@ nlohmann::json ParallelModel::report(int64_t steps_since) {
   const int64_t ep_bytes = experts_ ? experts_->bytes_sent() : 0;
   const double ep_sent = double(ep_bytes - ep_at_last_report_) / steps;
   ep_at_last_report_ = ep_bytes;
+  const double cp_sent = cp_ ? double(cp_->group().stats().bytes_sent - cp_at_last_report_.bytes_sent) / steps : 0.0;
   any_rank(bytes.data(), int64_t(bytes.size()), "memory report");  // each slot is set on one rank only
   comm_at_last_report_ = dp_->comm_stats();
   if (tp_) tp_at_last_report_ = tp_->stats();
+  if (cp_) cp_at_last_report_ = cp_->group().stats();
   nlohmann::json params = nlohmann::json::array(), grads = nlohmann::json::array(), opt = nlohmann::json::array();
   for (int r = 0; r < ranks; ++r) {
     params.push_back(int64_t(bytes[size_t(3 * r)]));
@@ -198,7 +226,10 @@ nlohmann::json ParallelModel::report(int64_t steps_since) {
                       {"memory_optimizer_state_bytes", opt},
                       {"memory_frozen_parameters_bytes", model_->frozen().bytes() + model_->frozen_bf16().bytes()},
                       {"comm_bytes_sent_per_step", int64_t(sent)},
-                      {"comm_hidden_fraction", busy > 0 ? std::clamp(1.0 - blocked / busy, 0.0, 1.0) : 1.0}};
+                      {"comm_hidden_fraction", busy > 0 ? std::clamp(1.0 - blocked / busy, 0.0, 1.0) : 1.0},
+                      {"peak_memory_bytes", int64_t(*std::max_element(bytes.begin() + 3 * ranks, bytes.end()))}};
+  if (cp_)
+    j.update({{"context_parallel_size", cp_->group().size()}, {"comm_cp_bytes_sent_per_step", int64_t(cp_sent)}});
   if (pipeline_) j.update(pipeline_report());
   return j;
 }

@@ -17,6 +17,7 @@
 #include "config/train_config.h"
 #include "io/safetensors.h"
 #include "models/decoder.h"
+#include "parallel/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline_parallel.h"
@@ -37,10 +38,12 @@ class ParallelModel {
   DecoderModel& model() { return *model_; }
   const DecoderModel& model() const { return *model_; }
   DataParallel& data_parallel() { return *dp_; }
-  Communicator& data_group() { return dp_->group(); }
+  // The data-parallel replicas, which draw different rows (dp ranks; under context parallel the cp
+  // ranks of a replica share its rows, and its gradients are summed over dp x cp: data_parallel()).
+  Communicator& data_group() { return data_ ? *data_ : dp_->group(); }
   // Rank 0 of every group: writes the logs, metrics and the final model.
   bool is_main() const;
-  int processes() const;  // every rank: data x tensor x pipeline
+  int processes() const;  // every rank: data x context x tensor x pipeline
   // Where this rank's checkpoint shards sit: (tensor-parallel rank, size), (stage, stages).
   std::pair<int, int> tensor_place() const;
   std::pair<int, int> stage_place() const;
@@ -48,12 +51,13 @@ class ParallelModel {
   // The micro-batches of one optimizer step, forward and backward: next(m) gives micro-batch m when
   // it runs (a pipeline takes them all first, then runs its schedule). Accumulates the gradient of
   // scale * (the token losses); returns this rank's loss sum (a pipeline's last stage's; 0 on the
-  // others: sum_over_stages shares it).
+  // others: sum_over_stages shares it; under context parallel, the whole rows', summed over cp).
   double forward_backward(int64_t micro_batches, float scale, const std::function<MicroBatch(int64_t)>& next);
   // Gradient accumulation for an objective that runs the model itself (the preference stages; no
   // pipeline): body(m) runs micro-batch m's forward and backward and returns its loss sum.
   double accumulate(int64_t micro_batches, const std::function<double(int64_t)>& body);
-  // The loss sum of an evaluation batch, without gradients (a pipeline's last stage's; 0 elsewhere).
+  // The loss sum of an evaluation batch, without gradients (a pipeline's last stage's; 0 elsewhere;
+  // the whole rows' under context parallel).
   double loss_sum(const MicroBatch& batch);
   // After the step's backward: the data-parallel reduction, and a pipeline's tied embedding.
   void finish_gradients();
@@ -75,23 +79,29 @@ class ParallelModel {
   // rank. Collective.
   void save_trained_model(const std::string& dir, const std::string& base_model);
 
-  // Since the last call: the model-state bytes of every rank, the bytes this rank sent per step
-  // (data parallel, tensor parallel, expert parallel's token exchange), the fraction of data-parallel communication hidden behind
-  // computation, and a pipeline's idle fraction and bytes per stage. Collective.
+  // Since the last call: the model-state bytes of every rank, the largest rank's peak memory (resident
+  // or device), the bytes this rank sent per step (data parallel, tensor parallel, context
+  // parallel, expert parallel's token exchange), the fraction of data-parallel communication hidden
+  // behind computation, and a pipeline's idle fraction and bytes per stage. Collective.
   nlohmann::json report(int64_t steps);
 
  private:
   nlohmann::json pipeline_report();
+  // Context parallel: this rank's share of a whole micro-batch; the loss sum over the cp group.
+  MicroBatch context_share(const MicroBatch& whole) const;
+  double sum_over_context(double loss_sum);
 
   std::unique_ptr<Communicator> own_world_;  // a mesh of one process, when training alone
   std::unique_ptr<DeviceMesh> own_mesh_;
   std::unique_ptr<DecoderModel> model_;
   Communicator* tp_ = nullptr;  // the tensor-parallel group, when the model is sliced
+  Communicator* data_ = nullptr;  // the dp group under context parallel (dp_ is over cp-dp)
+  std::unique_ptr<ContextParallel> cp_;
   std::unique_ptr<PipelineParallel> pipeline_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Communicator> ep_;  // the expert-parallel group, expert_parallel_size > 1
   std::shared_ptr<ExpertExchange> experts_;
-  CommStats comm_at_last_report_, tp_at_last_report_;
+  CommStats comm_at_last_report_, tp_at_last_report_, cp_at_last_report_;
   int64_t ep_at_last_report_ = 0;
 };
 

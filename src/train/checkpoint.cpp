@@ -351,7 +351,10 @@ CheckpointPart take_part(const std::string& dir, ParallelModel& model, const Tra
       removing_tmp_on_failure(part.tmp, [&] { save_trained_weights(dp.model(), part.tmp.string(), base_model); });
     part.model_config = dp.model().config();
     part.weights = copy ? copied(weights) : std::move(weights);
-    part.trainer_state = trainer_state_json(state, group.size(), model.stage_place().second, save_only_model);
+    // The sampler's bookkeeping counts the data-parallel replicas (dp; not dp x cp, whose context-
+    // parallel ranks share their replica's rows).
+    part.trainer_state =
+        trainer_state_json(state, model.data_group().size(), model.stage_place().second, save_only_model);
     part.config_yaml = config_yaml;
   }
   const std::string shard = stage_prefix(model) + optimizer_file(group.rank(), group.size(), tp_place(dp));

@@ -148,5 +148,52 @@ TEST(ParallelLayout, ConflictsNameTheSizes) {
   expect("pipeline_schedule: zero_bubble\n", 1, "expected 1f1b or interleaved_1f1b");
 }
 
+// Context parallel: world = tp x cp x pp x dp; LLaMA-Factory v1's cp_size / cp_mode are aliases
+// (ring and ulysses read as p2p and a2a); what it does not run with yet is refused by name.
+TEST(ParallelLayout, ContextParallelTakesItsRanksAndAliases) {
+  const ParallelLayout l = parallel_layout(config("context_parallel_size: 2\ncp_comm_type: all_gather\n"), model(2), 8);
+  EXPECT_EQ(l.cp, 2);
+  EXPECT_EQ(l.dp, 4);
+  EXPECT_EQ(l.cp_comm, "all_gather");
+  EXPECT_EQ(l.sizes().cp, 2);
+  const ParallelLayout v1 = parallel_layout(config("cp_size: 4\ncp_mode: ulysses\n"), model(2), 4);
+  EXPECT_EQ(v1.cp, 4);
+  EXPECT_EQ(v1.dp, 1);
+  EXPECT_EQ(v1.cp_comm, "a2a");
+  EXPECT_EQ(parallel_layout(config("cp_size: 2\ncp_mode: ring\n"), model(2), 2).cp_comm, "p2p");
+}
+
+TEST(ParallelLayout, ContextParallelRefusesWhatIsNotBuilt) {
+  auto expect = [](const std::string& yaml, int world, const std::string& words) {
+    const std::string e = error_of(config(yaml), model(2), world);
+    EXPECT_NE(e.find(words), std::string::npos) << yaml << " -> " << e;
+  };
+  expect("context_parallel_size: 2\n", 3, "3 ranks is not a multiple of tensor_parallel_size 1 x context_parallel_size 2");
+  expect("context_parallel_size: 2\ntensor_parallel_size: 2\n", 4,
+         "context_parallel_size 2 with tensor_parallel_size 2 is not implemented");
+  expect("context_parallel_size: 2\npipeline_parallel_size: 2\n", 4,
+         "context_parallel_size 2 with pipeline_parallel_size 2 is not implemented");
+  expect("context_parallel_size: 2\nstage: dpo\n", 2, "context_parallel_size 2 with stage dpo is not implemented");
+  expect("context_parallel_size: 2\nstage: grpo\nreward: exact_match\n", 2, "context_parallel_size 2 with stage grpo is not implemented");
+  expect("context_parallel_size: 2\ndevice: cuda\n", 2, "context_parallel_size 2 with device cuda is not implemented");
+  expect("context_parallel_size: 4\ncutoff_len: 7\n", 4, "cutoff_len 7 is shorter than 2 x context_parallel_size 4 = 8");
+  expect("context_parallel_size: 2\ncp_comm_type: ring_attention\n", 2, "cp_comm_type \"ring_attention\": expected p2p");
+  const ModelConfig three_heads = parse_model_config(
+      R"({"model_type":"llama","vocab_size":64,"hidden_size":48,"intermediate_size":48,"num_hidden_layers":2,
+          "num_attention_heads":6,"num_key_value_heads":3,"max_position_embeddings":64})",
+      "config.json");
+  EXPECT_NE(error_of(config("context_parallel_size: 4\ncp_comm_type: a2a\n"), three_heads, 4)
+                .find("cp_comm_type a2a (Ulysses) with context_parallel_size 4: config.json's num_attention_heads 6"),
+            std::string::npos);
+  EXPECT_EQ(parallel_layout(config("context_parallel_size: 4\ncp_comm_type: p2p\n"), three_heads, 4).cp, 4);
+  const ModelConfig moe = parse_model_config(
+      R"({"model_type":"qwen3_moe","vocab_size":64,"hidden_size":32,"intermediate_size":48,"moe_intermediate_size":16,
+          "num_experts":4,"num_experts_per_tok":2,"num_hidden_layers":2,"num_attention_heads":4,
+          "num_key_value_heads":2,"max_position_embeddings":64})",
+      "config.json");
+  EXPECT_NE(error_of(config("context_parallel_size: 2\n"), moe, 2).find("with a mixture-of-experts model (qwen3_moe)"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace fab
