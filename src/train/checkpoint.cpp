@@ -396,25 +396,31 @@ void rename_into_place(const CheckpointPart& part) {
   fsync_path(part.final_dir.parent_path().empty() ? fs::path(".") : part.final_dir.parent_path());
 }
 
-std::vector<fs::path> markers_in(const fs::path& tmp) {
+}  // namespace
+
+std::vector<fs::path> finished_write_markers(const fs::path& tmp) {
   std::vector<fs::path> found;
-  for (const auto& e : fs::directory_iterator(tmp))
-    if (e.path().filename().string().rfind(".written-", 0) == 0) found.push_back(e.path());
+  for (const auto& e : fs::directory_iterator(tmp)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".written-", 0) == 0 && name.find(".tmp.") == std::string::npos) found.push_back(e.path());
+  }
   return found;
 }
+
+namespace {
 
 // The main rank's writer: every rank's marker, found on the (shared) file system — no collective.
 // False when abandoned (the job is ending on an error); a UserError past `timeout`.
 bool wait_for_markers(const CheckpointPart& part, std::chrono::seconds timeout, const std::atomic<bool>& abandon) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (int64_t(markers_in(part.tmp).size()) < part.job_ranks) {
+  while (int64_t(finished_write_markers(part.tmp).size()) < part.job_ranks) {
     if (abandon) return false;
     FAB_USER_CHECK(std::chrono::steady_clock::now() < deadline,
                    "{}: {} of {} ranks wrote their part of the checkpoint within ddp_timeout {} s (async_save)",
-                   part.tmp.string(), markers_in(part.tmp).size(), part.job_ranks, timeout.count());
+                   part.tmp.string(), finished_write_markers(part.tmp).size(), part.job_ranks, timeout.count());
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  for (const fs::path& m : markers_in(part.tmp)) fs::remove(m);
+  for (const fs::path& m : finished_write_markers(part.tmp)) fs::remove(m);
   return true;
 }
 

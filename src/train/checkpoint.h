@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -55,6 +56,12 @@ void save_checkpoint(const std::string& dir, ParallelModel& model, const Trainer
 // One save in flight: save() first waits for the previous one. A failure of the writer is
 // rethrown on the training thread by check() (each step), the next save() or wait() (the end).
 // Under LoRA the adapter folder (small) is written at the step itself.
+// The async writers' markers in a checkpoint-N.tmp folder that are complete: not the temporary
+// file write_file_atomically makes first (".written-X.tmp.<pid>.<n>"), which, counted, let the main
+// rank rename the folder and delete it while its writer was still to rename it: that rank's save
+// failed, it left training, and the other rank waited in a collective until ddp_timeout.
+std::vector<std::filesystem::path> finished_write_markers(const std::filesystem::path& tmp_dir);
+
 class AsyncCheckpointWriter {
  public:
   // `peers_timeout`: how long the main rank waits for the other ranks' markers (ddp_timeout).

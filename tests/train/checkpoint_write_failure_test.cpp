@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "models/hf_model.h"
+#include "train/checkpoint.h"
 #include "train/synthetic_data.h"
 #include "parallel/parallelize.h"
 #include "train/trainer.h"
@@ -114,6 +115,20 @@ TEST(CheckpointWriteFailure, TheTemporaryFolderGoesWithTheFailedWrite) {
       EXPECT_TRUE(fs::exists(out + "/metrics.jsonl"));  // the run itself was not undone
     }
   }
+}
+
+// async_save: the main rank's writer waits for every rank's marker. A marker still being written
+// (write_file_atomically's temporary, ".written-X.tmp.<pid>.<n>") is not one: counted, it let the
+// main rank rename the folder under a writer about to rename its marker, whose save then failed
+// (mpi_GuardDevice hung 900 s in CI on it).
+TEST(AsyncSave, MarkersStillBeingWrittenAreNotCounted) {
+  const fs::path tmp = fresh_dir("markers");
+  std::ofstream(tmp / ".written-optimizer-rank-0-of-2.safetensors");
+  std::ofstream(tmp / ".written-optimizer-rank-1-of-2.safetensors.tmp.4242.0");
+  std::ofstream(tmp / "optimizer-rank-1-of-2.safetensors");
+  const auto found = finished_write_markers(tmp);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].filename(), ".written-optimizer-rank-0-of-2.safetensors");
 }
 
 }  // namespace
