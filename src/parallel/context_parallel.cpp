@@ -12,7 +12,8 @@
 namespace fab {
 namespace {
 
-constexpr int kForwardTag = 1, kBackwardTag = 2;  // the ring's messages (in order between two ranks)
+// The ring's messages (in order between two ranks, for each tag): K/V forward, dK/dV and K/V backward.
+constexpr int kForwardTag = 1, kBackwardTag = 2, kBackwardKvTag = 3;
 
 Tensor floats(int64_t n) { return Tensor::empty({n}, DType::f32, MemoryCategory::activations); }
 Tensor zero_floats(int64_t n) { return Tensor::zeros({n}, DType::f32, MemoryCategory::activations); }
@@ -151,16 +152,29 @@ class ContextParallelAttention final : public AttentionCore,
       group_.reduce_scatter(grads.data<float>(), cp_ * 2 * kv, "context parallel dK/dV reduce-scatter").wait();
       own = grads.data<float>() + rank_ * 2 * kv;
     } else {
-      // [k | v | dk | dv] travel together; after cp steps this rank's own block is back, complete.
-      Tensor current = zero_floats(4 * kv), next = floats(4 * kv);
-      std::memcpy(current.data<float>(), k->value.data<float>(), size_t(kv) * sizeof(float));
-      std::memcpy(current.data<float>() + kv, v->value.data<float>(), size_t(kv) * sizeof(float));
+      // [k | v] go round as in forward, the next block posted before the one in hand is used;
+      // [dk | dv] follow one step behind, each rank adding its queries' terms before passing them
+      // on. After cp passes this rank's own [dk | dv] is back, complete.
+      Tensor kv_now = floats(2 * kv), kv_next = floats(2 * kv);
+      Tensor dkv_now = zero_floats(2 * kv), dkv_next = floats(2 * kv);
+      std::memcpy(kv_now.data<float>(), k->value.data<float>(), size_t(kv) * sizeof(float));
+      std::memcpy(kv_now.data<float>() + kv, v->value.data<float>(), size_t(kv) * sizeof(float));
       for (int step = 0; step < cp_; ++step) {
-        backward_block((rank_ + cp_ - step) % cp_, current.data<float>(), current.data<float>() + 2 * kv);
-        if (cp_ > 1) ring_step(current, next, kBackwardTag);
+        CommHandle sent, got;
+        if (step + 1 < cp_) {
+          sent = group_.isend(kv_now.data<float>(), int64_t(kv_now.bytes()), (rank_ + 1) % cp_, kBackwardKvTag);
+          got = group_.irecv(kv_next.data<float>(), int64_t(kv_next.bytes()), (rank_ + cp_ - 1) % cp_, kBackwardKvTag);
+        }
+        backward_block((rank_ + cp_ - step) % cp_, kv_now.data<float>(), dkv_now.data<float>());
+        if (cp_ > 1) ring_step(dkv_now, dkv_next, kBackwardTag);
+        if (step + 1 < cp_) {
+          sent.wait();
+          got.wait();
+          std::swap(kv_now, kv_next);
+        }
       }
-      grads = current;
-      own = grads.data<float>() + 2 * kv;
+      grads = dkv_now;
+      own = grads.data<float>();
     }
     add_into(own, grad_of(k).data<float>(), kv);
     add_into(own + kv, grad_of(v).data<float>(), kv);
