@@ -68,12 +68,17 @@ ExpertRoute ExpertExchange::plan(const std::vector<int64_t>& counts, int64_t row
   return route;
 }
 
+// Without a group the rows are this rank's own: packed straight from `rows`, with no exchange copy.
 Tensor ExpertExchange::dispatch(const ExpertRoute& route, const float* rows, int64_t width) {
   const int64_t received = int64_t(route.packed_of_received.size());
-  Tensor in = host_rows(received, width), packed = host_rows(route.packed_rows(), width);
-  exchange(rows, route.send_rows, in.data<float>(), route.recv_rows, width, "expert dispatch");
+  Tensor packed = host_rows(route.packed_rows(), width), in;
+  const float* src = rows;
+  if (group_) {
+    in = host_rows(received, width);
+    exchange(rows, route.send_rows, in.data<float>(), route.recv_rows, width, "expert dispatch");
+    src = in.data<float>();
+  }
   std::fill(packed.data<float>(), packed.data<float>() + packed.numel(), 0.0f);
-  const float* src = in.data<float>();
   float* dst = packed.data<float>();
 #pragma omp parallel for
   for (int64_t i = 0; i < received; ++i)
@@ -81,14 +86,16 @@ Tensor ExpertExchange::dispatch(const ExpertRoute& route, const float* rows, int
   return packed;
 }
 
+// Without a group the unpacked rows are the result itself.
 Tensor ExpertExchange::combine(const ExpertRoute& route, const float* packed, int64_t width) {
   const int64_t received = int64_t(route.packed_of_received.size());
-  Tensor out = host_rows(received, width), back = host_rows(route.routed_rows, width);
-  float* dst = out.data<float>();
+  Tensor back = host_rows(route.routed_rows, width);
+  Tensor out = group_ ? host_rows(received, width) : Tensor();
+  float* dst = group_ ? out.data<float>() : back.data<float>();
 #pragma omp parallel for
   for (int64_t i = 0; i < received; ++i)
     std::memcpy(dst + i * width, packed + route.packed_of_received[size_t(i)] * width, size_t(width) * sizeof(float));
-  exchange(out.data<float>(), route.recv_rows, back.data<float>(), route.send_rows, width, "expert combine");
+  if (group_) exchange(dst, route.recv_rows, back.data<float>(), route.send_rows, width, "expert combine");
   return back;
 }
 

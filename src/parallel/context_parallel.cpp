@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "core/error.h"
@@ -79,14 +80,39 @@ class ContextParallelAttention final : public AttentionCore,
   }
   int64_t kv_numel() const { return batch_ * tokens_ * kv_heads_ * head_dim_; }
 
+  // This rank's [k | v] into dst (2 kv_numel floats).
+  void pack_kv(const Var& k, const Var& v, float* dst) const {
+    std::memcpy(dst, k->value.data<float>(), size_t(kv_numel()) * sizeof(float));
+    std::memcpy(dst + kv_numel(), v->value.data<float>(), size_t(kv_numel()) * sizeof(float));
+  }
+
   // [k | v] of every rank, rank after rank (all_gather).
   Tensor gather_kv(const Var& k, const Var& v) const {
     const int64_t per = 2 * kv_numel();
     Tensor all = floats(cp_ * per);
-    std::memcpy(all.data<float>() + rank_ * per, k->value.data<float>(), size_t(kv_numel()) * sizeof(float));
-    std::memcpy(all.data<float>() + rank_ * per + kv_numel(), v->value.data<float>(), size_t(kv_numel()) * sizeof(float));
+    pack_kv(k, v, all.data<float>() + rank_ * per);
     group_.all_gather(all.data<float>(), cp_ * per, "context parallel K/V all-gather").wait();
     return all;
+  }
+
+  // Walks every rank's [k | v] block round the ring (p2p), this rank's first: use(src, block) for
+  // each, the next block posted (isend/irecv under `tag`) before the one in hand is used.
+  void around_the_ring(const Var& k, const Var& v, int tag, const std::function<void(int, const float*)>& use) const {
+    Tensor current = floats(2 * kv_numel()), next = floats(2 * kv_numel());
+    pack_kv(k, v, current.data<float>());
+    for (int step = 0; step < cp_; ++step) {
+      CommHandle sent, got;
+      if (step + 1 < cp_) {
+        sent = group_.isend(current.data<float>(), int64_t(current.bytes()), (rank_ + 1) % cp_, tag);
+        got = group_.irecv(next.data<float>(), int64_t(next.bytes()), (rank_ + cp_ - 1) % cp_, tag);
+      }
+      use((rank_ + cp_ - step) % cp_, current.data<float>());
+      if (step + 1 < cp_) {
+        sent.wait();
+        got.wait();
+        std::swap(current, next);
+      }
+    }
   }
 
   // Passes `current` (n floats) to the next rank of the ring and takes the previous rank's into `next`.
@@ -112,23 +138,7 @@ class ContextParallelAttention final : public AttentionCore,
       const Tensor all = gather_kv(k, v);
       for (int src = 0; src < cp_; ++src) attend_block(src, all.data<float>() + src * 2 * kv);
     } else {
-      Tensor current = floats(2 * kv), next = floats(2 * kv);
-      std::memcpy(current.data<float>(), k->value.data<float>(), size_t(kv) * sizeof(float));
-      std::memcpy(current.data<float>() + kv, v->value.data<float>(), size_t(kv) * sizeof(float));
-      for (int step = 0; step < cp_; ++step) {
-        // The next block is posted before the one in hand is attended.
-        CommHandle sent, got;
-        if (step + 1 < cp_) {
-          sent = group_.isend(current.data<float>(), int64_t(current.bytes()), (rank_ + 1) % cp_, kForwardTag);
-          got = group_.irecv(next.data<float>(), int64_t(next.bytes()), (rank_ + cp_ - 1) % cp_, kForwardTag);
-        }
-        attend_block((rank_ + cp_ - step) % cp_, current.data<float>());
-        if (step + 1 < cp_) {
-          sent.wait();
-          got.wait();
-          std::swap(current, next);
-        }
-      }
+      around_the_ring(k, v, kForwardTag, attend_block);
     }
     auto self = shared_from_this();
     tape.push([self, q, k, v, out, lse] { self->ring_backward(q, k, v, out, lse); });
@@ -152,27 +162,13 @@ class ContextParallelAttention final : public AttentionCore,
       group_.reduce_scatter(grads.data<float>(), cp_ * 2 * kv, "context parallel dK/dV reduce-scatter").wait();
       own = grads.data<float>() + rank_ * 2 * kv;
     } else {
-      // [k | v] go round as in forward, the next block posted before the one in hand is used;
-      // [dk | dv] follow one step behind, each rank adding its queries' terms before passing them
-      // on. After cp passes this rank's own [dk | dv] is back, complete.
-      Tensor kv_now = floats(2 * kv), kv_next = floats(2 * kv);
+      // [k | v] go round as in forward; [dk | dv] follow one step behind, each rank adding its
+      // queries' terms before passing them on. After cp passes this rank's own [dk | dv] is back, complete.
       Tensor dkv_now = zero_floats(2 * kv), dkv_next = floats(2 * kv);
-      std::memcpy(kv_now.data<float>(), k->value.data<float>(), size_t(kv) * sizeof(float));
-      std::memcpy(kv_now.data<float>() + kv, v->value.data<float>(), size_t(kv) * sizeof(float));
-      for (int step = 0; step < cp_; ++step) {
-        CommHandle sent, got;
-        if (step + 1 < cp_) {
-          sent = group_.isend(kv_now.data<float>(), int64_t(kv_now.bytes()), (rank_ + 1) % cp_, kBackwardKvTag);
-          got = group_.irecv(kv_next.data<float>(), int64_t(kv_next.bytes()), (rank_ + cp_ - 1) % cp_, kBackwardKvTag);
-        }
-        backward_block((rank_ + cp_ - step) % cp_, kv_now.data<float>(), dkv_now.data<float>());
+      around_the_ring(k, v, kBackwardKvTag, [&](int src, const float* kv_block) {
+        backward_block(src, kv_block, dkv_now.data<float>());
         if (cp_ > 1) ring_step(dkv_now, dkv_next, kBackwardTag);
-        if (step + 1 < cp_) {
-          sent.wait();
-          got.wait();
-          std::swap(kv_now, kv_next);
-        }
-      }
+      });
       grads = dkv_now;
       own = grads.data<float>();
     }

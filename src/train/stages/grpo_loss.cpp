@@ -137,7 +137,6 @@ PolicyLoss parse_policy_loss(const std::string& name) {
   throw UserError(format("policy_loss: expected vanilla, gspo or cispo, got \"{}\"", name));
 }
 
-
 KlType parse_kl_type(const std::string& name) {
   if (name == "k1" || name == "kl") return KlType::k1;
   if (name == "k2" || name == "mse") return KlType::k2;
