@@ -6,7 +6,7 @@
 // each; --sequence-parallel adds sp) and it also reports the bytes each rank sent per step over
 // the tensor-parallel group and its parameter and peak activation bytes; --allreduce-mb N instead times the communicator's all-reduce of N MB against a
 // bare MPI_Allreduce (bench/distributed_bench.sh runs both). --fma-peak prints the measured fp32
-// FMA peak of the machine (bench/fma_peak.h), the denominator of MFU. --save-every N --save-dir DIR
+// FMA peak of the machine (kernels/cpu/fma_peak.h), the denominator of MFU. --save-every N --save-dir DIR
 // checkpoints every N timed steps into DIR (save_checkpoint, or with --async-save the background
 // writer of async_save), counted in the step time; save_ms is the mean time a save held the
 // training thread, and the async run's last write, drained after the timed steps, is reported
@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/fma_peak.h"
 #include "core/backend.h"
 #include "core/rng.h"
+#include "kernels/cpu/fma_peak.h"
 #include "kernels/kernel_table.h"
 #include "models/decoder.h"
 #include "comm/world.h"
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   if (flags.fma_peak) {  // the fp32 FMA peak of the vectors our kernels use (FAB_CPU_ISA applies)
     const bool avx512 = std::string(cpu_kernels().isa) == "avx512";
     std::printf("{\"impl\":\"fabrica\",\"fma_peak_gflops\":%.1f,\"isa\":\"%s\",\"threads\":%d}\n",
-                bench::measured_fma_peak_gflops(avx512, flags.threads), cpu_kernels().isa, flags.threads);
+                cpu::measured_fma_peak_gflops(avx512, flags.threads), cpu_kernels().isa, flags.threads);
     return 0;
   }
   WorldInfo info = world_from_environment();

@@ -2,6 +2,7 @@
 // a library's failure (LibraryError, printed as it is) and for internal errors.
 #include <omp.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -20,6 +21,7 @@
 #include "core/error.h"
 #include "core/stop_signals.h"
 #include "kernels/cpu/matmul_onednn.h"
+#include "kernels/cpu/machine_peak.h"
 
 namespace {
 
@@ -136,7 +138,7 @@ int print_command_help(const std::string& command) {
        "  machine (GEMM rate, all-reduce bandwidth and latency over N processes under mpirun, memory) and\n"
        "  prints (or writes) a cluster file.\nexample:\n  fabrica plan run.yaml --devices 512 --devices-per-node 8 "
        "--device h100-80g --top 3\n"},
-      {"env", "fabrica env\n  Version, CPU features, the kernel ISA in use, MPI and CUDA availability.\nexample:\n  fabrica env\n"},
+      {"env", "fabrica env\n  Version, CPU features, the kernel ISA in use, the peak MFU is measured against, MPI and CUDA availability.\nexample:\n  fabrica env\n"},
       {"init",
        "fabrica init --hosts H1,H2 --nproc-per-node N [--iface IF] [--rsh-agent CMD] [--output cluster.yaml]\n"
        "  Writes a cluster file: the hosts, workers per host, the network interface (a name or a CIDR) and how\n"
@@ -174,6 +176,9 @@ int run_env() {
   std::cout << "\nopenmp threads: " << omp_get_max_threads() << "\n";
   std::cout << "gemm: " << fab::cpu::onednn_description() << "\n";
   std::cout << "bf16 gemm: " << fab::cpu::bf16_gemm_description() << "\n";
+  const fab::MachinePeak peak = fab::machine_peak(omp_get_max_threads());
+  std::printf("peak (MFU's denominator): %.1f GFLOP/s fp32, %.1f GFLOP/s bf16 on %d threads (%s); %s\n",
+              peak.fp32_gflops, peak.bf16_gflops, peak.threads, peak.bf16_basis.c_str(), peak.source.c_str());
   std::cout << "mpi: " << fab::mpi_library_version() << "\n";
   const fab::Backend& cuda = fab::backend(fab::DeviceKind::cuda);
   std::cout << "cuda: " << (cuda.available() ? "available, " : "") << cuda.name() << "\n";

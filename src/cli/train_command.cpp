@@ -333,7 +333,7 @@ int train_worker(TrainConfig c, WorldInfo world) {
     train_data.eval_images = model_images(data.eval_images);
     if (rl) train_data.rollout = rollout_environment(c, tokenizer);
     Trainer trainer(c, parallelize(std::move(model), mesh.get(), c), std::move(train_data));
-    if (main) std::printf("training: %lld steps\n", (long long)trainer.total_steps());
+    if (main) std::printf("training: %lld steps; MFU against %s\n", (long long)trainer.total_steps(), trainer.mfu_basis().c_str());
     if (main && c.stage == Stage::ppo && c.critic_warmup > trainer.total_steps())
       std::printf("warning: critic_warmup %lld is past the run's %lld steps: the actor never updates, only the "
                   "critic trains (saved to %s/critic); the final model is the starting one\n",

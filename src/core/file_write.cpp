@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +127,12 @@ void AppendFile::append_line(std::string_view line) {
   std::string text(line);
   text += '\n';
   append(text);
+}
+
+std::string fabrica_cache_dir() {
+  if (const char* dir = std::getenv("FABRICA_CACHE")) return dir;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/tmp") + "/.cache/fabrica";
 }
 
 }  // namespace fab

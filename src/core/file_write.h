@@ -26,6 +26,10 @@ class AtomicFileWriter {
   int fd_ = -1;
 };
 
+// Where Fabrica keeps what it derives and reuses (tokenized data, the machine's measured peak):
+// $FABRICA_CACHE, else ~/.cache/fabrica.
+std::string fabrica_cache_dir();
+
 // AtomicFileWriter for a file given whole.
 void write_file_atomically(const std::string& path, std::string_view content);
 

@@ -57,12 +57,6 @@ std::string cache_key(const TrainConfig& c, const Tokenizer& tokenizer, const st
   return hex;
 }
 
-std::string default_cache_dir() {
-  if (const char* dir = std::getenv("FABRICA_CACHE")) return dir;
-  const char* home = std::getenv("HOME");
-  return std::string(home ? home : "/tmp") + "/.cache/fabrica";
-}
-
 // The rows of every item (a sample; a pair for dpo and rm: chosen, rejected; a KTO example:
 // completion, mismatched KL completion) back to back, and the KTO tags.
 struct TokenizedItems {
@@ -303,7 +297,7 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   }
   PreparedData out;
   out.cache_key = cache_key(c, tokenizer, attrs);
-  const fs::path dir = !cache_dir_in.empty() ? cache_dir_in : !c.cache_dir.empty() ? c.cache_dir : default_cache_dir();
+  const fs::path dir = !cache_dir_in.empty() ? cache_dir_in : !c.cache_dir.empty() ? c.cache_dir : fabrica_cache_dir();
   const CacheFiles cache{dir / (out.cache_key + ".train.bin"), dir / (out.cache_key + ".eval.bin"),
                          dir / (out.cache_key + ".json"), dir / (out.cache_key + ".images.bin")};
   if (PreparedData cached = out; !c.overwrite_cache && load_cache(cache, cached, c)) return cached;

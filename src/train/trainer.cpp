@@ -27,6 +27,7 @@
 #include "monitor/progress_bar.h"
 #include "monitor/tensorboard.h"
 #include "train/finetuning.h"
+#include "kernels/cpu/machine_peak.h"
 #include "monitor/metrics_log.h"
 
 namespace fab {
@@ -120,6 +121,31 @@ Trainer::Trainer(TrainConfig config, std::unique_ptr<ParallelModel> model, Train
   warmup_steps_ = config_.warmup_steps > 0 ? config_.warmup_steps
                                            : int64_t(std::ceil(config_.warmup_ratio * double(total_steps_)));
   config_yaml_ = train_config_to_yaml(config_);
+  set_mfu_peak();
+}
+
+// On CUDA, 989 TFLOP/s per process: the dense bf16 tensor-core peak of an H100/H200 SXM, against
+// which MFU is quoted. On a CPU, this machine's measured peak (kernels/cpu/machine_peak.h), bf16 or
+// fp32 as the run computes; every rank measures at once, as it will compute. FAB_PEAK_GFLOPS
+// (GFLOP/s per process) overrides either.
+void Trainer::set_mfu_peak() {
+  const bool bf16 = model_->model().options().precision == Precision::bf16;
+  const char* precision = bf16 ? "bf16" : "fp32";
+  double gflops = 0;
+  std::string source;
+  if (model_->model().options().device.kind == DeviceKind::cuda) {
+    const char* env = std::getenv("FAB_PEAK_GFLOPS");
+    gflops = env ? std::atof(env) : 989e3;
+    source = env ? "FAB_PEAK_GFLOPS" : "the H100/H200 dense bf16 tensor-core peak";
+  } else {
+    const MachinePeak peak = machine_peak(omp_get_max_threads());
+    gflops = bf16 ? peak.bf16_gflops : peak.fp32_gflops;
+    source = peak.source;
+  }
+  peak_flops_per_process_ = gflops * 1e9;
+  char figure[32];
+  std::snprintf(figure, sizeof figure, "%.1f", gflops);
+  mfu_basis_ = format("{} GFLOP/s {} per process, {}", figure, precision, source);
 }
 
 Trainer::~Trainer() = default;
@@ -173,9 +199,7 @@ bool Trainer::timed_save_due() const {
 double Trainer::evaluate() { return stage_->evaluate(); }
 
 // Model FLOPs utilisation: 6N + 12 L T C FLOPs per token (N = parameters in matmuls, T = mean
-// sample length) against FAB_PEAK_GFLOPS per process; unset, 157.5 GFLOP/s per thread (the fp32
-// FMA peak measured on the 2-core reference machine), or on CUDA 989 TFLOP/s (the dense bf16
-// tensor-core peak of an H100/H200 SXM, against which MFU is quoted).
+// sample length) against the peak set_mfu_peak chose, per process.
 double training_flops_per_token(const ModelConfig& m, double mean_tokens, bool value_head) {
   const double table = double(m.vocab_size) * double(m.hidden_size);  // the embedding or the head
   // num_parameters counts a tied table once: as the head; an untied embedding is a lookup.
@@ -188,11 +212,7 @@ double Trainer::mfu(double tokens_per_s) const {
   const ModelConfig& m = model_->model().config();
   const double t = double(data_.train.total_tokens()) / double(std::max<int64_t>(1, data_.train.size()));
   const double flops = training_flops_per_token(m, t, model_->model().options().value_head);
-  const char* peak_env = std::getenv("FAB_PEAK_GFLOPS");
-  const int processes = model_->processes();
-  const double default_peak = model_->model().options().device.kind == DeviceKind::cuda ? 989e3 : 157.5 * omp_get_max_threads();
-  const double peak = (peak_env ? std::atof(peak_env) : default_peak) * 1e9 * processes;
-  return tokens_per_s * flops / peak;
+  return tokens_per_s * flops / (peak_flops_per_process_ * model_->processes());
 }
 
 // On a terminal: one line redrawn every step with a bar, loss, lr, tokens/s, MFU and ETA.

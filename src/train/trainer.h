@@ -41,6 +41,8 @@ class Trainer {
 
   int64_t total_steps() const { return total_steps_; }
   const std::vector<StepRecord>& history() const { return history_; }
+  // What MFU is measured against: "74.9 GFLOP/s fp32 per process (measured now, cached in ...)".
+  const std::string& mfu_basis() const { return mfu_basis_; }
   // Mean loss over the evaluation set (no gradients).
   double evaluate();
 
@@ -55,6 +57,7 @@ class Trainer {
   void note_untraced_run() const;  // trace: true whose trace_steps this run never reaches
   void log_step(const StepRecord& record, double eval_loss);
   void show_progress(int64_t step, double loss, double lr, double tokens_per_s, double elapsed);
+  void set_mfu_peak();
   double mfu(double tokens_per_s) const;
   void save(int64_t step);
   void resume(const std::string& checkpoint);
@@ -76,6 +79,8 @@ class Trainer {
   int64_t total_steps_ = 0, warmup_steps_ = 0, first_step_ = 0;
   std::vector<StepRecord> history_;
   std::string config_yaml_;
+  double peak_flops_per_process_ = 0;  // MFU's denominator, over processes()
+  std::string mfu_basis_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
 };

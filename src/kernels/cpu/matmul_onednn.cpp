@@ -210,20 +210,22 @@ std::string bf16_gemm_description() {
                                     "matmul for the CPU)";
 }
 
+std::string onednn_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    default: return "unknown";
+  }
+}
+
 std::string onednn_description() {
   const dnnl_version_t* v = dnnl_version();
-  const char* isa = "unknown";
-  switch (dnnl_get_effective_cpu_isa()) {
-    case dnnl_cpu_isa_avx512_core_amx: isa = "avx512_core_amx"; break;
-    case dnnl_cpu_isa_avx512_core_bf16: isa = "avx512_core_bf16"; break;
-    case dnnl_cpu_isa_avx512_core_vnni: isa = "avx512_core_vnni"; break;
-    case dnnl_cpu_isa_avx512_core: isa = "avx512_core"; break;
-    case dnnl_cpu_isa_avx2_vnni: isa = "avx2_vnni"; break;
-    case dnnl_cpu_isa_avx2: isa = "avx2"; break;
-    default: break;
-  }
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         ", ISA " + isa;
+         ", ISA " + onednn_isa();
 }
 
 }  // namespace fab::cpu

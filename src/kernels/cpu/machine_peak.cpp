@@ -1,0 +1,79 @@
+#include "kernels/cpu/machine_peak.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/file_write.h"
+#include "kernels/cpu/fma_peak.h"
+#include "kernels/cpu/matmul_onednn.h"
+
+namespace fab {
+namespace {
+
+std::string cpu_model_name() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown cpu";
+}
+
+MachinePeak measure(const std::string& isa, int threads) {
+  MachinePeak p;
+  p.threads = threads;
+  p.isa = isa;
+  const bool avx512 = isa.rfind("avx512", 0) == 0;
+  p.fp32_gflops = cpu::measured_fma_peak_gflops(avx512, threads);
+  if (isa == "avx512_core_amx") {
+    p.bf16_gflops = 16 * p.fp32_gflops;
+    p.bf16_basis = "AMX: 16x the AVX-512 fp32 FMA peak (512 bf16 multiply-adds a cycle against 32), not measured";
+  } else if (isa == "avx512_core_bf16" && (p.bf16_gflops = cpu::measured_bf16_dot_peak_gflops(threads)) > 0) {
+    p.bf16_basis = "AVX512-BF16 dot products (vdpbf16ps), measured";
+  } else {
+    p.bf16_gflops = p.fp32_gflops;
+    p.bf16_basis = "bf16 GEMMs are computed in fp32 on " + isa + ": the fp32 peak";
+  }
+  return p;
+}
+
+nlohmann::json read_cache(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json::object();
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  return j.is_object() ? j : nlohmann::json::object();  // unreadable: measured again, written anew
+}
+
+}  // namespace
+
+MachinePeak machine_peak(int threads) {
+  const std::string isa = cpu::onednn_isa();
+  if (const char* env = std::getenv("FAB_PEAK_GFLOPS")) {
+    const double gflops = std::atof(env);
+    FAB_USER_CHECK(gflops > 0, "FAB_PEAK_GFLOPS={}: expected GFLOP/s per process, a positive number", env);
+    return {gflops, gflops, threads, isa, "both set by FAB_PEAK_GFLOPS", "FAB_PEAK_GFLOPS (GFLOP/s per process)"};
+  }
+  const std::string path = fabrica_cache_dir() + "/machine_peak.json";
+  const std::string key = cpu_model_name() + " | " + isa + " | " + std::to_string(threads) + " threads";
+  nlohmann::json cache = read_cache(path);
+  if (const auto it = cache.find(key); it != cache.end() && it->is_object()) {
+    const nlohmann::json& e = *it;
+    if (e.value("fp32_gflops", 0.0) > 0 && e.value("bf16_gflops", 0.0) > 0)
+      return {e["fp32_gflops"].get<double>(), e["bf16_gflops"].get<double>(), threads, isa, e.value("bf16_basis", ""), "cached in " + path};
+  }
+  MachinePeak p = measure(isa, threads);
+  cache[key] = {{"fp32_gflops", p.fp32_gflops}, {"bf16_gflops", p.bf16_gflops}, {"bf16_basis", p.bf16_basis}};
+  try {
+    std::filesystem::create_directories(fabrica_cache_dir());
+    write_file_atomically(path, cache.dump(2) + "\n");
+    p.source = "measured now, cached in " + path;
+  } catch (const std::exception& e) {  // a read-only home: the run goes on, measuring each time
+    p.source = std::string("measured now, not cached: ") + e.what();
+  }
+  return p;
+}
+
+}  // namespace fab
