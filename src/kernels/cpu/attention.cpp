@@ -20,12 +20,6 @@
 namespace fab::cpu::FAB_ISA {
 namespace {
 
-constexpr int64_t kQueryBlock = 64, kKeyBlock = 64;  // tile size; kQueryBlock a multiple of kLanes
-constexpr int64_t kQueryVecs = kQueryBlock / kLanes;
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 struct Dims {
   int64_t T, D, Dp, H, group, q_row, kv_row;  // Dp: head_dim padded to whole vectors
   float scale;
@@ -40,45 +34,9 @@ struct Dims {
         scale(s.scale) {}
 };
 
-// Hands out 64-byte aligned pieces of one thread's scratch buffer.
-struct Carver {
-  float* next;
-  float* take(int64_t n) {
-    float* p = next;
-    next += round_up(n, 16);
-    return p;
-  }
-};
-
-// dst (D x kQueryBlock) = the n rows of src (row stride ld) transposed, other columns zero.
-void pack_transposed(const float* src, int64_t ld, int64_t n, int64_t D, float* dst) {
-  const int64_t n_full = n / kLanes * kLanes, d_full = D / kLanes * kLanes;
-  for (int64_t i = 0; i < n_full; i += kLanes)
-    for (int64_t d = 0; d < d_full; d += kLanes)
-      transpose_block(src + i * ld + d, ld, dst + d * kQueryBlock + i, kQueryBlock);
-  for (int64_t d = 0; d < D; ++d) {
-    for (int64_t i = d < d_full ? n_full : 0; i < n; ++i) dst[d * kQueryBlock + i] = src[i * ld + d];
-    for (int64_t i = n; i < kQueryBlock; ++i) dst[d * kQueryBlock + i] = 0.0f;
-  }
-}
-
-// dst (n x Dp) = the n rows of src (row stride ld), padded with zero columns.
-void pack_rows(const float* src, int64_t ld, int64_t n, int64_t D, int64_t Dp, float* dst) {
-  for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(dst + i * Dp, src + i * ld, size_t(D) * sizeof(float));
-    for (int64_t d = D; d < Dp; ++d) dst[i * Dp + d] = 0.0f;
-  }
-}
-
-// n rows of one head (row stride ld) as a product operand: in place when rows are whole vectors,
-// else copied into `pad` with zero columns.
 MatB head_rows(const float* src, int64_t ld, const Dims& d, int64_t n, float* pad) {
-  if (d.D == d.Dp) return {src, ld};
-  pack_rows(src, ld, n, d.D, d.Dp, pad);
-  return {pad, d.Dp};
+  return head_rows(src, ld, d.D, d.Dp, n, pad);
 }
-
-VecF vmax(VecF a, VecF b) { return a > b ? a : b; }
 
 // The document starts of one query block as vector lanes, and the key range they need.
 struct DocWindow {
@@ -106,18 +64,6 @@ DocWindow doc_window(const int32_t* doc, int64_t q0, int64_t nq) {
 // x with the lanes whose document starts after `key` replaced by `fill`.
 VecF mask_before_start(VecF x, VecI starts, int64_t key, float fill) {
   return VecI{} + int32_t(key) < starts ? VecF{} + fill : x;
-}
-
-// Stands in for -inf as the running maximum before any key: a query whose keys all lie in later
-// tiles (document mask) then keeps m finite and exp(m_old - m_new) = 1 instead of NaN. exp_vec
-// clamps its argument, so the first real key rescales by exactly what -inf gave.
-constexpr float kNoScore = -1e30f;
-
-float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
 }
 
 // ---------------------------------------------------------------------------------------------

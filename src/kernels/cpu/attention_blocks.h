@@ -1,6 +1,7 @@
 #pragma once
-// Building blocks of the blocked attention kernels (attention.cpp only): a native-width float
-// vector, a vector exp, and a register-blocked small-matrix product. Everything lives in an
+// Building blocks of the blocked attention kernels (attention.cpp, attention_ring.cpp): a
+// native-width float vector, a vector exp, a register-blocked small-matrix product, and the tile
+// sizes and operand packing both kernels share. Everything lives in an
 // anonymous namespace inside the per-ISA namespace, so the AVX-512 and AVX2 objects never share
 // a definition. GCC vector extensions compile to AVX-512 or AVX2 code from the same source.
 #include <cstdint>
@@ -169,6 +170,67 @@ void small_gemm(int64_t m, int64_t n, int64_t k, MatA a, MatB b, MatC c, bool ac
       tile(ar, MatB{b.p + k0 * b.ld + c0, b.ld}, MatC{c.p + r0 * c.ld + c0, c.ld}, k1 - k0, accumulate);
     }
   }
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Tiles of the attention kernels (attention.cpp, and attention_ring.cpp's indexed blocks)
+
+constexpr int64_t kQueryBlock = 64, kKeyBlock = 64;  // tile size; kQueryBlock a multiple of kLanes
+constexpr int64_t kQueryVecs = kQueryBlock / kLanes;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+inline VecF vmax(VecF a, VecF b) { return a > b ? a : b; }
+
+// Stands in for -inf as the running maximum before any key: a query whose keys all lie in later
+// tiles (document mask) then keeps m finite and exp(m_old - m_new) = 1 instead of NaN. exp_vec
+// clamps its argument, so the first real key rescales by exactly what -inf gave.
+constexpr float kNoScore = -1e30f;
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// Hands out 64-byte aligned pieces of one thread's scratch buffer.
+struct Carver {
+  float* next;
+  float* take(int64_t n) {
+    float* p = next;
+    next += round_up(n, 16);
+    return p;
+  }
+};
+
+// dst (D x kQueryBlock) = the n rows of src (row stride ld) transposed, other columns zero.
+inline void pack_transposed(const float* src, int64_t ld, int64_t n, int64_t D, float* dst) {
+  const int64_t n_full = n / kLanes * kLanes, d_full = D / kLanes * kLanes;
+  for (int64_t i = 0; i < n_full; i += kLanes)
+    for (int64_t d = 0; d < d_full; d += kLanes)
+      transpose_block(src + i * ld + d, ld, dst + d * kQueryBlock + i, kQueryBlock);
+  for (int64_t d = 0; d < D; ++d) {
+    for (int64_t i = d < d_full ? n_full : 0; i < n; ++i) dst[d * kQueryBlock + i] = src[i * ld + d];
+    for (int64_t i = n; i < kQueryBlock; ++i) dst[d * kQueryBlock + i] = 0.0f;
+  }
+}
+
+// dst (n x Dp) = the n rows of src (row stride ld), padded with zero columns.
+inline void pack_rows(const float* src, int64_t ld, int64_t n, int64_t D, int64_t Dp, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(dst + i * Dp, src + i * ld, size_t(D) * sizeof(float));
+    for (int64_t d = D; d < Dp; ++d) dst[i * Dp + d] = 0.0f;
+  }
+}
+
+// n rows of one head (row stride ld, D columns) as a product operand: in place when rows are
+// whole vectors (D == Dp), else copied into `pad` with zero columns up to Dp.
+inline MatB head_rows(const float* src, int64_t ld, int64_t D, int64_t Dp, int64_t n, float* pad) {
+  if (D == Dp) return {src, ld};
+  pack_rows(src, ld, n, D, Dp, pad);
+  return {pad, Dp};
 }
 
 }  // namespace

@@ -1,45 +1,228 @@
-// The indexed attention block of context parallelism (attention_ring.h). Each task owns whole
-// rows of what it writes: the forward one (batch, head), the backward one (batch, kv head), whose
-// query heads' dq rows and whose dk, dv rows no other task touches.
+// The indexed attention block of context parallelism (attention_ring.h), in the tiles of the
+// one-process flash kernel (attention.cpp): a block of kQueryBlock queries against kKeyBlock keys
+// at a time, scores formed transposed (S^T = K Q^T, the queries' softmax statistics as vector
+// lanes) and every product through the register-blocked small_gemm (attention_blocks.h). The mask
+// is spelled with indices, lane by lane: query i sees key j when doc_i <= key_index[j] <= index_i.
+// A key tile that no query of the tile sees -- all its keys after the latest query, or before the
+// earliest document start -- is skipped, which is most of them: a rank's tokens are two contiguous
+// chunks of the row. Built once, with the library's AVX2 flags (no AVX-512 copy): the forward
+// splits over (batch, head, query tile), the backward over (batch, kv head), whose dk/dv rows no
+// other task writes.
+#define FAB_ISA avx2
 #include "kernels/cpu/attention_ring.h"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
-#include <vector>
+#include <cstring>
+
+#include "kernels/cpu/attention_blocks.h"
+#include "kernels/cpu/scratch.h"
 
 namespace fab::cpu {
 namespace {
 
-float dot(const float* a, const float* b, int64_t n) {
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-  return sum;
-}
+using namespace avx2;
 
-void axpy(float a, const float* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
+struct RingDims {
+  int64_t D, Dp, q_row, kv_row, group;
+  explicit RingDims(const IndexedAttention& s)
+      : D(s.head_dim),
+        Dp(round_up(s.head_dim, kLanes)),
+        q_row(s.heads * s.head_dim),
+        kv_row(s.kv_heads * s.head_dim),
+        group(s.heads / s.kv_heads) {}
+};
 
-bool visible(const IndexedAttention& s, int64_t b, int64_t i, int64_t j) {
-  const int32_t first = s.query_doc ? s.query_doc[b * s.queries + i] : 0;
-  return s.key_index[j] <= s.query_index[i] && s.key_index[j] >= first;
-}
-
-// Scores of query row `qi` against every key of kv head g in batch b: score[j] = scale q.k_j for
-// visible keys, -inf for the others. Returns the largest (-inf when none is visible).
-float scores(const float* qi, const float* k, const IndexedAttention& s, int64_t b, int64_t i, int64_t g,
-             float* score) {
-  const int64_t D = s.head_dim, kv_row = s.kv_heads * D;
-  float most = -INFINITY;
-  for (int64_t j = 0; j < s.keys; ++j) {
-    score[j] = visible(s, b, i, j) ? s.scale * dot(qi, k + (b * s.keys + j) * kv_row + g * D, D) : -INFINITY;
-    most = score[j] > most ? score[j] : most;
+// One query tile's indices as vector lanes: each query's index in the row and its document's
+// first index. Lanes past the tile's queries see no key (index INT_MIN).
+struct QueryLanes {
+  VecI index[kQueryVecs], doc[kQueryVecs];
+  int32_t latest = INT_MIN, earliest_doc = INT_MAX;
+  QueryLanes(const IndexedAttention& s, int64_t b, int64_t q0, int64_t nq) {
+    for (int64_t v = 0; v < kQueryVecs; ++v)
+      for (int64_t lane = 0; lane < kLanes; ++lane) {
+        const int64_t i = v * kLanes + lane;
+        const bool real = i < nq;
+        index[v][lane] = real ? s.query_index[q0 + i] : INT_MIN;
+        doc[v][lane] = real && s.query_doc ? s.query_doc[b * s.queries + q0 + i] : 0;
+        if (real) {
+          latest = std::max(latest, index[v][lane]);
+          earliest_doc = std::min(earliest_doc, doc[v][lane]);
+        }
+      }
   }
-  return most;
+  // x where query lane sees key index `key`, else `fill`.
+  VecF mask(VecF x, int64_t v, int32_t key, float fill) const {
+    const VecI k = VecI{} + key;
+    return (k <= index[v]) & (k >= doc[v]) ? x : VecF{} + fill;
+  }
+  // Whether some query of the tile sees some key of keys [j0, j0 + nk).
+  bool sees_any(const int32_t* key_index, int64_t j0, int64_t nk) const {
+    for (int64_t j = j0; j < j0 + nk; ++j)
+      if (key_index[j] <= latest && key_index[j] >= earliest_doc) return true;
+    return false;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+struct RingForwardWork {
+  float *qt, *s, *o, *m, *l, *alpha, *v_pad;
+  RingForwardWork(float* buf, const RingDims& d, int64_t keys) {
+    Carver c{buf};
+    qt = c.take(d.D * kQueryBlock);
+    s = c.take(kKeyBlock * kQueryBlock);
+    o = c.take(kQueryBlock * d.Dp);
+    m = c.take(kQueryBlock);
+    l = c.take(kQueryBlock);
+    alpha = c.take(kQueryBlock);
+    v_pad = c.take(d.D == d.Dp ? 0 : keys * d.Dp);
+  }
+  static int64_t floats(const RingDims& d, int64_t keys) {
+    return (d.D + kKeyBlock + d.Dp + 3) * kQueryBlock + (d.D == d.Dp ? 0 : keys * d.Dp) + 7 * 16;
+  }
+};
+
+// Online softmax on a transposed score tile s (nk keys x kQueryBlock queries, unscaled), masked
+// by index: raises the running max m, returns alpha = exp(m_old - m_new), updates the running sum
+// l and turns s into exp(scale s - m_new) (0 where masked).
+void online_softmax(float* s, int64_t nk, const int32_t* keys, const QueryLanes& lanes, float scale, float* m,
+                    float* l, float* alpha) {
+  VecF mx[kQueryVecs], sum[kQueryVecs];
+  for (int64_t v = 0; v < kQueryVecs; ++v) mx[v] = load_vec(m + v * kLanes);
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v)
+      mx[v] = vmax(mx[v], lanes.mask(load_vec(s + j * kQueryBlock + v * kLanes) * scale, v, keys[j], -INFINITY));
+  for (int64_t v = 0; v < kQueryVecs; ++v) {
+    store_vec(alpha + v * kLanes, exp_vec(load_vec(m + v * kLanes) - mx[v]));
+    store_vec(m + v * kLanes, mx[v]);
+    sum[v] = VecF{};
+  }
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v) {
+      float* sj = s + j * kQueryBlock + v * kLanes;
+      const VecF p = lanes.mask(exp_vec(load_vec(sj) * scale - mx[v]), v, keys[j], 0.0f);
+      store_vec(sj, p);
+      sum[v] += p;
+    }
+  for (int64_t v = 0; v < kQueryVecs; ++v)
+    store_vec(l + v * kLanes, load_vec(l + v * kLanes) * load_vec(alpha + v * kLanes) + sum[v]);
+}
+
+// Query rows q0.. (one tile) of head h in batch b against every key tile they see, then folded
+// into the running (out, lse) of those rows.
+void forward_tile(const float* q, const float* k, const float* v, const IndexedAttention& s, const RingDims& d,
+                  int64_t b, int64_t h, int64_t q0, RingForwardWork w, float* out, float* lse) {
+  const int64_t nq = min64(kQueryBlock, s.queries - q0), g = h / d.group;
+  const QueryLanes lanes(s, b, q0, nq);
+  const int64_t kv0 = b * s.keys * d.kv_row + g * d.D;
+  const MatB vb = head_rows(v + kv0, d.kv_row, d.D, d.Dp, s.keys, w.v_pad);
+  pack_transposed(q + (b * s.queries + q0) * d.q_row + h * d.D, d.q_row, nq, d.D, w.qt);
+  std::memset(w.o, 0, size_t(nq * d.Dp) * sizeof(float));
+  for (int64_t i = 0; i < kQueryBlock; ++i) w.m[i] = kNoScore, w.l[i] = 0.0f;
+  for (int64_t j0 = 0; j0 < s.keys; j0 += kKeyBlock) {
+    const int64_t nk = min64(kKeyBlock, s.keys - j0);
+    if (!lanes.sees_any(s.key_index, j0, nk)) continue;
+    small_gemm(nk, kQueryBlock, d.D, {k + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock}, {w.s, kQueryBlock},
+               false);
+    online_softmax(w.s, nk, s.key_index + j0, lanes, s.scale, w.m, w.l, w.alpha);
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t c = 0; c < d.Dp; c += kLanes) store_vec(w.o + i * d.Dp + c, load_vec(w.o + i * d.Dp + c) * w.alpha[i]);
+    small_gemm(nq, d.Dp, nk, {w.s, 1, kQueryBlock}, {vb.p + j0 * vb.ld, vb.ld}, {w.o, d.Dp}, true);
+  }
+  for (int64_t i = 0; i < nq; ++i) {
+    if (w.l[i] == 0.0f) continue;  // no key of this block is visible to the query
+    float& running = lse[(b * s.heads + h) * s.queries + q0 + i];
+    const float block = w.m[i] + std::log(w.l[i]);
+    const float merged = std::max(running, block) + std::log1p(std::exp(-std::fabs(running - block)));
+    const float keep = std::exp(running - merged), take = std::exp(block - merged) / w.l[i];
+    float* oi = out + (b * s.queries + q0 + i) * d.q_row + h * d.D;
+#pragma omp simd
+    for (int64_t c = 0; c < d.D; ++c) oi[c] = keep * oi[c] + take * w.o[i * d.Dp + c];
+    running = merged;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward
+
+struct RingBackwardWork {
+  float *qt, *dot, *q_rows, *do_rows, *dq, *s, *ds, *lse, *di, *k_pad, *dk, *dv;
+  RingBackwardWork(float* buf, const RingDims& d, int64_t keys) {
+    Carver c{buf};
+    qt = c.take(d.D * kQueryBlock);
+    dot = c.take(d.D * kQueryBlock);
+    q_rows = c.take(kQueryBlock * d.Dp);
+    do_rows = c.take(kQueryBlock * d.Dp);
+    dq = c.take(kQueryBlock * d.Dp);
+    s = c.take(kKeyBlock * kQueryBlock);
+    ds = c.take(kKeyBlock * kQueryBlock);
+    lse = c.take(kQueryBlock);
+    di = c.take(kQueryBlock);
+    k_pad = c.take(d.D == d.Dp ? 0 : keys * d.Dp);
+    dk = c.take(keys * d.Dp);
+    dv = c.take(keys * d.Dp);
+  }
+  static int64_t floats(const RingDims& d, int64_t keys) {
+    return (2 * d.D + 3 * d.Dp + 2 * kKeyBlock + 2) * kQueryBlock + (d.D == d.Dp ? 2 : 3) * keys * d.Dp + 12 * 16;
+  }
+};
+
+// On a transposed tile holding s = q.k (unscaled) and dp = do.v:
+//   p = exp(scale s - lse_i),  ds = scale p (dp - D_i),  both 0 where the query does not see the key.
+// s becomes p, dp becomes ds.
+void probs_and_grads(float* s, float* dp, int64_t nk, const int32_t* keys, const QueryLanes& lanes, float scale,
+                     const float* lse, const float* di) {
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v) {
+      const int64_t at = j * kQueryBlock + v * kLanes;
+      const VecF p = lanes.mask(exp_vec(load_vec(s + at) * scale - load_vec(lse + v * kLanes)), v, keys[j], 0.0f);
+      store_vec(s + at, p);
+      store_vec(dp + at, p * (load_vec(dp + at) - load_vec(di + v * kLanes)) * scale);
+    }
+}
+
+struct RingBackwardArgs {
+  const float *q, *k, *v, *out, *lse, *dout;
+  float* dq;
+};
+
+// Query rows q0.. (one tile) of head h in batch b: dq rows directly, dk/dv into the task's
+// accumulators w.dk, w.dv (keys x Dp). kb: this kv head's K rows as an operand.
+void backward_tile(const RingBackwardArgs& a, const IndexedAttention& s, const RingDims& d, int64_t b, int64_t h,
+                   int64_t q0, MatB kb, RingBackwardWork w) {
+  const int64_t nq = min64(kQueryBlock, s.queries - q0), g = h / d.group;
+  const QueryLanes lanes(s, b, q0, nq);
+  const int64_t row0 = (b * s.queries + q0) * d.q_row + h * d.D, kv0 = b * s.keys * d.kv_row + g * d.D;
+  pack_transposed(a.q + row0, d.q_row, nq, d.D, w.qt);
+  pack_transposed(a.dout + row0, d.q_row, nq, d.D, w.dot);
+  const MatB q_rows = head_rows(a.q + row0, d.q_row, d.D, d.Dp, nq, w.q_rows);
+  const MatB do_rows = head_rows(a.dout + row0, d.q_row, d.D, d.Dp, nq, w.do_rows);
+  for (int64_t i = 0; i < kQueryBlock; ++i) w.lse[i] = w.di[i] = 0.0f;
+  for (int64_t i = 0; i < nq; ++i) {
+    w.lse[i] = a.lse[(b * s.heads + h) * s.queries + q0 + i];
+    w.di[i] = dot(a.dout + row0 + i * d.q_row, a.out + row0 + i * d.q_row, d.D);  // D_i = do_i . out_i
+  }
+  std::memset(w.dq, 0, size_t(nq * d.Dp) * sizeof(float));
+  for (int64_t j0 = 0; j0 < s.keys; j0 += kKeyBlock) {
+    const int64_t nk = min64(kKeyBlock, s.keys - j0);
+    if (!lanes.sees_any(s.key_index, j0, nk)) continue;
+    small_gemm(nk, kQueryBlock, d.D, {a.k + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock},
+               {w.s, kQueryBlock}, false);  // S^T = K Q^T
+    small_gemm(nk, kQueryBlock, d.D, {a.v + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.dot, kQueryBlock},
+               {w.ds, kQueryBlock}, false);  // dP^T = V dO^T
+    probs_and_grads(w.s, w.ds, nk, s.key_index + j0, lanes, s.scale, w.lse, w.di);
+    small_gemm(nk, d.Dp, nq, {w.s, kQueryBlock, 1}, do_rows, {w.dv + j0 * d.Dp, d.Dp}, true);   // dV += P^T dO
+    small_gemm(nk, d.Dp, nq, {w.ds, kQueryBlock, 1}, q_rows, {w.dk + j0 * d.Dp, d.Dp}, true);  // dK += dS^T Q
+    small_gemm(nq, d.Dp, nk, {w.ds, 1, kQueryBlock}, {kb.p + j0 * kb.ld, kb.ld}, {w.dq, d.Dp}, true);  // dQ += dS K
+  }
+  for (int64_t i = 0; i < nq; ++i)
+#pragma omp simd
+    for (int64_t c = 0; c < d.D; ++c) a.dq[row0 + i * d.q_row + c] += w.dq[i * d.Dp + c];
 }
 
 }  // namespace
@@ -49,34 +232,16 @@ float scores(const float* qi, const float* k, const IndexedAttention& s, int64_t
 // out' = e^(lse - lse') out + e^(lse_b - lse') o.
 void attention_block_forward(const float* q, const float* k, const float* v, const IndexedAttention& s, float* out,
                              float* lse) {
-  const int64_t D = s.head_dim, q_row = s.heads * D, kv_row = s.kv_heads * D, group = s.heads / s.kv_heads;
+  const RingDims d(s);
+  const int64_t tiles = (s.queries + kQueryBlock - 1) / kQueryBlock;
 #pragma omp parallel
   {
-    std::vector<float> score(static_cast<size_t>(s.keys)), o(static_cast<size_t>(D));
+    ScratchBuffer buf{size_t(RingForwardWork::floats(d, s.keys))};
+    const RingForwardWork w(buf.data(), d, s.keys);
 #pragma omp for schedule(dynamic)
-    for (int64_t t = 0; t < s.batch * s.heads; ++t) {
-      const int64_t b = t / s.heads, h = t % s.heads, g = h / group;
-      for (int64_t i = 0; i < s.queries; ++i) {
-        const float* qi = q + (b * s.queries + i) * q_row + h * D;
-        const float m = scores(qi, k, s, b, i, g, score.data());
-        if (m == -INFINITY) continue;  // nothing visible in this block
-        float l = 0;
-        std::fill(o.begin(), o.end(), 0.0f);
-        for (int64_t j = 0; j < s.keys; ++j) {
-          if (score[size_t(j)] == -INFINITY) continue;
-          const float p = std::exp(score[size_t(j)] - m);
-          l += p;
-          axpy(p, v + (b * s.keys + j) * kv_row + g * D, o.data(), D);
-        }
-        float& running = lse[(b * s.heads + h) * s.queries + i];
-        const float block = m + std::log(l);
-        const float merged = std::max(running, block) + std::log1p(std::exp(-std::fabs(running - block)));
-        const float keep = std::exp(running - merged), take = std::exp(block - merged) / l;
-        float* oi = out + (b * s.queries + i) * q_row + h * D;
-#pragma omp simd
-        for (int64_t c = 0; c < D; ++c) oi[c] = keep * oi[c] + take * o[size_t(c)];
-        running = merged;
-      }
+    for (int64_t t = 0; t < tiles * s.batch * s.heads; ++t) {
+      const int64_t bh = t % (s.batch * s.heads);
+      forward_tile(q, k, v, s, d, bh / s.heads, bh % s.heads, t / (s.batch * s.heads) * kQueryBlock, w, out, lse);
     }
   }
 }
@@ -87,27 +252,26 @@ void attention_block_forward(const float* q, const float* k, const float* v, con
 // (the one-process kernel's backward, kernels/cpu/attention.cpp, restricted to this block's keys).
 void attention_block_backward(const float* q, const float* k, const float* v, const float* out, const float* lse,
                               const float* dout, const IndexedAttention& s, float* dq, float* dk, float* dv) {
-  const int64_t D = s.head_dim, q_row = s.heads * D, kv_row = s.kv_heads * D, group = s.heads / s.kv_heads;
+  const RingDims d(s);
+  const int64_t tiles = (s.queries + kQueryBlock - 1) / kQueryBlock;
+  const RingBackwardArgs args{q, k, v, out, lse, dout, dq};
 #pragma omp parallel
   {
-    std::vector<float> score(size_t(s.keys));
+    ScratchBuffer buf{size_t(RingBackwardWork::floats(d, s.keys))};
+    const RingBackwardWork w(buf.data(), d, s.keys);
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < s.batch * s.kv_heads; ++t) {
-      const int64_t b = t / s.kv_heads, g = t % s.kv_heads;
-      for (int64_t h = g * group; h < (g + 1) * group; ++h)
-        for (int64_t i = 0; i < s.queries; ++i) {
-          const int64_t row = (b * s.queries + i) * q_row + h * D;
-          if (scores(q + row, k, s, b, i, g, score.data()) == -INFINITY) continue;
-          const float lse_i = lse[(b * s.heads + h) * s.queries + i], d_i = dot(dout + row, out + row, D);
-          for (int64_t j = 0; j < s.keys; ++j) {
-            if (score[size_t(j)] == -INFINITY) continue;
-            const int64_t kv = (b * s.keys + j) * kv_row + g * D;
-            const float p = std::exp(score[size_t(j)] - lse_i);
-            const float ds = p * (dot(dout + row, v + kv, D) - d_i) * s.scale;
-            axpy(p, dout + row, dv + kv, D);
-            axpy(ds, q + row, dk + kv, D);
-            axpy(ds, k + kv, dq + row, D);
-          }
+      const int64_t b = t / s.kv_heads, g = t % s.kv_heads, kv0 = b * s.keys * d.kv_row + g * d.D;
+      const MatB kb = head_rows(k + kv0, d.kv_row, d.D, d.Dp, s.keys, w.k_pad);
+      std::memset(w.dk, 0, size_t(s.keys * d.Dp) * sizeof(float));
+      std::memset(w.dv, 0, size_t(s.keys * d.Dp) * sizeof(float));
+      for (int64_t h = g * d.group; h < (g + 1) * d.group; ++h)
+        for (int64_t qt = 0; qt < tiles; ++qt) backward_tile(args, s, d, b, h, qt * kQueryBlock, kb, w);
+      for (int64_t j = 0; j < s.keys; ++j)
+#pragma omp simd
+        for (int64_t c = 0; c < d.D; ++c) {
+          dk[kv0 + j * d.kv_row + c] += w.dk[j * d.Dp + c];
+          dv[kv0 + j * d.kv_row + c] += w.dv[j * d.Dp + c];
         }
     }
   }
