@@ -101,7 +101,7 @@ import json, os, sys
 V, C, L, H, KV, I, T, B = 8192, 256, 4, 4, 4, 704, 256, 8
 D = C // H
 N = L * (C * H * D + 2 * C * KV * D + H * D * C + 3 * C * I) + V * C  # matmul parameters
-ATTN = 12 * L * T * C
+ATTN = 6 * L * T * C  # causal, as the trainer counts it (src/train/trainer.h)
 FLOPS_PER_TOKEN = 6 * N + ATTN
 peak = float(os.environ["PEAK_GFLOPS"]) * 1e9
 threads = int(os.environ["BENCH_THREADS"])

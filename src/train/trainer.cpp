@@ -198,14 +198,14 @@ bool Trainer::timed_save_due() const {
 
 double Trainer::evaluate() { return stage_->evaluate(); }
 
-// Model FLOPs utilisation: 6N + 12 L T C FLOPs per token (N = parameters in matmuls, T = mean
-// sample length) against the peak set_mfu_peak chose, per process.
+// Model FLOPs utilisation: 6N + 6 L T C FLOPs per token (trainer.h says why causal) against the
+// peak set_mfu_peak chose, per process.
 double training_flops_per_token(const ModelConfig& m, double mean_tokens, bool value_head) {
   const double table = double(m.vocab_size) * double(m.hidden_size);  // the embedding or the head
   // num_parameters counts a tied table once: as the head; an untied embedding is a lookup.
   double n = double(m.num_parameters()) - (m.tie_word_embeddings ? 0 : table);
   if (value_head) n += double(m.hidden_size) - table;  // the value head runs, the vocabulary head does not
-  return 6 * n + 12.0 * double(m.num_hidden_layers) * mean_tokens * double(m.hidden_size);
+  return 6 * n + 6.0 * double(m.num_hidden_layers) * mean_tokens * double(m.hidden_size);
 }
 
 double Trainer::mfu(double tokens_per_s) const {

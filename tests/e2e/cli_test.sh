@@ -217,7 +217,7 @@ expect_exit2 "trace summary of a malformed event" "$fabrica" trace summary bad-t
 grep -q 'bad-trace/trace/rank-0.json: traceEvents\[0\]: "ts" must be a number, got "0"' err.txt || fail "$(cat err.txt)"
 
 # MFU of a reward model counts its value head, not the vocabulary head it never runs (item 21):
-# FLOPs per token = 6 (P - V C + C) + 12 L T C for this tied model.
+# FLOPs per token = 6 (P - V C + C) + 6 L T C for this tied model (attention counted causal).
 FAB_PEAK_GFLOPS=1 "$fabrica" train run.yaml stage=rm dataset=dpo_en_demo output_dir=out-rm max_steps=1 save_steps=0 \
   >rm.log 2>&1 || { cat rm.log; fail "rm run"; }
 /usr/bin/python3 - <<'PY' || fail "reward model MFU"
@@ -227,7 +227,7 @@ params = int(re.search(r"model: qwen3, (\d+) parameters", log).group(1))
 sequences, tokens = map(int, re.search(r"\((\d+) sequences\), .* (\d+) tokens;", log).groups())
 config = json.load(open("model/config.json"))
 v, c, layers = config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]
-expected = 6 * (params - v * c + c) + 12 * layers * (tokens / sequences) * c
+expected = 6 * (params - v * c + c) + 6 * layers * (tokens / sequences) * c
 m = json.loads(open("out-rm/metrics.jsonl").readline())
 got = m["mfu"] * 1e9 / m["tokens_per_s"]
 assert abs(got - expected) < 1e-6 * expected, (got, expected)

@@ -258,7 +258,7 @@ TEST(Trainer, RewardModelFlopsLeaveOutTheVocabularyHead) {
   ModelConfig m;
   m.vocab_size = 1000, m.hidden_size = 16, m.intermediate_size = 32, m.num_hidden_layers = 2;
   m.num_attention_heads = 2, m.num_key_value_heads = 2, m.head_dim = 8, m.tie_word_embeddings = true;
-  const double attention = 12.0 * 2 * 50 * 16, table = 1000.0 * 16;
+  const double attention = 6.0 * 2 * 50 * 16, table = 1000.0 * 16;  // causal: 6 L T C
   const double tied_lm = training_flops_per_token(m, 50, false);
   EXPECT_DOUBLE_EQ(tied_lm, 6.0 * double(m.num_parameters()) + attention);  // the tied table is the head
   EXPECT_DOUBLE_EQ(training_flops_per_token(m, 50, true), tied_lm - 6 * (table - 16));
