@@ -174,14 +174,14 @@ if "fp32" in precisions and "bf16" in precisions:
           f" (kernels: {rows[('bf16', 'fabrica')].get('kernels', '?')})")
 imp = sorted({r["import_rss_mb"] for (p, i), r in rows.items() if i == "pytorch" and "import_rss_mb" in r})
 print(f"MFU = tokens/s x FLOPs/token / peak FLOP/s")
-print(f"  FLOPs/token = 6*N + 12*L*T*C = 6*{N:,} + 12*{L}*{T}*{C} = {FLOPS_PER_TOKEN:,} "
+print(f"  FLOPs/token = 6*N + 6*L*T*C = 6*{N:,} + 6*{L}*{T}*{C} = {FLOPS_PER_TOKEN:,} "
       f"({FLOPS_PER_TOKEN / 1e6:.1f} MFLOP)")
 print(f"  N = L*(4*C*C + 3*C*I) + V*C = {L}*(4*{C}*{C} + 3*{C}*{I}) + {V}*{C} = {N:,}:")
 print(f"      every parameter that takes part in a matmul (q, k, v, o with kv heads = heads;")
 print(f"      gate, up, down; the untied lm_head). The embedding lookup is not a matmul and")
 print(f"      RMSNorm weights are not counted.")
-print(f"  12*L*T*C = forward+backward FLOPs of QK^T and P*V per token with the causal mask")
-print(f"      ignored (full T x T), the PaLM/Chinchilla convention.")
+print(f"  6*L*T*C = forward+backward FLOPs of QK^T and P*V per token, causal (the keys at or")
+print(f"      before each query: half of PaLM's 12*L*T*C), as the trainer counts it.")
 print(f"  peak = {peak / 1e9:g} GFLOP/s, the fp32 FMA peak ({e['PEAK_SOURCE']});")
 print(f"      MFU is each precision's fraction of it; the same fp32 peak is used for bf16 rows.")
 print(f"      +lora rows count the same 6*N FLOPs, though a frozen base skips its weight gradients.")
