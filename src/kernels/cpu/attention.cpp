@@ -69,61 +69,23 @@ VecF mask_before_start(VecF x, VecI starts, int64_t key, float fill) {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-struct ForwardWork {
-  float *qt, *s, *o, *m, *l, *alpha, *v_pad;
-  ForwardWork(float* buf, const Dims& d) {
-    Carver c{buf};
-    qt = c.take(d.D * kQueryBlock);
-    s = c.take(kKeyBlock * kQueryBlock);
-    o = c.take(kQueryBlock * d.Dp);
-    m = c.take(kQueryBlock);
-    l = c.take(kQueryBlock);
-    alpha = c.take(kQueryBlock);
-    v_pad = c.take(d.D == d.Dp ? 0 : d.T * d.Dp);
-  }
-  static int64_t floats(const Dims& d) {
-    return (d.D + kKeyBlock + d.Dp + 3) * kQueryBlock + (d.D == d.Dp ? 0 : d.T * d.Dp) + 7 * 16;
-  }
-};
-
-// Online softmax step on a transposed score tile s (nk keys x kQueryBlock queries, unscaled):
-// lanes below key row j + off are masked (key after query), and with kDoc the lanes whose
-// document starts after key j0 + j. Raises the running max m, returns alpha = exp(m_old - m_new)
-// for rescaling earlier outputs, updates the running sum l and turns s into the probabilities
-// exp(scale s - m_new).
+// The one-process mask of a tile whose key row j sits at j + off from the query block: lanes below
+// j + off are masked (key after query), and with kDoc the lanes whose document starts after key
+// j0 + j.
 template <bool kDoc>
-void online_softmax(float* s, int64_t nk, int64_t off, float scale, float* m, float* l, float* alpha,
-                    const DocWindow& doc, int64_t j0) {
-  VecF mx[kQueryVecs], sum[kQueryVecs];
-  for (int64_t v = 0; v < kQueryVecs; ++v) mx[v] = load_vec(m + v * kLanes);
-  for (int64_t j = 0; j < nk; ++j)
-    for (int64_t v = 0; v < kQueryVecs; ++v) {
-      VecF x = mask_below(load_vec(s + j * kQueryBlock + v * kLanes) * scale, v * kLanes, j + off, -INFINITY);
-      if constexpr (kDoc) x = mask_before_start(x, doc.starts[v], j0 + j, -INFINITY);
-      mx[v] = vmax(mx[v], x);
-    }
-  for (int64_t v = 0; v < kQueryVecs; ++v) {
-    store_vec(alpha + v * kLanes, exp_vec(load_vec(m + v * kLanes) - mx[v]));
-    store_vec(m + v * kLanes, mx[v]);
-    sum[v] = VecF{};
-  }
-  for (int64_t j = 0; j < nk; ++j)
-    for (int64_t v = 0; v < kQueryVecs; ++v) {
-      float* sj = s + j * kQueryBlock + v * kLanes;
-      VecF p = mask_below(exp_vec(load_vec(sj) * scale - mx[v]), v * kLanes, j + off, 0.0f);
-      if constexpr (kDoc) p = mask_before_start(p, doc.starts[v], j0 + j, 0.0f);
-      store_vec(sj, p);
-      sum[v] += p;
-    }
-  for (int64_t v = 0; v < kQueryVecs; ++v)
-    store_vec(l + v * kLanes, load_vec(l + v * kLanes) * load_vec(alpha + v * kLanes) + sum[v]);
+auto causal_mask(int64_t off, const DocWindow& doc, int64_t j0) {
+  return [off, &doc, j0](VecF x, int64_t v, int64_t j, float fill) {
+    x = mask_below(x, v * kLanes, j + off, fill);
+    if constexpr (kDoc) x = mask_before_start(x, doc.starts[v], j0 + j, fill);
+    return x;
+  };
 }
 
 // Query rows q0.. (one block) of head h in batch b: for each key block from the earliest document
 // start (0 without a mask) up to the diagonal, S^T = K Q^T, online softmax, O = alpha O + P V; at
 // the end out = O / l, lse = m + log(l). doc: batch row b's doc_start, or nullptr.
 void forward_block(const float* q, const float* k, const float* v, const Dims& d, int64_t b, int64_t h, int64_t q0,
-                   const int32_t* doc, ForwardWork w, float* out, float* lse) {
+                   const int32_t* doc, FlashForwardWork w, float* out, float* lse) {
   const int64_t nq = min64(kQueryBlock, d.T - q0), g = h / d.group, end = q0 + nq;
   const DocWindow window = doc_window(doc, q0, nq);
   const float* kb = k + b * d.T * d.kv_row + g * d.D;
@@ -136,9 +98,9 @@ void forward_block(const float* q, const float* k, const float* v, const Dims& d
     small_gemm(nk, kQueryBlock, d.D, {kb + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock}, {w.s, kQueryBlock},
                false, Causal::kColumnsFrom, off);
     if (j0 < window.latest)
-      online_softmax<true>(w.s, nk, off, d.scale, w.m, w.l, w.alpha, window, j0);
+      online_softmax(w.s, nk, d.scale, w.m, w.l, w.alpha, causal_mask<true>(off, window, j0));
     else
-      online_softmax<false>(w.s, nk, off, d.scale, w.m, w.l, w.alpha, window, j0);
+      online_softmax(w.s, nk, d.scale, w.m, w.l, w.alpha, causal_mask<false>(off, window, j0));
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t c = 0; c < d.Dp; c += kLanes)
         store_vec(w.o + i * d.Dp + c, load_vec(w.o + i * d.Dp + c) * w.alpha[i]);
@@ -157,48 +119,6 @@ void forward_block(const float* q, const float* k, const float* v, const Dims& d
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-struct BackwardWork {
-  float *qt, *dot, *q_rows, *do_rows, *dq, *s, *ds, *lse, *di, *k_pad, *dk, *dv;
-  BackwardWork(float* buf, const Dims& d) {
-    Carver c{buf};
-    qt = c.take(d.D * kQueryBlock);
-    dot = c.take(d.D * kQueryBlock);
-    q_rows = c.take(kQueryBlock * d.Dp);
-    do_rows = c.take(kQueryBlock * d.Dp);
-    dq = c.take(kQueryBlock * d.Dp);
-    s = c.take(kKeyBlock * kQueryBlock);
-    ds = c.take(kKeyBlock * kQueryBlock);
-    lse = c.take(kQueryBlock);
-    di = c.take(kQueryBlock);
-    k_pad = c.take(d.D == d.Dp ? 0 : d.T * d.Dp);
-    dk = c.take(d.T * d.Dp);
-    dv = c.take(d.T * d.Dp);
-  }
-  static int64_t floats(const Dims& d) {
-    return (2 * d.D + 3 * d.Dp + 2 * kKeyBlock + 2) * kQueryBlock + (d.D == d.Dp ? 2 : 3) * d.T * d.Dp + 12 * 16;
-  }
-};
-
-// On a transposed tile (nk keys x kQueryBlock queries) holding s = q.k (unscaled) and dp = do.v:
-//   p = exp(scale s - lse_i),  ds = scale p (dp - D_i),  both zero where the key follows the query
-// (lanes below key row j + off) and, with kDoc, where the query's document starts after key
-// j0 + j (a masked key has p = 0, so it adds nothing to dv, dk or dq). s becomes p, dp becomes ds.
-template <bool kDoc>
-void probs_and_grads(float* s, float* dp, int64_t nk, int64_t off, float scale, const float* lse, const float* di,
-                     const DocWindow& doc, int64_t j0) {
-  for (int64_t j = 0; j < nk; ++j)
-    for (int64_t v = 0; v < kQueryVecs; ++v) {
-      const int64_t at = j * kQueryBlock + v * kLanes;
-      const VecF x = load_vec(s + at) * scale - load_vec(lse + v * kLanes);
-      VecF p = mask_below(exp_vec(x), v * kLanes, j + off, 0.0f);
-      if constexpr (kDoc) p = mask_before_start(p, doc.starts[v], j0 + j, 0.0f);
-      VecF ds = mask_below(p * (load_vec(dp + at) - load_vec(di + v * kLanes)) * scale, v * kLanes, j + off, 0.0f);
-      if constexpr (kDoc) ds = mask_before_start(ds, doc.starts[v], j0 + j, 0.0f);
-      store_vec(s + at, p);
-      store_vec(dp + at, ds);
-    }
-}
-
 struct BackwardArgs {
   const float *q, *k, *v, *out, *lse, *dout;
   float* dq;
@@ -208,7 +128,7 @@ struct BackwardArgs {
 // dk/dv into the task's accumulators w.dk, w.dv (T x Dp). kb: K rows of the head as an operand;
 // doc: batch row b's doc_start, or nullptr (key blocks before the earliest start are skipped).
 void backward_block(const BackwardArgs& a, const Dims& d, int64_t b, int64_t h, int64_t q0, MatB kb,
-                    const int32_t* doc, BackwardWork w) {
+                    const int32_t* doc, FlashBackwardWork w) {
   const int64_t nq = min64(kQueryBlock, d.T - q0), g = h / d.group, end = q0 + nq;
   const DocWindow window = doc_window(doc, q0, nq);
   const int64_t row0 = (b * d.T + q0) * d.q_row + h * d.D, kv0 = b * d.T * d.kv_row + g * d.D;
@@ -230,9 +150,9 @@ void backward_block(const BackwardArgs& a, const Dims& d, int64_t b, int64_t h, 
     small_gemm(nk, kQueryBlock, d.D, {a.v + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.dot, kQueryBlock},
                {w.ds, kQueryBlock}, false, cols, off);  // dP^T = V dO^T
     if (j0 < window.latest)
-      probs_and_grads<true>(w.s, w.ds, nk, off, d.scale, w.lse, w.di, window, j0);
+      probs_and_grads(w.s, w.ds, nk, d.scale, w.lse, w.di, causal_mask<true>(off, window, j0));
     else
-      probs_and_grads<false>(w.s, w.ds, nk, off, d.scale, w.lse, w.di, window, j0);
+      probs_and_grads(w.s, w.ds, nk, d.scale, w.lse, w.di, causal_mask<false>(off, window, j0));
     small_gemm(nk, d.Dp, nq, {w.s, kQueryBlock, 1}, do_rows, {w.dv + j0 * d.Dp, d.Dp}, true, from,
                off);  // dV += P^T dO
     small_gemm(nk, d.Dp, nq, {w.ds, kQueryBlock, 1}, q_rows, {w.dk + j0 * d.Dp, d.Dp}, true, from,
@@ -253,8 +173,8 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
   const int64_t blocks = (d.T + kQueryBlock - 1) / kQueryBlock, heads = s.batch * s.heads;
 #pragma omp parallel
   {
-    ScratchBuffer buf{size_t(ForwardWork::floats(d))};
-    const ForwardWork w(buf.data(), d);
+    ScratchBuffer buf{size_t(FlashForwardWork::floats(d.D, d.Dp, d.T))};
+    const FlashForwardWork w(buf.data(), d.D, d.Dp, d.T);
     // Longest query blocks (latest in the sequence) first, for balance.
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < blocks * heads; ++t) {
@@ -280,8 +200,8 @@ void attention_backward(const float* q, const float* k, const float* v, const fl
   const BackwardArgs args{q, k, v, out, lse, dout, dq};
 #pragma omp parallel
   {
-    ScratchBuffer buf{size_t(BackwardWork::floats(d))};
-    const BackwardWork w(buf.data(), d);
+    ScratchBuffer buf{size_t(FlashBackwardWork::floats(d.D, d.Dp, d.T))};
+    const FlashBackwardWork w(buf.data(), d.D, d.Dp, d.T);
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < s.batch * s.kv_heads; ++t) {
       const int64_t b = t / s.kv_heads, g = t % s.kv_heads, kv0 = b * d.T * d.kv_row + g * d.D;

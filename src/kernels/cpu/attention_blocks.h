@@ -4,6 +4,7 @@
 // sizes and operand packing both kernels share. Everything lives in an
 // anonymous namespace inside the per-ISA namespace, so the AVX-512 and AVX2 objects never share
 // a definition. GCC vector extensions compile to AVX-512 or AVX2 code from the same source.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -231,6 +232,95 @@ inline MatB head_rows(const float* src, int64_t ld, int64_t D, int64_t Dp, int64
   if (D == Dp) return {src, ld};
   pack_rows(src, ld, n, D, Dp, pad);
   return {pad, Dp};
+}
+
+
+// One thread's tiles of the flash forward: queries transposed, a score tile, the running output,
+// max and sum, the rescale factors, and V padded to Dp columns when D is not whole vectors (`keys`
+// rows of it).
+struct FlashForwardWork {
+  float *qt, *s, *o, *m, *l, *alpha, *v_pad;
+  FlashForwardWork(float* buf, int64_t D, int64_t Dp, int64_t keys) {
+    Carver c{buf};
+    qt = c.take(D * kQueryBlock);
+    s = c.take(kKeyBlock * kQueryBlock);
+    o = c.take(kQueryBlock * Dp);
+    m = c.take(kQueryBlock);
+    l = c.take(kQueryBlock);
+    alpha = c.take(kQueryBlock);
+    v_pad = c.take(D == Dp ? 0 : keys * Dp);
+  }
+  static int64_t floats(int64_t D, int64_t Dp, int64_t keys) {
+    return (D + kKeyBlock + Dp + 3) * kQueryBlock + (D == Dp ? 0 : keys * Dp) + 7 * 16;
+  }
+};
+
+// One thread's tiles of the flash backward: Q and dO transposed and as rows, dQ of a query tile,
+// the P and dS tiles, lse and D_i, padded K, and the dK, dV accumulators of `keys` rows.
+struct FlashBackwardWork {
+  float *qt, *dot, *q_rows, *do_rows, *dq, *s, *ds, *lse, *di, *k_pad, *dk, *dv;
+  FlashBackwardWork(float* buf, int64_t D, int64_t Dp, int64_t keys) {
+    Carver c{buf};
+    qt = c.take(D * kQueryBlock);
+    dot = c.take(D * kQueryBlock);
+    q_rows = c.take(kQueryBlock * Dp);
+    do_rows = c.take(kQueryBlock * Dp);
+    dq = c.take(kQueryBlock * Dp);
+    s = c.take(kKeyBlock * kQueryBlock);
+    ds = c.take(kKeyBlock * kQueryBlock);
+    lse = c.take(kQueryBlock);
+    di = c.take(kQueryBlock);
+    k_pad = c.take(D == Dp ? 0 : keys * Dp);
+    dk = c.take(keys * Dp);
+    dv = c.take(keys * Dp);
+  }
+  static int64_t floats(int64_t D, int64_t Dp, int64_t keys) {
+    return (2 * D + 3 * Dp + 2 * kKeyBlock + 2) * kQueryBlock + (D == Dp ? 2 : 3) * keys * Dp + 12 * 16;
+  }
+};
+
+
+// Online softmax step on a transposed score tile s (nk keys x kQueryBlock queries, unscaled).
+// mask(x, v, j, fill) keeps the lanes of query vector v that see key row j and puts `fill` in the
+// others. Raises the running max m, returns alpha = exp(m_old - m_new) for rescaling earlier
+// outputs, updates the running sum l and turns s into the probabilities exp(scale s - m_new), 0
+// where masked.
+template <typename Mask>
+void online_softmax(float* s, int64_t nk, float scale, float* m, float* l, float* alpha, Mask mask) {
+  VecF mx[kQueryVecs], sum[kQueryVecs];
+  for (int64_t v = 0; v < kQueryVecs; ++v) mx[v] = load_vec(m + v * kLanes);
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v)
+      mx[v] = vmax(mx[v], mask(load_vec(s + j * kQueryBlock + v * kLanes) * scale, v, j, -INFINITY));
+  for (int64_t v = 0; v < kQueryVecs; ++v) {
+    store_vec(alpha + v * kLanes, exp_vec(load_vec(m + v * kLanes) - mx[v]));
+    store_vec(m + v * kLanes, mx[v]);
+    sum[v] = VecF{};
+  }
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v) {
+      float* sj = s + j * kQueryBlock + v * kLanes;
+      const VecF p = mask(exp_vec(load_vec(sj) * scale - mx[v]), v, j, 0.0f);
+      store_vec(sj, p);
+      sum[v] += p;
+    }
+  for (int64_t v = 0; v < kQueryVecs; ++v)
+    store_vec(l + v * kLanes, load_vec(l + v * kLanes) * load_vec(alpha + v * kLanes) + sum[v]);
+}
+
+// On a transposed tile (nk keys x kQueryBlock queries) holding s = q.k (unscaled) and dp = do.v:
+//   p = exp(scale s - lse_i),  ds = scale p (dp - D_i),  both 0 where `mask` (as above) hides the
+// key from the query (such a key adds nothing to dv, dk or dq). s becomes p, dp becomes ds.
+template <typename Mask>
+void probs_and_grads(float* s, float* dp, int64_t nk, float scale, const float* lse, const float* di, Mask mask) {
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v) {
+      const int64_t at = j * kQueryBlock + v * kLanes;
+      const VecF p = mask(exp_vec(load_vec(s + at) * scale - load_vec(lse + v * kLanes)), v, j, 0.0f);
+      const VecF ds = mask(p * (load_vec(dp + at) - load_vec(di + v * kLanes)) * scale, v, j, 0.0f);
+      store_vec(s + at, p);
+      store_vec(dp + at, ds);
+    }
 }
 
 }  // namespace

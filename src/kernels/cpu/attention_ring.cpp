@@ -59,6 +59,10 @@ struct QueryLanes {
     const VecI k = VecI{} + key;
     return (k <= index[v]) & (k >= doc[v]) ? x : VecF{} + fill;
   }
+  // The tile mask of keys[0..]: mask(x, v, j, fill) is x where query lane vector v sees key row j.
+  auto mask_for(const int32_t* keys) const {
+    return [this, keys](VecF x, int64_t v, int64_t j, float fill) { return mask(x, v, keys[j], fill); };
+  }
   // Whether some query of the tile sees some key of keys [j0, j0 + nk).
   bool sees_any(const int32_t* key_index, int64_t j0, int64_t nk) const {
     for (int64_t j = j0; j < j0 + nk; ++j)
@@ -70,53 +74,10 @@ struct QueryLanes {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
-struct RingForwardWork {
-  float *qt, *s, *o, *m, *l, *alpha, *v_pad;
-  RingForwardWork(float* buf, const RingDims& d, int64_t keys) {
-    Carver c{buf};
-    qt = c.take(d.D * kQueryBlock);
-    s = c.take(kKeyBlock * kQueryBlock);
-    o = c.take(kQueryBlock * d.Dp);
-    m = c.take(kQueryBlock);
-    l = c.take(kQueryBlock);
-    alpha = c.take(kQueryBlock);
-    v_pad = c.take(d.D == d.Dp ? 0 : keys * d.Dp);
-  }
-  static int64_t floats(const RingDims& d, int64_t keys) {
-    return (d.D + kKeyBlock + d.Dp + 3) * kQueryBlock + (d.D == d.Dp ? 0 : keys * d.Dp) + 7 * 16;
-  }
-};
-
-// Online softmax on a transposed score tile s (nk keys x kQueryBlock queries, unscaled), masked
-// by index: raises the running max m, returns alpha = exp(m_old - m_new), updates the running sum
-// l and turns s into exp(scale s - m_new) (0 where masked).
-void online_softmax(float* s, int64_t nk, const int32_t* keys, const QueryLanes& lanes, float scale, float* m,
-                    float* l, float* alpha) {
-  VecF mx[kQueryVecs], sum[kQueryVecs];
-  for (int64_t v = 0; v < kQueryVecs; ++v) mx[v] = load_vec(m + v * kLanes);
-  for (int64_t j = 0; j < nk; ++j)
-    for (int64_t v = 0; v < kQueryVecs; ++v)
-      mx[v] = vmax(mx[v], lanes.mask(load_vec(s + j * kQueryBlock + v * kLanes) * scale, v, keys[j], -INFINITY));
-  for (int64_t v = 0; v < kQueryVecs; ++v) {
-    store_vec(alpha + v * kLanes, exp_vec(load_vec(m + v * kLanes) - mx[v]));
-    store_vec(m + v * kLanes, mx[v]);
-    sum[v] = VecF{};
-  }
-  for (int64_t j = 0; j < nk; ++j)
-    for (int64_t v = 0; v < kQueryVecs; ++v) {
-      float* sj = s + j * kQueryBlock + v * kLanes;
-      const VecF p = lanes.mask(exp_vec(load_vec(sj) * scale - mx[v]), v, keys[j], 0.0f);
-      store_vec(sj, p);
-      sum[v] += p;
-    }
-  for (int64_t v = 0; v < kQueryVecs; ++v)
-    store_vec(l + v * kLanes, load_vec(l + v * kLanes) * load_vec(alpha + v * kLanes) + sum[v]);
-}
-
 // Query rows q0.. (one tile) of head h in batch b against every key tile they see, then folded
 // into the running (out, lse) of those rows.
 void forward_tile(const float* q, const float* k, const float* v, const IndexedAttention& s, const RingDims& d,
-                  int64_t b, int64_t h, int64_t q0, RingForwardWork w, float* out, float* lse) {
+                  int64_t b, int64_t h, int64_t q0, FlashForwardWork w, float* out, float* lse) {
   const int64_t nq = min64(kQueryBlock, s.queries - q0), g = h / d.group;
   const QueryLanes lanes(s, b, q0, nq);
   const int64_t kv0 = b * s.keys * d.kv_row + g * d.D;
@@ -129,7 +90,7 @@ void forward_tile(const float* q, const float* k, const float* v, const IndexedA
     if (!lanes.sees_any(s.key_index, j0, nk)) continue;
     small_gemm(nk, kQueryBlock, d.D, {k + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.qt, kQueryBlock}, {w.s, kQueryBlock},
                false);
-    online_softmax(w.s, nk, s.key_index + j0, lanes, s.scale, w.m, w.l, w.alpha);
+    online_softmax(w.s, nk, s.scale, w.m, w.l, w.alpha, lanes.mask_for(s.key_index + j0));
     for (int64_t i = 0; i < nq; ++i)
       for (int64_t c = 0; c < d.Dp; c += kLanes) store_vec(w.o + i * d.Dp + c, load_vec(w.o + i * d.Dp + c) * w.alpha[i]);
     small_gemm(nq, d.Dp, nk, {w.s, 1, kQueryBlock}, {vb.p + j0 * vb.ld, vb.ld}, {w.o, d.Dp}, true);
@@ -150,42 +111,6 @@ void forward_tile(const float* q, const float* k, const float* v, const IndexedA
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-struct RingBackwardWork {
-  float *qt, *dot, *q_rows, *do_rows, *dq, *s, *ds, *lse, *di, *k_pad, *dk, *dv;
-  RingBackwardWork(float* buf, const RingDims& d, int64_t keys) {
-    Carver c{buf};
-    qt = c.take(d.D * kQueryBlock);
-    dot = c.take(d.D * kQueryBlock);
-    q_rows = c.take(kQueryBlock * d.Dp);
-    do_rows = c.take(kQueryBlock * d.Dp);
-    dq = c.take(kQueryBlock * d.Dp);
-    s = c.take(kKeyBlock * kQueryBlock);
-    ds = c.take(kKeyBlock * kQueryBlock);
-    lse = c.take(kQueryBlock);
-    di = c.take(kQueryBlock);
-    k_pad = c.take(d.D == d.Dp ? 0 : keys * d.Dp);
-    dk = c.take(keys * d.Dp);
-    dv = c.take(keys * d.Dp);
-  }
-  static int64_t floats(const RingDims& d, int64_t keys) {
-    return (2 * d.D + 3 * d.Dp + 2 * kKeyBlock + 2) * kQueryBlock + (d.D == d.Dp ? 2 : 3) * keys * d.Dp + 12 * 16;
-  }
-};
-
-// On a transposed tile holding s = q.k (unscaled) and dp = do.v:
-//   p = exp(scale s - lse_i),  ds = scale p (dp - D_i),  both 0 where the query does not see the key.
-// s becomes p, dp becomes ds.
-void probs_and_grads(float* s, float* dp, int64_t nk, const int32_t* keys, const QueryLanes& lanes, float scale,
-                     const float* lse, const float* di) {
-  for (int64_t j = 0; j < nk; ++j)
-    for (int64_t v = 0; v < kQueryVecs; ++v) {
-      const int64_t at = j * kQueryBlock + v * kLanes;
-      const VecF p = lanes.mask(exp_vec(load_vec(s + at) * scale - load_vec(lse + v * kLanes)), v, keys[j], 0.0f);
-      store_vec(s + at, p);
-      store_vec(dp + at, p * (load_vec(dp + at) - load_vec(di + v * kLanes)) * scale);
-    }
-}
-
 struct RingBackwardArgs {
   const float *q, *k, *v, *out, *lse, *dout;
   float* dq;
@@ -194,7 +119,7 @@ struct RingBackwardArgs {
 // Query rows q0.. (one tile) of head h in batch b: dq rows directly, dk/dv into the task's
 // accumulators w.dk, w.dv (keys x Dp). kb: this kv head's K rows as an operand.
 void backward_tile(const RingBackwardArgs& a, const IndexedAttention& s, const RingDims& d, int64_t b, int64_t h,
-                   int64_t q0, MatB kb, RingBackwardWork w) {
+                   int64_t q0, MatB kb, FlashBackwardWork w) {
   const int64_t nq = min64(kQueryBlock, s.queries - q0), g = h / d.group;
   const QueryLanes lanes(s, b, q0, nq);
   const int64_t row0 = (b * s.queries + q0) * d.q_row + h * d.D, kv0 = b * s.keys * d.kv_row + g * d.D;
@@ -215,7 +140,7 @@ void backward_tile(const RingBackwardArgs& a, const IndexedAttention& s, const R
                {w.s, kQueryBlock}, false);  // S^T = K Q^T
     small_gemm(nk, kQueryBlock, d.D, {a.v + kv0 + j0 * d.kv_row, d.kv_row, 1}, {w.dot, kQueryBlock},
                {w.ds, kQueryBlock}, false);  // dP^T = V dO^T
-    probs_and_grads(w.s, w.ds, nk, s.key_index + j0, lanes, s.scale, w.lse, w.di);
+    probs_and_grads(w.s, w.ds, nk, s.scale, w.lse, w.di, lanes.mask_for(s.key_index + j0));
     small_gemm(nk, d.Dp, nq, {w.s, kQueryBlock, 1}, do_rows, {w.dv + j0 * d.Dp, d.Dp}, true);   // dV += P^T dO
     small_gemm(nk, d.Dp, nq, {w.ds, kQueryBlock, 1}, q_rows, {w.dk + j0 * d.Dp, d.Dp}, true);  // dK += dS^T Q
     small_gemm(nq, d.Dp, nk, {w.ds, 1, kQueryBlock}, {kb.p + j0 * kb.ld, kb.ld}, {w.dq, d.Dp}, true);  // dQ += dS K
@@ -236,8 +161,8 @@ void attention_block_forward(const float* q, const float* k, const float* v, con
   const int64_t tiles = (s.queries + kQueryBlock - 1) / kQueryBlock;
 #pragma omp parallel
   {
-    ScratchBuffer buf{size_t(RingForwardWork::floats(d, s.keys))};
-    const RingForwardWork w(buf.data(), d, s.keys);
+    ScratchBuffer buf{size_t(FlashForwardWork::floats(d.D, d.Dp, s.keys))};
+    const FlashForwardWork w(buf.data(), d.D, d.Dp, s.keys);
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < tiles * s.batch * s.heads; ++t) {
       const int64_t bh = t % (s.batch * s.heads);
@@ -257,8 +182,8 @@ void attention_block_backward(const float* q, const float* k, const float* v, co
   const RingBackwardArgs args{q, k, v, out, lse, dout, dq};
 #pragma omp parallel
   {
-    ScratchBuffer buf{size_t(RingBackwardWork::floats(d, s.keys))};
-    const RingBackwardWork w(buf.data(), d, s.keys);
+    ScratchBuffer buf{size_t(FlashBackwardWork::floats(d.D, d.Dp, s.keys))};
+    const FlashBackwardWork w(buf.data(), d.D, d.Dp, s.keys);
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < s.batch * s.kv_heads; ++t) {
       const int64_t b = t / s.kv_heads, g = t % s.kv_heads, kv0 = b * s.keys * d.kv_row + g * d.D;
