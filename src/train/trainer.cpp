@@ -21,13 +21,13 @@
 #include "core/stop_signals.h"
 #include "core/trace.h"
 #include "comm/world.h"
+#include "kernels/cpu/machine_peak.h"
 #include "models/hf_model.h"
 #include "optim/lr_schedule.h"
 #include "monitor/loss_plot.h"
 #include "monitor/progress_bar.h"
 #include "monitor/tensorboard.h"
 #include "train/finetuning.h"
-#include "kernels/cpu/machine_peak.h"
 #include "monitor/metrics_log.h"
 
 namespace fab {
@@ -134,9 +134,9 @@ void Trainer::set_mfu_peak() {
   double gflops = 0;
   std::string source;
   if (model_->model().options().device.kind == DeviceKind::cuda) {
-    const char* env = std::getenv("FAB_PEAK_GFLOPS");
-    gflops = env ? std::atof(env) : 989e3;
-    source = env ? "FAB_PEAK_GFLOPS" : "the H100/H200 dense bf16 tensor-core peak";
+    const double given = peak_gflops_from_environment();
+    gflops = given > 0 ? given : 989e3;
+    source = given > 0 ? "FAB_PEAK_GFLOPS" : "the H100/H200 dense bf16 tensor-core peak";
   } else {
     const MachinePeak peak = machine_peak(omp_get_max_threads());
     gflops = bf16 ? peak.bf16_gflops : peak.fp32_gflops;

@@ -49,13 +49,18 @@ nlohmann::json read_cache(const std::string& path) {
 
 }  // namespace
 
+double peak_gflops_from_environment() {
+  const char* env = std::getenv("FAB_PEAK_GFLOPS");
+  if (!env) return 0;
+  const double gflops = std::atof(env);
+  FAB_USER_CHECK(gflops > 0, "FAB_PEAK_GFLOPS={}: expected GFLOP/s per process, a positive number", env);
+  return gflops;
+}
+
 MachinePeak machine_peak(int threads) {
   const std::string isa = cpu::onednn_isa();
-  if (const char* env = std::getenv("FAB_PEAK_GFLOPS")) {
-    const double gflops = std::atof(env);
-    FAB_USER_CHECK(gflops > 0, "FAB_PEAK_GFLOPS={}: expected GFLOP/s per process, a positive number", env);
+  if (const double gflops = peak_gflops_from_environment(); gflops > 0)
     return {gflops, gflops, threads, isa, "both set by FAB_PEAK_GFLOPS", "FAB_PEAK_GFLOPS (GFLOP/s per process)"};
-  }
   const std::string path = fabrica_cache_dir() + "/machine_peak.json";
   const std::string key = cpu_model_name() + " | " + isa + " | " + std::to_string(threads) + " threads";
   nlohmann::json cache = read_cache(path);

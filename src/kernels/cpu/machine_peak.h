@@ -21,6 +21,10 @@ struct MachinePeak {
   std::string source;       // "FAB_PEAK_GFLOPS", "measured now, cached in PATH", "cached in PATH"
 };
 
+// FAB_PEAK_GFLOPS (GFLOP/s per process), or 0 when unset; anything but a positive number is a
+// UserError naming it.
+double peak_gflops_from_environment();
+
 // The peak of `threads` threads of this process. The first call on a host (per CPU model, oneDNN
 // ISA and thread count) measures it, about 0.1-0.3 s, and writes it to machine_peak.json in the
 // cache folder (core/file_write.h fabrica_cache_dir); later calls and runs read it from there.
