@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "kernels/cpu/matmul_onednn.h"
 #include "kernels/cpu/machine_peak.h"
@@ -106,6 +108,13 @@ TEST(MachinePeak, EnvironmentOverridesAndAnUnreadableCacheIsMeasuredAgain) {
   const MachinePeak measured = machine_peak(1);
   EXPECT_EQ(measured.source.rfind("measured now, cached in", 0), 0u) << measured.source;
   EXPECT_EQ(machine_peak(1).source.rfind("cached in", 0), 0u);
+  // An entry whose figure is not a number (edited by hand) is measured again, not an exception.
+  std::ifstream in(cache.dir + "/machine_peak.json");
+  nlohmann::json file = nlohmann::json::parse(in);
+  in.close();
+  for (auto& entry : file) entry["fp32_gflops"] = "fast";
+  std::ofstream(cache.dir + "/machine_peak.json") << file.dump();
+  EXPECT_EQ(machine_peak(1).source.rfind("measured now, cached in", 0), 0u);
 }
 
 }  // namespace

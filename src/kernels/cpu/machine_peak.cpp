@@ -3,7 +3,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -65,9 +64,14 @@ MachinePeak machine_peak(int threads) {
   const std::string key = cpu_model_name() + " | " + isa + " | " + std::to_string(threads) + " threads";
   nlohmann::json cache = read_cache(path);
   if (const auto it = cache.find(key); it != cache.end() && it->is_object()) {
-    const nlohmann::json& e = *it;
-    if (e.value("fp32_gflops", 0.0) > 0 && e.value("bf16_gflops", 0.0) > 0)
-      return {e["fp32_gflops"].get<double>(), e["bf16_gflops"].get<double>(), threads, isa, e.value("bf16_basis", ""), "cached in " + path};
+    // A field of another type (a hand-edited file) counts as missing: measured again, not thrown.
+    const auto number = [&](const char* field) {
+      const auto f = it->find(field);
+      return f != it->end() && f->is_number() ? f->get<double>() : 0.0;
+    };
+    const auto basis = it->find("bf16_basis");
+    if (number("fp32_gflops") > 0 && number("bf16_gflops") > 0 && basis != it->end() && basis->is_string())
+      return {number("fp32_gflops"), number("bf16_gflops"), threads, isa, basis->get<std::string>(), "cached in " + path};
   }
   MachinePeak p = measure(isa, threads);
   cache[key] = {{"fp32_gflops", p.fp32_gflops}, {"bf16_gflops", p.bf16_gflops}, {"bf16_basis", p.bf16_basis}};
