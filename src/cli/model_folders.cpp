@@ -39,4 +39,21 @@ bool has_tokenizer(const std::string& dir) {
   return fs::exists(fs::path(dir) / "tokenizer.json") || fs::exists(fs::path(dir) / "tokenizer.model");
 }
 
+Qwen2VLImageConfig image_processor_of(const std::string& model_dir, const VisionConfig& tower) {
+  const std::string path = (fs::path(model_dir) / "preprocessor_config.json").string();
+  FAB_USER_CHECK(fs::is_regular_file(path),
+                 "{}: images need the model's image processor settings, and this file does not exist (copy it from "
+                 "the base model's folder)",
+                 path);
+  const Qwen2VLImageConfig processor = load_qwen2_vl_image_config(path);
+  FAB_USER_CHECK(processor.patch_size == tower.patch_size && processor.temporal_patch_size == tower.temporal_patch_size &&
+                     processor.merge_size == tower.spatial_merge_size && tower.in_channels == 3,
+                 "{}: patch_size {}, temporal_patch_size {}, merge_size {}, but the model's vision_config has "
+                 "patch_size {}, temporal_patch_size {}, spatial_merge_size {}, in_channels {} (expected the same, 3 "
+                 "channels)",
+                 path, processor.patch_size, processor.temporal_patch_size, processor.merge_size, tower.patch_size,
+                 tower.temporal_patch_size, tower.spatial_merge_size, tower.in_channels);
+  return processor;
+}
+
 }  // namespace fab

@@ -3,6 +3,9 @@
 // that a wrong one is refused naming the flag and what the folder is, before any work.
 #include <string>
 
+#include "image/qwen2_vl_processor.h"
+#include "models/model_config.h"
+
 namespace fab {
 
 // `dir`, given as `what` (e.g. "--model"), exists and is a folder.
@@ -17,5 +20,9 @@ std::string adapter_base_model(const std::string& adapter_dir);
 
 // The folder holds a tokenizer (tokenizer.json or tokenizer.model).
 bool has_tokenizer(const std::string& dir);
+
+// A vision-language model folder's preprocessor_config.json: its patches must be the tower's (the
+// same patch sizes and merge, 3 channels), else a UserError naming both.
+Qwen2VLImageConfig image_processor_of(const std::string& model_dir, const VisionConfig& tower);
 
 }  // namespace fab

@@ -14,13 +14,14 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/export_config.h"
+#include "cli/generation_prompt.h"
 #include "cli/model_folders.h"
 #include "config/yaml_file.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/file_write.h"
+#include "dataset/multimodal.h"
 #include "dataset/template.h"
-#include "dataset/tokenizer_encoder.h"
 #include "infer/generate.h"
 #include "infer/rollout.h"
 #include "launch/output_dir_lock.h"
@@ -60,17 +61,6 @@ int run_tokenize(int argc, char** argv) {
 
 namespace {
 
-// The conversation so far, rendered by the chat template up to the assistant's next turn.
-std::vector<int32_t> templated_prompt(const Tokenizer& tokenizer, const std::string& template_name,
-                                      std::vector<Message> messages, const std::string& system) {
-  TokenizerEncoder encoder(tokenizer);
-  TemplateOptions options;
-  options.enable_thinking = false;
-  ChatTemplate chat(get_template(template_name), encoder, options);
-  messages.push_back({Role::assistant, ""});
-  return chat.encode_oneturn(messages, system, "").first;
-}
-
 SamplingOptions sampling_from(const Args& args, const Tokenizer& tokenizer) {
   SamplingOptions o;
   constexpr int64_t kMostTokens = int64_t(1) << 30, kMostSeed = int64_t(1) << 53;
@@ -104,11 +94,11 @@ std::unique_ptr<DecoderModel> model_for_generation(const std::string& dir, const
 }
 
 // Generates and prints the new text as it becomes complete UTF-8; returns it.
-std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const std::vector<int32_t>& prompt,
+std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const GenerationPrompt& prompt,
                          const SamplingOptions& o) {
   std::vector<int32_t> generated;
   std::string printed;
-  generate(model, prompt, o, [&](int32_t token) {
+  const auto print = [&](int32_t token) {
     generated.push_back(token);
     const std::string text = tokenizer.decode(generated, true);
     if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0) {
@@ -116,7 +106,8 @@ std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const 
       std::fflush(stdout);
       printed = text;
     }
-  });
+  };
+  generate(model, prompt.tokens, o, print, prompt.images);
   std::puts("");
   return tokenizer.decode(generated, true);
 }
@@ -124,18 +115,34 @@ std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const 
 const std::set<std::string> kSamplingFlags = {"model", "adapter", "template", "system", "max-new-tokens",
                                               "temperature", "top-p", "top-k", "seed", "device"};
 
-// A user turn through --template, or the text as it is.
-std::vector<int32_t> prompt_tokens(const Args& args, const Tokenizer& tokenizer, const std::string& text,
-                                   const std::string& system) {
-  return args.has("template") ? templated_prompt(tokenizer, args.get("template"), {{Role::user, text}}, system)
-                              : tokenizer.encode(text, true);
+// --image A.jpg,B.png: the files, in order.
+std::vector<std::string> image_paths(const std::string& list) {
+  std::vector<std::string> paths;
+  for (size_t from = 0; from <= list.size();) {
+    const size_t comma = std::min(list.find(',', from), list.size());
+    FAB_USER_CHECK(comma > from, "--image {}: an empty file name (expected FILE or FILE,FILE,...)", list);
+    paths.push_back(list.substr(from, comma - from));
+    from = comma + 1;
+  }
+  return paths;
+}
+
+// A user turn (with its images) through --template, or the text as it is.
+GenerationPrompt prompt_of(const Args& args, const Tokenizer& tokenizer, const std::string& text,
+                           const std::string& system, const std::vector<std::string>& images) {
+  if (args.has("template"))
+    return generation_prompt(tokenizer, args.get("model"), args.get("template"), {{Role::user, text}}, system, images);
+  FAB_USER_CHECK(images.empty(), "images need --template (qwen2_vl), which writes their vision tokens into the prompt");
+  return {tokenizer.encode(text, true), {}};
 }
 
 struct PromptLine {
   std::string prompt, system;
+  std::vector<std::string> images;
 };
 
-// --prompts FILE: one JSON object a line with "prompt" (and optionally "system"); blank lines skipped.
+// --prompts FILE: one JSON object a line with "prompt" (and optionally "system" and "images", a list
+// of files); blank lines skipped.
 std::vector<PromptLine> read_prompt_lines(const std::string& path, const std::string& default_system) {
   std::ifstream in(path);
   FAB_USER_CHECK(in, "{}: cannot open", path);
@@ -149,7 +156,11 @@ std::vector<PromptLine> read_prompt_lines(const std::string& path, const std::st
                    "{} line {}: expected a JSON object with a string \"prompt\"", path, number);
     FAB_USER_CHECK(!j.contains("system") || j["system"].is_string(), "{} line {}: \"system\" must be a string",
                    path, number);
-    lines.push_back({j["prompt"].get<std::string>(), j.value("system", default_system)});
+    const nlohmann::json images = j.value("images", nlohmann::json::array());
+    FAB_USER_CHECK(images.is_array() && std::all_of(images.begin(), images.end(), [](const auto& i) { return i.is_string(); }),
+                   "{} line {}: \"images\" must be a list of file names", path, number);
+    lines.push_back({j["prompt"].get<std::string>(), j.value("system", default_system),
+                     images.get<std::vector<std::string>>()});
   }
   FAB_USER_CHECK(!lines.empty(), "{}: no prompts", path);
   return lines;
@@ -162,8 +173,15 @@ int generate_batched(const Args& args, const Tokenizer& tokenizer, const Samplin
   const std::vector<PromptLine> lines = read_prompt_lines(args.get("prompts"), args.get("system"));
   const int64_t batch = args.get_integer("batch", 16, 1, 1 << 16);
   std::vector<RolloutRequest> requests;
-  for (size_t i = 0; i < lines.size(); ++i)
-    requests.push_back({prompt_tokens(args, tokenizer, lines[i].prompt, lines[i].system), o.seed + i});
+  for (size_t i = 0; i < lines.size(); ++i) {
+    GenerationPrompt prompt;
+    try {
+      prompt = prompt_of(args, tokenizer, lines[i].prompt, lines[i].system, lines[i].images);
+    } catch (const UserError& e) {
+      throw UserError(format("{} prompt {}: {}", args.get("prompts"), i + 1, e.what()));
+    }
+    requests.push_back({std::move(prompt.tokens), o.seed + i, prompt.images});
+  }
   auto model = model_for_generation(args.get("model"), args.get("adapter", ""), args.flag("bf16"),
                                     args.get("device", "cpu"));
   RolloutStats stats;
@@ -171,6 +189,7 @@ int generate_batched(const Args& args, const Tokenizer& tokenizer, const Samplin
   std::string text;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const nlohmann::json j = {{"prompt", lines[i].prompt},
+                              {"prompt_tokens", requests[i].prompt.size()},
                               {"response", tokenizer.decode(outputs[i].tokens, true)},
                               {"tokens", outputs[i].tokens.size()},
                               {"stopped", outputs[i].stopped}};
@@ -188,32 +207,39 @@ int generate_batched(const Args& args, const Tokenizer& tokenizer, const Samplin
 
 int run_generate(int argc, char** argv) {
   std::set<std::string> flags = kSamplingFlags;
-  flags.insert({"prompt", "prompts", "output", "batch"});
+  flags.insert({"prompt", "prompts", "output", "batch", "image"});
   Args args(argc, argv, 2, flags, {"bf16"});
   FAB_USER_CHECK(args.has("model") && args.has("prompt") != args.has("prompts"),
-                 "usage: fabrica generate --model DIR (--prompt TEXT | --prompts FILE.jsonl --output OUT.jsonl "
-                 "[--batch N]) [--adapter PEFT_DIR] [--template NAME] [--system TEXT] [--bf16] "
+                 "usage: fabrica generate --model DIR (--prompt TEXT [--image FILE[,FILE...]] | --prompts FILE.jsonl "
+                 "--output OUT.jsonl [--batch N]) [--adapter PEFT_DIR] [--template NAME] [--system TEXT] [--bf16] "
                  "[--max-new-tokens N] [--temperature T --top-p P --top-k K --seed S] [--device cpu|cuda|auto]\n"
-                 "example: fabrica generate --model saves/qwen3-sft --template qwen3_nothink --prompt 'Hi'");
+                 "example: fabrica generate --model saves/qwen3-sft --template qwen3_nothink --prompt 'Hi'\n"
+                 "         fabrica generate --model saves/qwen2-vl --template qwen2_vl --image cat.jpg --prompt "
+                 "'What is in the picture?'");
+  FAB_USER_CHECK(!args.has("image") || args.has("prompt"),
+                 "--image goes with --prompt; with --prompts, give each line its \"images\"");
   const std::string dir = args.get("model");
   require_model_folder("--model", dir);
   const Tokenizer tokenizer = Tokenizer::load(dir);
   const SamplingOptions o = sampling_from(args, tokenizer);
   if (args.has("prompts")) return generate_batched(args, tokenizer, o);
-  const std::vector<int32_t> prompt = prompt_tokens(args, tokenizer, args.get("prompt"), args.get("system"));
+  const GenerationPrompt prompt = prompt_of(args, tokenizer, args.get("prompt"), args.get("system"),
+                                            args.has("image") ? image_paths(args.get("image")) : std::vector<std::string>());
   auto model = model_for_generation(dir, args.get("adapter", ""), args.flag("bf16"), args.get("device", "cpu"));
   stream_reply(*model, tokenizer, prompt, o);
   return 0;
 }
 
-// Interactive, multi-turn: each turn re-renders the whole conversation with the template.
+// Interactive, multi-turn: each turn re-renders the whole conversation (and its images) with the
+// template. `/image FILE` attaches an image to the next message (before its text, unless the message
+// places it with <image>); `/clear` starts over.
 int run_chat(int argc, char** argv) {
   Args args(argc, argv, 2, kSamplingFlags, {});
   FAB_USER_CHECK(args.has("model") && args.has("template"),
                  "usage: fabrica chat --model DIR --template NAME [--system TEXT] [--max-new-tokens N] "
                  "[--temperature T --top-p P --top-k K --seed S] [--device cpu|cuda|auto]\n"
                  "example: fabrica chat --model saves/qwen3-sft --template qwen3_nothink   (/clear resets, "
-                 "an empty line or end of input quits)");
+                 "/image FILE attaches an image to the next message, an empty line or end of input quits)");
   const std::string dir = args.get("model");
   require_model_folder("--model", dir);
   const Tokenizer tokenizer = Tokenizer::load(dir);
@@ -221,19 +247,36 @@ int run_chat(int argc, char** argv) {
   auto model = model_for_generation(dir, args.get("adapter", ""), false, args.get("device", "cpu"));
   get_template(args.get("template"));  // an unknown name fails before the first prompt
   std::vector<Message> history;
+  std::vector<std::string> images, attached;  // the conversation's images; those for the next message
   for (std::string line;;) {
     std::fputs("user> ", stdout);
     std::fflush(stdout);
     if (!std::getline(std::cin, line) || line.empty()) break;
     if (line == "/clear") {
-      history.clear();
+      history.clear(), images.clear(), attached.clear();
       continue;
     }
+    if (line.rfind("/image ", 0) == 0) {
+      attached.push_back(line.substr(7));
+      continue;
+    }
+    if (line.find(kImagePlaceholder) == std::string::npos)
+      for (size_t i = 0; i < attached.size(); ++i) line = kImagePlaceholder + line;
     history.push_back({Role::user, line});
+    images.insert(images.end(), attached.begin(), attached.end());
+    GenerationPrompt prompt;
+    try {  // a bad image or placeholder costs this message, not the conversation
+      prompt = generation_prompt(tokenizer, dir, args.get("template"), history, args.get("system"), images);
+    } catch (const UserError& e) {
+      std::printf("error: %s (the message is dropped)\n", e.what());
+      history.pop_back();
+      images.resize(images.size() - attached.size());
+      attached.clear();
+      continue;
+    }
+    attached.clear();
     std::fputs("assistant> ", stdout);
-    const std::string reply =
-        stream_reply(*model, tokenizer, templated_prompt(tokenizer, args.get("template"), history, args.get("system")), o);
-    history.push_back({Role::assistant, reply});
+    history.push_back({Role::assistant, stream_reply(*model, tokenizer, prompt, o)});
   }
   return 0;
 }

@@ -17,6 +17,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/model_folders.h"
 #include "comm/device_collectives.h"
 #include "comm/world.h"
 #include "config/yaml_file.h"
@@ -225,19 +226,6 @@ std::vector<SequenceImages> model_images(std::vector<std::vector<ProcessedImage>
   return out;
 }
 
-// The image processor's patches are the tower's: the same patch sizes and merge.
-void check_processor_fits_tower(const TrainConfig& c, const VisionConfig& tower) {
-  const std::string path = (fs::path(c.model_name_or_path) / "preprocessor_config.json").string();
-  const Qwen2VLImageConfig processor = load_qwen2_vl_image_config(path);
-  FAB_USER_CHECK(processor.patch_size == tower.patch_size && processor.temporal_patch_size == tower.temporal_patch_size &&
-                     processor.merge_size == tower.spatial_merge_size && tower.in_channels == 3,
-                 "{}: patch_size {}, temporal_patch_size {}, merge_size {}, but the model's vision_config has "
-                 "patch_size {}, temporal_patch_size {}, spatial_merge_size {}, in_channels {} (expected the same, 3 "
-                 "channels)",
-                 path, processor.patch_size, processor.temporal_patch_size, processor.merge_size, tower.patch_size,
-                 tower.temporal_patch_size, tower.spatial_merge_size, tower.in_channels);
-}
-
 // Images need a model that takes them, and a vision-language model's image tokens need their
 // images: checked before the first step rather than at the batch that holds them.
 void check_images_fit_model(const TrainConfig& c, const PreparedData& data, const ModelConfig& model) {
@@ -246,7 +234,7 @@ void check_images_fit_model(const TrainConfig& c, const PreparedData& data, cons
                  "image data with a vision-language model (qwen2_vl, qwen2_5_vl)",
                  c.dataset, c.model_name_or_path, model.model_type);
   if (!model.vision) return;
-  if (has_images(data)) check_processor_fits_tower(c, *model.vision);
+  if (has_images(data)) image_processor_of(c.model_name_or_path, *model.vision);
   for (const auto& [name, set, images] : {std::tuple{"train", &data.train, &data.train_images},
                                           std::tuple{"eval", &data.eval, &data.eval_images}})
     for (int64_t i = 0; i < set->size(); ++i) {

@@ -19,12 +19,6 @@ int64_t count_placeholders(const Example& example) {
   return n;
 }
 
-std::string vision_tokens(int64_t image_tokens) {
-  std::string text = "<|vision_start|>";
-  for (int64_t i = 0; i < image_tokens; ++i) text += "<|image_pad|>";
-  return text + "<|vision_end|>";
-}
-
 // Replaces the placeholders in message order, one image each.
 void write_vision_tokens(Example& example, const ExampleImages& images, int64_t merge_size) {
   size_t next = 0;
@@ -52,6 +46,12 @@ void check_placeholders(const Example& example, const Template& chat_template) {
 }
 
 }  // namespace
+
+std::string vision_tokens(int64_t image_tokens) {
+  std::string text = "<|vision_start|>";
+  for (int64_t i = 0; i < image_tokens; ++i) text += "<|image_pad|>";
+  return text + "<|vision_end|>";
+}
 
 bool has_images(const std::vector<Example>& examples) {
   return std::any_of(examples.begin(), examples.end(), [](const Example& e) { return !e.images.empty(); });

@@ -30,6 +30,10 @@ using ExampleImages = std::vector<ProcessedImage>;
 
 bool has_images(const std::vector<Example>& examples);
 
+// The text an image of `image_tokens` merged tokens takes in place of its placeholder:
+// <|vision_start|> + <|image_pad|> x image_tokens + <|vision_end|>.
+std::string vision_tokens(int64_t image_tokens);
+
 // Processes every example's images (each distinct file once, on all threads) and writes the vision
 // tokens into its messages in place of the placeholders. Returns one entry per example (empty
 // for one without images). UserErrors name the record: a placeholder count unlike the image count,

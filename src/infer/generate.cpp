@@ -71,9 +71,9 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& 
 
 // One request through the rollout engine (batch 1), seeded with options.seed.
 std::vector<int32_t> generate(DecoderModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& o,
-                              const std::function<void(int32_t)>& on_token) {
+                              const std::function<void(int32_t)>& on_token, const ImageInputs& images) {
   const RolloutTokenCallback each = on_token ? [&](size_t, int32_t token) { on_token(token); } : RolloutTokenCallback();
-  return rollout_streamed(model, {{prompt, o.seed}}, o, 1, each).front().tokens;
+  return rollout_streamed(model, {{prompt, o.seed, images}}, o, 1, each).front().tokens;
 }
 
 }  // namespace fab

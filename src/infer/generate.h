@@ -17,9 +17,10 @@ struct SamplingOptions {
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
 };
 
-// Returns the new tokens (not the prompt). `on_token` (optional) sees each one as it comes.
+// Returns the new tokens (not the prompt). `on_token` (optional) sees each one as it comes. A
+// vision-language model's prompt may bring the images of its image tokens.
 std::vector<int32_t> generate(DecoderModel& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
-                              const std::function<void(int32_t)>& on_token = {});
+                              const std::function<void(int32_t)>& on_token = {}, const ImageInputs& images = {});
 
 // Picks the next token from one row of logits under `options` (exposed for tests).
 int32_t sample_token(const float* logits, int64_t vocab, const SamplingOptions& options, class Rng& rng);

@@ -2,10 +2,12 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "core/profiler.h"
+#include "models/mrope.h"
 #include "nn/op_helpers.h"
 
 namespace fab {
@@ -101,27 +103,58 @@ class SlotAttention final : public AttentionCore {
   std::vector<int64_t> first_row_;
 };
 
-// Each row's position: its slot's length plus its place among the slot's new tokens.
+// Each row's position: its slot's length plus its place among the slot's new tokens, shifted by
+// the slot's position delta. Where a span brings a prompt with images, every row gets M-RoPE's
+// three positions instead ((3, rows): the prompt's from its images, the others' the same on all
+// three axes, which turns them as plain RoPE does), and that slot's delta is set.
 Tensor slot_positions(const DecoderModel& model, const Tensor& ids, const std::vector<SlotSpan>& spans,
-                      const SlotKvCache& cache) {
+                      SlotKvCache& cache) {
   FAB_CHECK(ids.ndim() == 1 && ids.dtype() == DType::i64, "ids must be (rows) i64, got {}", shape_str(ids.shape()));
-  Tensor positions = Tensor::empty({ids.numel()}, DType::i64, MemoryCategory::activations);
+  const int64_t rows = ids.numel();
+  const bool mrope =
+      std::any_of(spans.begin(), spans.end(), [](const SlotSpan& s) { return s.images.defined(); });
+  Tensor positions = Tensor::empty(mrope ? Shape{3, rows} : Shape{rows}, DType::i64, MemoryCategory::activations);
+  int64_t* out = positions.data<int64_t>();
   std::vector<bool> seen(size_t(cache.slots), false);
   int64_t row = 0;
   for (const SlotSpan& span : spans) {
     FAB_CHECK(span.slot >= 0 && span.slot < cache.slots && !seen[size_t(span.slot)] && span.count >= 1,
               "span of {} tokens in slot {} of {} (one span per slot)", span.count, span.slot, cache.slots);
     seen[size_t(span.slot)] = true;
-    const int64_t first = cache.length[size_t(span.slot)];
-    FAB_USER_CHECK(first + span.count <= cache.capacity, "generation needs {} positions but the cache holds {}",
-                   first + span.count, cache.capacity);
-    FAB_CHECK(row + span.count <= ids.numel(), "spans cover more than the {} ids", ids.numel());
-    for (int64_t t = 0; t < span.count; ++t) positions.data<int64_t>()[row++] = first + t;
+    int64_t& length = cache.length[size_t(span.slot)];
+    int64_t& delta = cache.position_delta[size_t(span.slot)];
+    FAB_USER_CHECK(length + span.count <= cache.capacity, "generation needs {} positions but the cache holds {}",
+                   length + span.count, cache.capacity);
+    FAB_CHECK(row + span.count <= rows, "spans cover more than the {} ids", rows);
+    if (length == 0) delta = 0;
+    if (span.images.defined()) {
+      FAB_CHECK(length == 0, "images come with a slot's prompt");
+      const std::vector<int64_t> three =
+          mrope_positions(model.config(), ids.view(row, {1, span.count}), span.images.image_grid_thw);
+      delta = *std::max_element(three.begin(), three.end()) + 1 - span.count;
+      for (int64_t axis = 0; axis < 3; ++axis)
+        std::copy_n(three.begin() + axis * span.count, span.count, out + axis * rows + row);
+    } else {
+      for (int64_t t = 0; t < span.count; ++t)
+        for (int64_t axis = 0; axis < (mrope ? 3 : 1); ++axis) out[axis * rows + row + t] = length + delta + t;
+    }
+    row += span.count;
   }
-  FAB_CHECK(row == ids.numel(), "spans cover {} of the {} ids", row, ids.numel());
-  for (int64_t r = 0; r < row; ++r)  // the vocabulary, and each position against RoPE and sliding_window
-    model.check_ids(ids.view(r, {1, 1}), positions.data<int64_t>()[r]);
+  FAB_CHECK(row == rows, "spans cover {} of the {} ids", row, rows);
+  for (int64_t r = 0; r < rows; ++r)  // the vocabulary, and each position against RoPE and sliding_window
+    model.check_ids(ids.view(r, {1, 1}), out[r]);
   return positions;
+}
+
+// The images of the spans that bring them, at their rows of the step.
+std::vector<PromptImages> prompt_images(const std::vector<SlotSpan>& spans) {
+  std::vector<PromptImages> images;
+  int64_t row = 0;
+  for (const SlotSpan& span : spans) {
+    if (span.images.defined()) images.push_back({row, span.count, span.images});
+    row += span.count;
+  }
+  return images;
 }
 
 }  // namespace
@@ -157,6 +190,7 @@ SlotKvCache make_slot_cache(const DecoderModel& model, int64_t slots, int64_t ca
   cache.slots = slots;
   cache.capacity = capacity;
   cache.length.assign(size_t(slots), 0);
+  cache.position_delta.assign(size_t(slots), 0);
   cache.k = cache_tensors(model, {slots, capacity, c.num_key_value_heads, c.head_dim}, false);
   cache.v = cache_tensors(model, {slots, capacity, c.num_key_value_heads, c.head_dim}, false);
   return cache;
@@ -166,7 +200,7 @@ Tensor logits_slots(DecoderModel& model, const Tensor& ids, const std::vector<Sl
   ProfileScope profile("slot rows forward");
   const Tensor positions = slot_positions(model, ids, spans, cache);
   const auto attention = std::make_shared<SlotAttention>(model.config(), cache, spans);
-  const Var hidden = model.decode_layers(ids, positions, attention);
+  const Var hidden = model.decode_layers(ids, positions, attention, prompt_images(spans));
   const int64_t C = model.config().hidden_size;
   const Var last =
       make_var(Tensor::empty({int64_t(spans.size()), C}, DType::f32, MemoryCategory::activations, hidden->value.device()));

@@ -27,11 +27,18 @@ struct SlotKvCache {
   std::vector<Tensor> k, v;
   int64_t slots = 0, capacity = 0;
   std::vector<int64_t> length;  // the tokens each slot holds
+  // What each slot's next position is ahead of its length: 0, or for a prompt with images the
+  // largest M-RoPE position + 1 - its tokens (transformers' rope_deltas, negative: an image's
+  // tokens take fewer positions than tokens), set by the step that brings the slot's prompt.
+  std::vector<int64_t> position_delta;
 };
 
-// The new tokens of one slot in a batched step: `count` consecutive rows of the step's ids.
+// The new tokens of one slot in a batched step: `count` consecutive rows of the step's ids. A
+// vision-language model's prompt (the slot empty) may bring its images, as the processor emits
+// them; the tower runs on them and M-RoPE places the prompt's tokens.
 struct SlotSpan {
   int64_t slot = 0, count = 0;
+  ImageInputs images{};  // undefined: text only
 };
 
 SlotKvCache make_slot_cache(const DecoderModel& model, int64_t slots, int64_t capacity);

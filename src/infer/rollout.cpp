@@ -37,6 +37,8 @@ void check_requests(const DecoderModel& model, const std::vector<RolloutRequest>
                                                       : model.config().max_position_embeddings;
   for (const RolloutRequest& r : requests) {
     FAB_USER_CHECK(!r.prompt.empty(), "generate: the prompt is empty");
+    FAB_USER_CHECK(!r.images.defined() || model.vision_tower(),
+                   "generate: images given, but the model ({}) has no vision tower", model.config().model_type);
     FAB_USER_CHECK(o.max_new_tokens >= 1 && int64_t(r.prompt.size()) + o.max_new_tokens <= context,
                    "max_new_tokens {}: with the prompt's {} tokens, expected at most {} positions in all (the "
                    "model's max_position_embeddings)",
@@ -106,10 +108,14 @@ class Engine {
       if (!slots_[s]) continue;
       const int64_t slot = int64_t(first_slot_ + s);
       const bool fresh = shared_.cache.length[size_t(slot)] == 0;
-      const std::vector<int32_t>& prompt = shared_.requests[slots_[s]->request].prompt;
-      if (fresh) ids.insert(ids.end(), prompt.begin(), prompt.end());
-      else ids.push_back(slots_[s]->pending);
-      spans.push_back({slot, fresh ? int64_t(prompt.size()) : 1});
+      const RolloutRequest& request = shared_.requests[slots_[s]->request];
+      if (fresh) {
+        ids.insert(ids.end(), request.prompt.begin(), request.prompt.end());
+        spans.push_back({slot, int64_t(request.prompt.size()), request.images});
+      } else {
+        ids.push_back(slots_[s]->pending);
+        spans.push_back({slot, 1});
+      }
     }
     Tensor id_tensor = Tensor::empty({int64_t(ids.size())}, DType::i64, MemoryCategory::activations);
     std::copy(ids.begin(), ids.end(), id_tensor.data<int64_t>());
@@ -151,11 +157,17 @@ class Engine {
   bool drained_ = false;  // the queue is empty
 };
 
+bool has_images(const std::vector<RolloutRequest>& requests) {
+  return std::any_of(requests.begin(), requests.end(), [](const RolloutRequest& r) { return r.images.defined(); });
+}
+
 // One engine per thread over its share of the slots when the model's slot steps may run at once
 // (and there are slots for two threads at least); else one engine whose kernels use every thread.
+// Prompts with images run one engine: the vision tower's GEMMs are the shared training ones.
 void run_engines(DecoderModel& model, Shared& shared, const RolloutTokenCallback& on_token, RolloutStats& stats) {
   const int64_t slots = shared.cache.slots;
-  const int threads = model.decode_concurrent() ? int(std::min<int64_t>(omp_get_max_threads(), slots)) : 1;
+  const bool concurrent = model.decode_concurrent() && !has_images(shared.requests);
+  const int threads = concurrent ? int(std::min<int64_t>(omp_get_max_threads(), slots)) : 1;
   std::vector<RolloutStats> per_thread(static_cast<size_t>(threads));
   if (threads == 1) {
     Engine(model, shared, 0, size_t(slots), on_token).run(per_thread[0]);

@@ -14,6 +14,9 @@ namespace fab {
 struct RolloutRequest {
   std::vector<int32_t> prompt;
   uint64_t seed = 0;  // this request's own sampling stream (SamplingOptions::seed is not used)
+  // A vision-language model's images for the prompt's image tokens (undefined: text only). The
+  // tower runs once, when the prompt enters the cache.
+  ImageInputs images{};
 };
 
 struct RolloutOutput {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <utility>
 
 #include "core/backend.h"
@@ -235,28 +236,31 @@ Var DecoderModel::embed(Tape& tape, const Tensor& ids, const SequenceLayout& lay
   enter_unit(tape, 0);
   const Tensor flat_ids = ids.reshape({ids.numel()});
   Var x = sharding_->embedding(tape, flat_ids, embed_, vocab_begin_);
-  if (vision_) x = merge_images(tape, ids, x, layout);
+  if (vision_) x = merge_images(tape, ids, x, layout.pixel_values, layout.image_grid_thw);
   leave_unit(tape, 0);
   return x;
 }
 
 // transformers' get_placeholder_mask + masked_scatter: the k-th image token takes the k-th row of
 // the tower's output (images in order, each image's merge groups in the processor's order).
-Var DecoderModel::merge_images(Tape& tape, const Tensor& ids, const Var& embedded, const SequenceLayout& layout) {
+Var DecoderModel::merge_images(Tape& tape, const Tensor& ids, const Var& embedded, const Tensor& pixel_values,
+                               const Tensor& grid_thw, int64_t first_row, int64_t rows) {
   std::vector<int64_t> image_rows;
   const int64_t* id = ids.data<int64_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i) {
+  const int64_t end = rows < 0 ? ids.numel() : first_row + rows;
+  FAB_CHECK(first_row >= 0 && end <= ids.numel(), "rows [{}, {}) of {} ids", first_row, end, ids.numel());
+  for (int64_t i = first_row; i < end; ++i) {
     FAB_USER_CHECK(id[i] != config_.video_token_id,
                    "videos are not supported by Fabrica yet: the batch holds video tokens (id {})",
                    config_.video_token_id);
     if (id[i] == config_.image_token_id) image_rows.push_back(i);
   }
-  if (!layout.pixel_values.defined()) {
+  if (!pixel_values.defined()) {
     FAB_USER_CHECK(image_rows.empty(), "the batch has {} image tokens (id {}) but no images (pixel_values)",
                    image_rows.size(), config_.image_token_id);
     return embedded;
   }
-  const std::vector<int64_t> merged = check_images(*config_.vision, layout.pixel_values, layout.image_grid_thw);
+  const std::vector<int64_t> merged = check_images(*config_.vision, pixel_values, grid_thw);
   int64_t features = 0;
   for (int64_t m : merged) features += m;
   FAB_USER_CHECK(features == int64_t(image_rows.size()),
@@ -265,8 +269,7 @@ Var DecoderModel::merge_images(Tape& tape, const Tensor& ids, const Var& embedde
                  merged.size(), features, image_rows.size(), config_.image_token_id);
   const LoraPass pass = lora_pass(GemmKind::standard);
   return scatter_rows(tape, embedded, image_rows,
-                      vision_->forward(tape, layout.pixel_values, layout.image_grid_thw,
-                                       adapters_enabled_ ? &pass : nullptr));
+                      vision_->forward(tape, pixel_values, grid_thw, adapters_enabled_ ? &pass : nullptr));
 }
 
 std::shared_ptr<const RopeTable> DecoderModel::mrope_of(const Tensor& ids, const SequenceLayout& layout) const {
@@ -434,15 +437,31 @@ Tensor DecoderModel::logits(const Tensor& ids, const SequenceLayout& layout) {
   return on_host(out);
 }
 Var DecoderModel::decode_layers(const Tensor& ids, const Tensor& positions,
-                                const std::shared_ptr<AttentionCore>& attention) {
+                                const std::shared_ptr<AttentionCore>& attention, const std::vector<PromptImages>& images) {
   check_whole("generation");
-  FAB_CHECK(ids.ndim() == 1 && positions.numel() == ids.numel(), "decode_layers: ids (rows) and their positions");
+  const int64_t rows = ids.numel();
+  const bool mrope = positions.ndim() == 2;
+  FAB_CHECK(ids.ndim() == 1 && positions.numel() == (mrope ? 3 : 1) * rows && (!mrope || positions.dim(0) == 3),
+            "decode_layers: ids (rows) and their positions (rows) or (3, rows)");
+  FAB_CHECK(images.empty() || vision_, "images for a model without a vision tower");
   Tape none(false);
   const Allocator::HoldCachedBlocks hold(backend(options_.device.kind).allocator());
-  const LayerContext ctx = context(attention, on_device(positions), ids.numel(), decoding_);
-  // A VLM generates from text only, as transformers without pixel_values: M-RoPE's positions are
-  // then the plain ones on all three axes, and an image token is embedded as any other token.
-  Var x = embedding(none, on_device(ids), embed_);
+  std::shared_ptr<const RopeTable> rope;
+  Tensor row_positions = positions;
+  if (mrope) {  // each row's own table row, at positions 0..rows-1
+    const RopeFrequencies freq = rope_frequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
+    const int64_t* p = positions.data<int64_t>();
+    rope = std::make_shared<const RopeTable>(
+        mrope_table(config_, freq.inv_freq, freq.attention_scaling, std::vector<int64_t>(p, p + 3 * rows)));
+    row_positions = Tensor::empty({rows}, DType::i64, MemoryCategory::activations);
+    std::iota(row_positions.data<int64_t>(), row_positions.data<int64_t>() + rows, int64_t(0));
+  }
+  const LayerContext ctx = context(attention, on_device(row_positions), rows, decoding_, rope);
+  const Tensor device_ids = on_device(ids);
+  Var x = embedding(none, device_ids, embed_);
+  for (const PromptImages& prompt : images)
+    x = merge_images(none, ids, x, prompt.images.pixel_values, prompt.images.image_grid_thw, prompt.first_row,
+                     prompt.rows);
   for (const DecoderLayer& l : layers_) x = l.forward(none, ctx, x);
   return x;
 }

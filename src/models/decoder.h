@@ -76,6 +76,21 @@ struct SequenceLayout {
   std::shared_ptr<AttentionCore> attention;
 };
 
+// A vision-language model's images for generation, as the processor emits them (and SequenceLayout
+// carries them): every image's patches one after another, (patches, values) f32, and each
+// image's (t, h, w) in patches, (images, 3) i64. Undefined: none.
+struct ImageInputs {
+  Tensor pixel_values, image_grid_thw;
+  bool defined() const { return image_grid_thw.defined(); }
+};
+
+// A prompt with images in a generation pass (infer/kv_cache.h): rows [first_row, first_row + rows)
+// of the pass hold the prompt, whose image tokens take the vision tower's features of its images.
+struct PromptImages {
+  int64_t first_row = 0, rows = 0;
+  ImageInputs images;
+};
+
 // A mixture-of-experts model's router statistics over the last forward pass (models/decoder.cpp).
 struct RouterStatistics {
   double aux_loss = 0;             // transformers' load_balancing_loss_func, unweighted
@@ -154,10 +169,13 @@ class DecoderModel {
   Tensor logits(const Tensor& ids, const SequenceLayout& layout = {});
 
   // Generation (infer/kv_cache.h runs it): the layers without a tape over `ids` (rows) i64 at
-  // `positions` (rows) i64, both on the host, with `attention` reading and extending a KV cache,
-  // and the backend's decode GEMM (its sums do not depend on the batch). Returns the last layer's
-  // output (rows, C) where the model lives. The whole model on one device only.
-  Var decode_layers(const Tensor& ids, const Tensor& positions, const std::shared_ptr<AttentionCore>& attention);
+  // `positions`, both on the host, with `attention` reading and extending a KV cache, and the
+  // backend's decode GEMM (its sums do not depend on the batch). Returns the last layer's output
+  // (rows, C) where the model lives. The whole model on one device only. A vision-language model
+  // runs its tower once per prompt of `images` (the others' image tokens are embedded as text, as
+  // transformers does without pixel_values); `positions` are then M-RoPE's (3, rows) i64, else (rows) i64.
+  Var decode_layers(const Tensor& ids, const Tensor& positions, const std::shared_ptr<AttentionCore>& attention,
+                    const std::vector<PromptImages>& images = {});
   // The final norm and the head over rows of decode_layers' output: (rows, vocab) logits on the host.
   Tensor decode_logits(const Var& hidden);
   // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host,
@@ -234,9 +252,11 @@ class DecoderModel {
                        std::shared_ptr<const RopeTable> rope = nullptr) const;
   Var forward_hidden(Tape& tape, const Tensor& ids, const SequenceLayout& layout);  // through the final norm
   Var embed(Tape& tape, const Tensor& ids, const SequenceLayout& layout = {});
-  // The vision tower's features in place of the image tokens' embeddings (a UserError when their
-  // counts differ).
-  Var merge_images(Tape& tape, const Tensor& ids, const Var& embedded, const SequenceLayout& layout);
+  // The vision tower's features of `pixel_values` / `grid_thw` in place of the embeddings of the
+  // image tokens among ids[first_row, first_row + rows) (rows -1: to the end); a UserError when
+  // their counts differ.
+  Var merge_images(Tape& tape, const Tensor& ids, const Var& embedded, const Tensor& pixel_values,
+                   const Tensor& grid_thw, int64_t first_row = 0, int64_t rows = -1);
   // M-RoPE's per-token table of a batch with images (null without: the positions are then the
   // plain ones on all three axes, and rope_ serves).
   std::shared_ptr<const RopeTable> mrope_of(const Tensor& ids, const SequenceLayout& layout) const;

@@ -2,7 +2,8 @@
 # A vision-language model trained through the `fabrica` command on LLaMA-Factory's mllm_demo: a
 # tiny qwen2_vl folder (config.json only, random initialisation; the real Qwen tokenizer, whose
 # vision tokens are Qwen2-VL's) trained with the qwen2_vl template, the loss finite and falling,
-# the saved folder reloaded by `fabrica generate` (text only) and trained on; freeze_vision_tower:
+# the saved folder reloaded by `fabrica generate` (text, and with an image through --image, a
+# --prompts line's "images" and chat's /image) and trained on; freeze_vision_tower:
 # false changes the tower's weights, the default leaves them as they were; LoRA on the tower and
 # the language model, merged by export. The refusals: an image token in text without images,
 # packing, a preprocessor_config.json whose patches are not the tower's.
@@ -34,6 +35,41 @@ echo "ok: trained: $(grep '^finetuning' train.log)"
 "$fabrica" generate --model out --template qwen2_vl --prompt "Who are you?" --max-new-tokens 4 >generate.log 2>&1 \
   || { cat generate.log; fail "generate on the trained folder"; }
 echo "ok: generate on out/"
+
+# With an image (mllm_demo's 1.jpg, 300 x 168: transformers' processor gives it a 1 x 12 x 22 grid,
+# 66 merged tokens): --prompt --image, a --prompts line with "images" beside a text line, and
+# chat's /image give the same greedy reply; the image line's prompt is 66 + 2 tokens longer.
+image="$shared/data/llamafactory/mllm_demo_data/1.jpg"
+"$fabrica" generate --model out --template qwen2_vl --image "$image" --prompt "Who are they?" --max-new-tokens 4 \
+  >gen-image.log 2>&1 || { cat gen-image.log; fail "generate --image"; }
+printf '{"prompt": "Who are they?", "images": ["%s"]}\n{"prompt": "Who are they?"}\n' "$image" >prompts.jsonl
+"$fabrica" generate --model out --template qwen2_vl --prompts prompts.jsonl --output gen.jsonl --max-new-tokens 4 \
+  >gen-batch.log 2>&1 || { cat gen-batch.log; fail "generate --prompts with images"; }
+printf '/image %s\nWho are they?\n' "$image" | "$fabrica" chat --model out --template qwen2_vl --max-new-tokens 4 \
+  >chat.log 2>&1 || { cat chat.log; fail "chat with /image"; }
+python3 - gen.jsonl gen-image.log chat.log <<'PY' || fail "generation with an image"
+import json, sys
+image, text = [json.loads(l) for l in open(sys.argv[1])]
+assert image["prompt_tokens"] == text["prompt_tokens"] + 68, (image["prompt_tokens"], text["prompt_tokens"])
+single = open(sys.argv[2]).read()
+assert single == image["response"] + "\n", (single, image["response"])
+chat = open(sys.argv[3]).read()
+assert chat.startswith("user> user> assistant> " + image["response"] + "\n"), chat
+PY
+# generate_refused NAME MESSAGE [flags ...]: `fabrica generate --model out` exits 2 naming MESSAGE.
+generate_refused() {
+  local name=$1 message=$2 rc=0
+  shift 2
+  "$fabrica" generate --model out "$@" >"$name.log" 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] && grep -qF -- "$message" "$name.log" || { cat "$name.log"; fail "$name: exit $rc"; }
+  echo "ok: refused: $(tail -1 "$name.log")"
+}
+generate_refused no-template "images need --template" --image "$image" --prompt "Who?"
+generate_refused two-placeholders "2 <image> placeholder(s) in the messages but 1 image(s)" \
+  --template qwen2_vl --image "$image" --prompt "<image><image>Who?"
+generate_refused missing-image "nothere.jpg" --template qwen2_vl --image nothere.jpg --prompt "Who?"
+generate_refused text-template "template qwen takes no images" --template qwen --image "$image" --prompt "Who?"
+echo "ok: generate and chat with an image"
 
 # From the trained folder: one step with the tower trainable, one with the default freezing.
 "$fabrica" train run.yaml model_name_or_path=out max_steps=1 freeze_vision_tower=false output_dir=tower \

@@ -13,6 +13,8 @@
 
 #include "core/error.h"
 #include "infer/generate.h"
+#include "infer/kv_cache.h"
+#include "infer/rollout.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
 #include "models/mrope.h"
@@ -215,6 +217,88 @@ TEST_P(VisionLanguage, TextOnlyGreedyGenerationEqualsTransformers) {
       generate(*model, std::vector<int32_t>(prompt.data<int64_t>(), prompt.data<int64_t>() + prompt.numel()), o);
   ASSERT_EQ(int64_t(generated.size()), expected.numel());
   for (int64_t i = 0; i < expected.numel(); ++i) EXPECT_EQ(generated[size_t(i)], expected.data<int64_t>()[i]) << i;
+}
+
+// tests/reference/make_vlm_generate_reference.py: transformers' greedy generate() with images, one
+// prompt at a time (prompt 0: text, two images with text between them; prompt 1: an image first).
+struct GenerateCase {
+  SafetensorsFile ref;
+  explicit GenerateCase(const std::string& type)
+      : ref(SafetensorsFile::open(kFixture + "/" + type + "_generate_reference.safetensors")) {}
+  std::vector<int32_t> prompt(int p) const { return int_vector(ref.tensor(format("prompt_{}", p))); }
+  std::vector<int32_t> tokens(int p) const { return int_vector(ref.tensor(format("tokens_{}", p))); }
+  ImageInputs images(int p) const { return {ref.tensor(format("pixels_{}", p)), ref.tensor(format("grid_{}", p))}; }
+  static std::vector<int32_t> int_vector(const Tensor& t) {
+    return std::vector<int32_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
+  }
+};
+
+Tensor id_tensor(const std::vector<int32_t>& ids) {
+  Tensor t = Tensor::empty({int64_t(ids.size())}, DType::i64, MemoryCategory::activations);
+  std::copy(ids.begin(), ids.end(), t.data<int64_t>());
+  return t;
+}
+
+// The logits of every step, the prompt's pass (tower, M-RoPE) and then transformers' tokens fed
+// back one at a time at positions shifted by the rope delta, equal transformers' within 1e-5 of
+// their scale; a text prompt in the same passes keeps its plain positions.
+TEST_P(VisionLanguage, LogitsOfGenerationWithImagesEqualTransformers) {
+  const GenerateCase r(GetParam());
+  auto model = load(Case(GetParam()).folder());
+  const std::vector<int32_t> text = {5, 9, 21, 7};
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 10;
+  const std::vector<int32_t> text_alone = generate(*model, text, greedy);
+  for (int p = 0; p < 2; ++p) {
+    SCOPED_TRACE(format("prompt {}", p));
+    const std::vector<int32_t> prompt = r.prompt(p), tokens = r.tokens(p);
+    const Tensor expected = r.ref.tensor(format("logits_{}", p));
+    const int64_t vocab = expected.dim(1);
+    SlotKvCache cache = make_slot_cache(*model, 2, int64_t(prompt.size() + tokens.size()));
+    std::vector<int32_t> ids = prompt;
+    ids.insert(ids.end(), text.begin(), text.end());
+    std::vector<SlotSpan> spans = {{0, int64_t(prompt.size()), r.images(p)}, {1, int64_t(text.size())}};
+    std::vector<int32_t> text_tokens;
+    for (size_t step = 0; step < tokens.size(); ++step) {
+      const Tensor logits = logits_slots(*model, id_tensor(ids), spans, cache);
+      const float* got = logits.data<float>();
+      const float* want = expected.data<float>() + int64_t(step) * vocab;
+      float scale = 0, worst = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        scale = std::max(scale, std::fabs(want[v]));
+        worst = std::max(worst, std::fabs(got[v] - want[v]));
+      }
+      EXPECT_LE(worst, 1e-5f * scale) << "step " << step;
+      EXPECT_EQ(std::max_element(got, got + vocab) - got, tokens[step]) << "step " << step;
+      const float* text_row = got + vocab;
+      text_tokens.push_back(int32_t(std::max_element(text_row, text_row + vocab) - text_row));
+      ids = {tokens[step], text_tokens.back()};
+      spans = {{0, 1}, {1, 1}};
+    }
+    EXPECT_EQ(text_tokens, text_alone);
+  }
+}
+
+// generate() and the rollout engine with images give transformers' greedy tokens, alone and with
+// both image prompts and a text prompt decoded together.
+TEST_P(VisionLanguage, GreedyGenerationWithImagesEqualsTransformers) {
+  const GenerateCase r(GetParam());
+  auto model = load(Case(GetParam()).folder());
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 10;
+  std::vector<RolloutRequest> requests;
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(generate(*model, r.prompt(p), greedy, {}, r.images(p)), r.tokens(p)) << "prompt " << p;
+    requests.push_back({r.prompt(p), 0, r.images(p)});
+  }
+  requests.insert(requests.begin() + 1, RolloutRequest{{5, 9, 21, 7}, 0});
+  const std::vector<RolloutOutput> together = rollout(*model, requests, greedy, 3);
+  EXPECT_EQ(together[0].tokens, r.tokens(0));
+  EXPECT_EQ(together[1].tokens, generate(*model, {5, 9, 21, 7}, greedy));
+  EXPECT_EQ(together[2].tokens, r.tokens(1));
+  // The images must be the prompt's: one image too few is the user's error, named.
+  RolloutRequest short_of_one{r.prompt(0), 0, r.images(1)};
+  EXPECT_THROW(rollout(*model, {short_of_one}, greedy, 1), UserError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Qwen, VisionLanguage, ::testing::Values("qwen2_vl", "qwen2_5_vl"));
