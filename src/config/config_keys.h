@@ -210,6 +210,9 @@
   X(max_num_gen_batches, max_num_gen_batches, int64_t, 10, Own, "grpo: with filter_groups, the most rollout batches per step; past it the batch is filled up with dropped groups, which have advantage 0 (verl's filter_groups.max_num_gen_batches)") \
   X(overlong_buffer_len, overlong_buffer_len, int64_t, 0, Own, "grpo, ppo: DAPO's overlong shaping: a response longer than max_new_tokens - overlong_buffer_len loses overlong_penalty_factor per overlong_buffer_len tokens past it (0: off; verl's reward_model.overlong_buffer.len)") \
   X(overlong_penalty_factor, overlong_penalty_factor, double, 1.0, Own, "grpo, ppo: the largest overlong penalty, at max_new_tokens (verl's overlong_buffer.penalty_factor)") \
+  X(rollout_is, rollout_is, std::string, "", Own, "grpo, ppo: rollout correction of the rollout engine's log-probabilities against the training forward's (verl's algorithm.rollout_correction.rollout_is): token (truncated importance sampling: each token's policy loss times min(pi_old / pi_rollout, rollout_is_threshold)) or sequence (the product over the response's tokens, truncated the same, on all of them); the weights are constants; empty: off. The issue's token_is / seq_is and the alias rollout_correction are accepted") \
+  X(rollout_is_threshold, rollout_is_threshold, double, 2.0, Own, "grpo, ppo: with rollout_is, the largest importance weight (verl's default 2.0)") \
+  X(rollout_is_batch_normalize, rollout_is_batch_normalize, bool, false, Own, "grpo, ppo: with rollout_is, the truncated weights divided by their mean over every rank's response tokens (token) or responses (sequence), as verl's rollout_is_batch_normalize") \
   X(kl_loss_coef, kl_loss_coef, double, 0.0, Own, "grpo, ppo: weight of the KL term to the reference (0: none, verl's use_kl_loss false)") \
   X(kl_loss_type, kl_loss_type, std::string, "low_var_kl", Own, "grpo, ppo: k1 (kl), k2 (mse) or k3 (low_var_kl, clamped as verl)") \
   X(ppo_mini_batch_size, ppo_mini_batch_size, int64_t, 0, Own, "grpo, ppo: prompts per optimizer step within a rollout batch, their num_generations responses each (0: the whole batch; verl)") \
@@ -442,6 +445,7 @@
   A(pipeline_model_parallel_size, pipeline_parallel_size)                                                           \
   A(virtual_pipeline_model_parallel_size, virtual_pipeline_parallel_size)                                           \
   A(expert_model_parallel_size, expert_parallel_size)                                                               \
+  A(rollout_correction, rollout_is)                                                                                 \
   A(epsilon, clip_ratio_low)                                                                                        \
   A(epsilon_high, clip_ratio_high)                                                                                  \
   A(cp_size, context_parallel_size)                                                                                 \

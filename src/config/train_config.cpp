@@ -277,6 +277,10 @@ void check_rl_loss_keys(const TrainConfig& c, Require& require) {
                  c.overlong_buffer_len));
   require(c.overlong_penalty_factor >= 0 && std::isfinite(c.overlong_penalty_factor),
           format("overlong_penalty_factor must be >= 0, got {}", c.overlong_penalty_factor));
+  require(c.rollout_is.empty() || c.rollout_is == "token" || c.rollout_is == "sequence",
+          format("rollout_is \"{}\" must be token or sequence (token_is, seq_is), or empty (none)", c.rollout_is));
+  require(c.rollout_is_threshold > 0 && std::isfinite(c.rollout_is_threshold),
+          format("rollout_is_threshold must be > 0, got {}", c.rollout_is_threshold));
   require(c.stage != Stage::ppo || c.loss_agg_mode != "seq-mean-token-sum-norm",
           "loss_agg_mode seq-mean-token-sum-norm (loss_type dr_grpo) is not implemented for stage ppo's critic yet");
 }
@@ -450,6 +454,10 @@ void use_rl_sampling_defaults(TrainConfig& c) {
   if (!given("loss_agg_mode") && !loss_agg_mode_of_loss_type(c.loss_type).empty())
     c.loss_agg_mode = loss_agg_mode_of_loss_type(c.loss_type);
   if (!given("policy_loss") && c.importance_sampling_level == "sequence") c.policy_loss = "gspo";
+  // rollout_correction's spellings of rollout_is's levels.
+  if (c.rollout_is == "token_is") c.rollout_is = "token";
+  if (c.rollout_is == "seq_is") c.rollout_is = "sequence";
+  if (c.rollout_is == "none") c.rollout_is.clear();
   if (!given("temperature")) c.temperature = 1.0;
   if (!given("top_p")) c.top_p = 1.0;
   if (!given("top_k")) c.top_k = 0;

@@ -3,7 +3,8 @@
 # importance_sampling_level, scale_rewards and epsilon / epsilon_high spellings, each
 # adv_estimator of stage grpo, mask_truncated_completions, DAPO's filter_groups (with its counts in
 # metrics.jsonl) and overlong shaping; rollout_logp_diff_mean / _max logged every step; and each
-# key's refusals (exit 2, naming the key).
+# key's refusals (exit 2, naming the key); rollout correction (rollout_is token / sequence, batch
+# normalised, the issue's rollout_correction spelling, fp32 and bf16) with verl's metrics.
 # Usage: rl_losses_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -39,6 +40,9 @@ runs=(
   "rloo:adv_estimator=rloo"
   "rpp:adv_estimator=reinforce_plus_plus gamma=0.9"
   "filter:filter_groups=true max_num_gen_batches=3 scale_rewards=group"
+  "tis:rollout_correction=token_is"
+  "seq_is:rollout_is=sequence rollout_is_threshold=1.5 rollout_is_batch_normalize=true"
+  "tis_bf16:rollout_is=token bf16=true"
 )
 for entry in "${runs[@]}"; do
   name=${entry%%:*}
@@ -49,7 +53,7 @@ done
 import json
 def rows(d):
     return [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
-for name in ["gspo", "sequence", "cispo", "dr_grpo", "dapo", "rloo", "rpp", "filter"]:
+for name in ["gspo", "sequence", "cispo", "dr_grpo", "dapo", "rloo", "rpp", "filter", "tis", "seq_is"]:
     r = rows(name)
     assert len(r) == 2, (name, r)
     for j in r:
@@ -67,6 +71,19 @@ rpp = rows("rpp")
 assert all(abs(j["advantages_mean"]) < 1e-6 for j in rpp), rpp  # whitened over the batch's tokens
 d = rows("dapo")
 assert all(j["reward_min"] < 0 or j["response_length_mean"] <= 4 for j in d), d  # the overlong penalty
+# Rollout correction: verl's metrics every step; in fp32 the engine's log-probabilities are the
+# training forward's to ~1e-6, so every weight is 1 within 1e-3 and none is past the bounds.
+for name in ["tis", "seq_is", "tis_bf16"]:
+    for j in rows(name):
+        for key in ["rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_ratio_fraction_high",
+                    "rollout_corr/rollout_is_ratio_fraction_low"]:
+            assert key in j, (name, key, j)
+        if name != "tis_bf16":
+            assert abs(j["rollout_corr/rollout_is_mean"] - 1) < 1e-3, (name, j)
+            assert j["rollout_corr/rollout_is_ratio_fraction_high"] == 0, (name, j)
+        assert ("rollout_corr/rollout_is_batch_norm_factor" in j) == (name == "seq_is"), (name, j)
+print("ok: rollout correction; bf16 rollout_logp_diff_max", max(j["rollout_logp_diff_max"] for j in rows("tis_bf16")),
+      "rollout_is_mean", [round(j["rollout_corr/rollout_is_mean"], 6) for j in rows("tis_bf16")])
 print("ok: 8 loss / advantage settings trained; rollout_logp_diff_max",
       max(j["rollout_logp_diff_max"] for n in ["gspo", "cispo", "dapo"] for j in rows(n)),
       "; filter_groups gen batches", [j["filter_groups/num_gen_batches"] for j in f])
@@ -99,4 +116,6 @@ refuse gen_batches 'max_num_gen_batches must be at least 1, got 0' filter_groups
 refuse overlong 'overlong_buffer_len must be in [0, max_new_tokens 8], got 9' overlong_buffer_len=9
 refuse low 'clip_ratio_low must be in [0, 1), got 1' epsilon=1
 refuse twice 'key "clip_ratio_high" is set twice' epsilon_high=0.3 clip_ratio_high=0.3
-echo "ok: 13 bad settings refused with exit 2, each naming its key"
+refuse rollout_is 'rollout_is "tokens" must be token or sequence' rollout_correction=tokens
+refuse is_threshold 'rollout_is_threshold must be > 0, got 0' rollout_is=token rollout_is_threshold=0
+echo "ok: 15 bad settings refused with exit 2, each naming its key"

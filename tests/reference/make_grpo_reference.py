@@ -21,6 +21,14 @@ max_new_tokens) (TRL's dr_grpo); and TRL's mask_truncated_completions (responses
 part). The advantages of rloo (verl), TRL's scale_rewards group / batch (std + 1e-4) and
 REINFORCE++'s whitened discounted returns (verl); DAPO's overlong penalty.
 
+Rollout correction (ROLLOUT_IS_CASES), written from verl's compute_rollout_correction_weights
+(trainer/ppo/rollout_corr_helper.py) and its use in compute_policy_loss (pg_losses *
+rollout_is_weights, the KL term unweighted): rollout log-probabilities off the old ones by up to
+1.3 nats a token (one past the safety bound of 20), token-level (truncated at 2) and
+sequence-level weights, with and without rollout_is_batch_normalize, under vanilla, cispo and
+gspo; the loss, every gradient and verl's rollout_is_mean / _ratio_fraction_high / _low /
+_batch_norm_factor.
+
 usage: make_grpo_reference.py OUT_DIR    (writes OUT_DIR/grpo/)
 """
 import json
@@ -47,6 +55,11 @@ POLICY_CASES = [("gspo", "token-mean", "none", False), ("gspo", "seq-mean-token-
                 ("cispo", "seq-mean-token-sum", "k1", False), ("vanilla", "seq-mean-token-sum-norm", "none", False),
                 ("vanilla", "token-mean", "k2", True), ("gspo", "seq-mean-token-sum-norm", "none", True)]
 KL_TYPES = ["none", "k1", "k2", "k3"]
+# (level, batch normalize, policy loss, loss_agg_mode, KL type)
+ROLLOUT_IS_CASES = [("token", False, "vanilla", "token-mean", "k3"), ("sequence", False, "vanilla", "seq-mean-token-mean", "none"),
+                    ("token", True, "cispo", "token-mean", "none"), ("sequence", True, "gspo", "seq-mean-token-sum", "none")]
+IS_THRESHOLD = 2.0
+SAFETY_BOUND = 20.0
 
 
 def group_advantages(scores, index, norm_by_std, eps=1e-6):
@@ -87,7 +100,7 @@ def kl_penalty(logp, ref, kind):
     return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
 
 
-def policy_loss(logp, old, adv, mask, mode):
+def policy_loss(logp, old, adv, mask, mode, is_weight=1.0):
     neg_kl = torch.clamp(logp - old, min=-20.0, max=20.0)
     ratio = torch.exp(neg_kl)
     l1 = -adv * ratio
@@ -98,25 +111,51 @@ def policy_loss(logp, old, adv, mask, mode):
     losses = torch.where(adv < 0, clip2, clip1)
     clipfrac = masked_mean(torch.gt(l2, l1).double(), mask)
     lower = masked_mean((torch.gt(clip1, l3) & (adv < 0)).double(), mask)
-    return agg_loss(losses, mask, mode), clipfrac, lower
+    return agg_loss(losses * is_weight, mask, mode), clipfrac, lower
 
 
-def gspo_loss(logp, old, adv, mask, mode):
+def gspo_loss(logp, old, adv, mask, mode, is_weight=1.0):
     """TRL's importance_sampling_level "sequence": one ratio per response, exp(mean log-ratio)."""
     seq_log_ratio = ((logp - old) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
     ratio = torch.exp(seq_log_ratio).expand_as(logp)
     l1 = -adv * ratio
     l2 = -adv * torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH)
     losses = torch.maximum(l1, l2)
-    return agg_loss(losses, mask, mode), masked_mean(torch.gt(l2, l1).double(), mask), torch.tensor(0.0)
+    return agg_loss(losses * is_weight, mask, mode), masked_mean(torch.gt(l2, l1).double(), mask), torch.tensor(0.0)
 
 
-def cispo_loss(logp, old, adv, mask, mode):
+def cispo_loss(logp, old, adv, mask, mode, is_weight=1.0):
     """MiniMax-M1's CISPO: the clipped ratio as a constant weight of the log-probability."""
     ratio = torch.exp(torch.clamp(logp - old, min=-20.0, max=20.0))
     weight = torch.clamp(ratio, 1 - CLIP_LOW, 1 + CLIP_HIGH).detach()
     losses = -weight * adv * logp
-    return agg_loss(losses, mask, mode), masked_mean(torch.ne(weight, ratio).double(), mask), torch.tensor(0.0)
+    return agg_loss(losses * is_weight, mask, mode), masked_mean(torch.ne(weight, ratio).double(), mask), torch.tensor(0.0)
+
+
+def rollout_is_weights(old, rollout, mask, level, normalize):
+    """verl's compute_rollout_correction_weights: the weights (constants) and its metrics."""
+    log_ratio = old - rollout
+    if level == "token":
+        w = torch.exp(torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
+        high = masked_mean((w > IS_THRESHOLD).double(), mask)
+        low = masked_mean((w < 1 / IS_THRESHOLD).double(), mask)
+    else:
+        s = (log_ratio * mask).sum(-1, keepdim=True)
+        w = torch.exp(torch.clamp(s, -SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio)
+        high = (s > torch.log(torch.tensor(IS_THRESHOLD, dtype=s.dtype))).double().mean()
+        low = (s < torch.log(torch.tensor(1 / IS_THRESHOLD, dtype=s.dtype))).double().mean()
+    w = w * mask
+    metrics = {"rollout_is_mean": float(masked_mean(w, mask)), "rollout_is_ratio_fraction_high": float(high),
+               "rollout_is_ratio_fraction_low": float(low)}
+    w = w.clamp(max=IS_THRESHOLD).detach()
+    if normalize:
+        if level == "token":
+            mean = masked_mean(w, mask)
+        else:
+            mean = ((w * mask).sum(-1) / mask.sum(-1)).mean()
+        w = w / mean
+        metrics["rollout_is_batch_norm_factor"] = float(mean)
+    return w, metrics
 
 
 def rloo_advantages(scores, index):
@@ -296,6 +335,35 @@ def main(argv):
                                        "gamma_0.9": reinforce_pp_advantages(adv_rewards, lengths, 0.9)})
     # DAPO's overlong penalty (verl's DAPORewardManager) at max_new_tokens 20, buffer 8, factor 0.5.
     meta["overlong"] = json.dumps({str(n): min(-(n - (20 - 8)) / 8 * 0.5, 0) for n in [1, 12, 13, 16, 20]})
+    # Rollout correction: the rollout engine's log-probabilities off the old ones (of vanilla/cispo,
+    # and of gspo) by up to 1.3 nats a token; one token past the safety bound.
+    rollout_shift = torch.rand(logp.shape, generator=g, dtype=torch.float64) * 2.6 - 1.3
+    rollout_shift[2, 7] = 25.0
+    for suffix, the_old in [("", old), ("_gspo", old_gspo)]:
+        fixture["rollout_logp" + suffix] = ((the_old.float().double() - rollout_shift) * mask).float()
+    is_cases = []
+    for level, normalize, policy, mode, kind in ROLLOUT_IS_CASES:
+        suffix = "_gspo" if policy == "gspo" else ""
+        the_old = (old_gspo if policy == "gspo" else old).float().double()
+        p = {n: init[n].clone().requires_grad_(True) for n in names}
+        lp, m = token_logps(p, ids, labels, TEMPERATURE)
+        w, metrics = rollout_is_weights(the_old, fixture["rollout_logp" + suffix].double(), m, level, normalize)
+        a = adv.float().double().unsqueeze(1)
+        loss_fn = {"vanilla": policy_loss, "gspo": gspo_loss, "cispo": cispo_loss}[policy]
+        pg, clipfrac, lower = loss_fn(lp, the_old, a, m, mode, w)
+        loss = pg
+        if kind != "none":
+            loss = loss + KL_COEF * agg_loss(kl_penalty(lp, ref.float().double(), kind), m, mode)
+        loss.backward()
+        name = f"rollout_is.{level}{'.normalize' if normalize else ''}.{policy}.{mode}.{kind}"
+        is_cases.append(name)
+        meta[name] = json.dumps(dict(metrics, loss=float(loss), pg_clipfrac=float(clipfrac),
+                                     pg_clipfrac_lower=float(lower)))
+        for n in names:
+            fixture[name + ".grad." + n] = p[n].grad.float()
+        print(f"[{name}] loss {float(loss):.8f} {metrics}")
+    meta["rollout_is_cases"] = json.dumps(is_cases)
+    meta["rollout_is_threshold"] = repr(IS_THRESHOLD)
     save_file(fixture, os.path.join(out, "reference.safetensors"), metadata=meta)
     return 0
 

@@ -6,7 +6,8 @@
 // group advantages of groups of 1, 2 and 8 as verl computes them. Issue 31: GSPO (against TRL's
 // sequence-level ratio, every clip reached), CISPO, Dr. GRPO's normalisation and
 // mask_truncated_completions, each loss and every gradient; rloo, TRL's scale_rewards, REINFORCE++
-// and DAPO's overlong penalty and group filter.
+// and DAPO's overlong penalty and group filter; verl's rollout correction (token- and
+// sequence-level truncated importance weights, batch normalisation) on the policy loss.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,8 +33,9 @@ struct GrpoFixture {
   SafetensorsFile ref = SafetensorsFile::open(fixture_dir() + "/reference.safetensors");
   std::vector<RolloutSequence> rollouts;
 
-  explicit GrpoFixture(const std::string& old_name = "old_logp") {
+  explicit GrpoFixture(const std::string& old_name = "old_logp", const std::string& rollout_name = "") {
     const Tensor ids = ref.tensor("ids"), old = ref.tensor(old_name), reference = ref.tensor("ref_logp");
+    const Tensor rollout = rollout_name.empty() ? Tensor() : ref.tensor(rollout_name);
     const Tensor truncated = ref.tensor("truncated");
     const Tensor prompts = ref.tensor("prompt_lengths"), responses = ref.tensor("response_lengths");
     const Tensor adv = ref.tensor("advantages");
@@ -45,6 +47,7 @@ struct GrpoFixture {
       for (int64_t k = 0; k < n; ++k) {  // target position p - 1 + k predicts response token k
         r.old_logp.push_back(old.data<float>()[i * (t - 1) + p - 1 + k]);
         r.ref_logp.push_back(reference.data<float>()[i * (t - 1) + p - 1 + k]);
+        if (rollout.defined()) r.rollout_logp.push_back(rollout.data<float>()[i * (t - 1) + p - 1 + k]);
       }
       r.advantage = adv.data<float>()[i];
       r.truncated = truncated.data<int64_t>()[i] != 0;
@@ -128,6 +131,58 @@ INSTANTIATE_TEST_SUITE_P(Issue31, GrpoPolicyLossReference,
                                            "gspo.seq-mean-token-sum.none", "cispo.token-mean.none",
                                            "cispo.seq-mean-token-sum.k1", "vanilla.seq-mean-token-sum-norm.none",
                                            "vanilla.token-mean.k2.masked", "gspo.seq-mean-token-sum-norm.none.masked"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& c : s)
+                             if (c == '-' || c == '.') c = '_';
+                           return s;
+                         });
+
+// rollout_is.LEVEL[.normalize].POLICY.MODE.KL: verl's rollout correction, the weights of the rollout
+// engine's log-probabilities against the old ones (token or sequence, truncated at 2, with and
+// without batch normalisation) on the policy loss: verl's metrics, the loss and every gradient.
+class GrpoRolloutIsReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GrpoRolloutIsReference, WeightsMetricsLossAndEveryGradientMatchPyTorch) {
+  if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
+  const std::string name = GetParam();
+  std::vector<std::string> part;
+  for (size_t at = 0, dot; at <= name.size(); at = dot + 1) {
+    dot = std::min(name.find('.', at), name.size());
+    part.push_back(name.substr(at, dot - at));
+  }
+  const bool normalize = part[2] == "normalize";
+  if (normalize) part.erase(part.begin() + 2);
+  const bool gspo = part[2] == "gspo";
+  GrpoFixture f(gspo ? "old_logp_gspo" : "old_logp", gspo ? "rollout_logp_gspo" : "rollout_logp");
+  EXPECT_NE(f.json("rollout_is_cases").dump().find("\"" + name + "\""), std::string::npos) << name;
+  const nlohmann::json want = f.json(name);
+  double batch[2] = {0, 0};
+  const RolloutIsCounts c =
+      set_rollout_is_weights(f.rollouts, parse_rollout_is(part[1]), f.meta("rollout_is_threshold"), batch);
+  const double mean = want["rollout_is_mean"].get<double>();
+  EXPECT_NEAR(c.weight_sum / c.tokens, mean, 1e-9 * mean);
+  EXPECT_DOUBLE_EQ(c.above / c.counted, want["rollout_is_ratio_fraction_high"].get<double>());
+  EXPECT_DOUBLE_EQ(c.below / c.counted, want["rollout_is_ratio_fraction_low"].get<double>());
+  EXPECT_GT(c.above, 0);  // the fixture truncates some weights and not others
+  EXPECT_LT(c.above, c.counted);
+  if (normalize) {
+    const double factor = batch[0] / batch[1];
+    EXPECT_NEAR(factor, want["rollout_is_batch_norm_factor"].get<double>(), 1e-12);
+    for (RolloutSequence& r : f.rollouts)
+      for (double& w : r.is_weight) w /= factor;
+  }
+  GrpoLossOptions o = fixture_options(f, part[4]);
+  o.policy_loss = parse_policy_loss(part[2]);
+  o.loss_agg_mode = parse_loss_agg_mode(part[3]);
+  expect_case(f, name, o);
+}
+
+INSTANTIATE_TEST_SUITE_P(Issue31, GrpoRolloutIsReference,
+                         ::testing::Values("rollout_is.token.vanilla.token-mean.k3",
+                                           "rollout_is.sequence.vanilla.seq-mean-token-mean.none",
+                                           "rollout_is.token.normalize.cispo.token-mean.none",
+                                           "rollout_is.sequence.normalize.gspo.seq-mean-token-sum.none"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)

@@ -137,6 +137,42 @@ PolicyLoss parse_policy_loss(const std::string& name) {
   throw UserError(format("policy_loss: expected vanilla, gspo or cispo, got \"{}\"", name));
 }
 
+RolloutIs parse_rollout_is(const std::string& name) {
+  if (name.empty()) return RolloutIs::off;
+  if (name == "token") return RolloutIs::token;
+  if (name == "sequence") return RolloutIs::sequence;
+  throw UserError(format("rollout_is: expected token or sequence, or empty, got \"{}\"", name));
+}
+
+std::vector<double> rollout_is_weights(const std::vector<double>& old_logp, const std::vector<double>& rollout_logp,
+                                       RolloutIs level, double threshold, RolloutIsCounts* counts) {
+  FAB_CHECK(old_logp.size() == rollout_logp.size(), "{} old and {} rollout log-probabilities", old_logp.size(),
+            rollout_logp.size());
+  constexpr double kSafetyBound = 20.0;
+  const size_t n = old_logp.size();
+  RolloutIsCounts unused;
+  RolloutIsCounts& c = counts ? *counts : unused;
+  auto count = [&](double weight, double tokens) {
+    c.weight_sum += weight * tokens, c.tokens += tokens;
+    c.above += weight > threshold ? 1.0 : 0.0, c.below += weight < 1.0 / threshold ? 1.0 : 0.0, c.counted += 1;
+  };
+  std::vector<double> w(n);
+  if (level == RolloutIs::sequence) {
+    double sum = 0;
+    for (size_t t = 0; t < n; ++t) sum += old_logp[t] - rollout_logp[t];
+    const double weight = std::exp(std::clamp(sum, -kSafetyBound, kSafetyBound));
+    if (n > 0) count(weight, double(n));
+    std::fill(w.begin(), w.end(), std::min(weight, threshold));
+    return w;
+  }
+  for (size_t t = 0; t < n; ++t) {
+    const double weight = std::exp(std::clamp(old_logp[t] - rollout_logp[t], -kSafetyBound, kSafetyBound));
+    count(weight, 1.0);
+    w[t] = std::min(weight, threshold);
+  }
+  return w;
+}
+
 KlType parse_kl_type(const std::string& name) {
   if (name == "k1" || name == "kl") return KlType::k1;
   if (name == "k2" || name == "mse") return KlType::k2;
@@ -247,11 +283,14 @@ GrpoLossResult grpo_loss(const std::vector<ResponseTokens>& responses, const Grp
               r.old_logp.size(), r.ref_logp.size(), r.token_advantages.size());
     out.d_logp[i].assign(r.logp.size(), 0.0);
     if (r.masked) continue;
+    FAB_CHECK(r.is_weight.empty() || r.is_weight.size() == r.logp.size(), "response {}: {} importance weights", i,
+              r.is_weight.size());
     const std::vector<TokenPg> pgs = response_policy_loss(r, o);
     for (size_t t = 0; t < r.logp.size(); ++t) {
       const TokenPg& pg = pgs[t];
-      out.pg_loss += w[i] * pg.loss;
-      double d = pg.d_logp;
+      const double is = r.is_weight.empty() ? 1.0 : r.is_weight[t];  // a constant: d (is l) = is dl
+      out.pg_loss += w[i] * is * pg.loss;
+      double d = is * pg.d_logp;
       if (with_kl) {
         const KlTerm kl = kl_penalty(r.logp[t], r.ref_logp[t], o.kl_loss_type);
         out.kl_loss += w[i] * kl.value;

@@ -78,8 +78,27 @@ struct ResponseTokens {
   std::vector<double> logp, old_logp, ref_logp;  // ref_logp may be empty when kl_loss_coef is 0
   double advantage = 0;
   std::vector<double> token_advantages;  // ppo (GAE): one per token, used instead of `advantage` when set
+  // rollout_is: each token's importance weight, a constant multiplying its policy loss (not the KL
+  // term), as verl's pg_losses * rollout_is_weights; empty: 1.
+  std::vector<double> is_weight;
   bool masked = false;  // mask_truncated_completions: a cut response takes no part in the loss (0 tokens)
 };
+
+// Rollout correction (verl's compute_rollout_correction_weights): the importance weights of one
+// response's tokens from its training-forward ("old") and rollout log-probabilities, x_t = old_t -
+// rollout_t. token: w_t = min(e^clamp(x_t, -20, 20), threshold); sequence: every token's w =
+// min(e^clamp(Σ_t x_t, -20, 20), threshold).
+enum class RolloutIs { off, token, sequence };
+RolloutIs parse_rollout_is(const std::string& name);  // "" off, token, sequence; UserError otherwise
+// What verl's metrics count, before the truncation: the sum of the weights over tokens (the
+// mean's numerator, rollout_is_mean), and how many weights -- per token, or once per response for
+// sequence -- were above threshold or below 1 / threshold (rollout_is_ratio_fraction_high / _low).
+struct RolloutIsCounts {
+  double weight_sum = 0, tokens = 0;
+  double above = 0, below = 0, counted = 0;
+};
+std::vector<double> rollout_is_weights(const std::vector<double>& old_logp, const std::vector<double>& rollout_logp,
+                                       RolloutIs level, double threshold, RolloutIsCounts* counts = nullptr);
 
 // verl's agg_loss as weights: aggregate = Σ_i w_i Σ_t l_it over responses of these lengths.
 //   token-mean: 1 / Σ_i n_i   seq-mean-token-sum: 1 / B   seq-mean-token-mean: 1 / (B' n_i), B' the

@@ -39,7 +39,8 @@ double seconds_since(Clock::time_point start) {
 enum GrpoMetric : size_t {
   kRewardMean, kAccuracy, kResponseLength, kResponseClip, kAdvantageMean, kEntropy, kPgLoss, kKl, kPgClipfrac,
   kPgClipfracLower, kPpoKl, kTimeGen, kTimeOld, kTimeRef, kTimeUpdate, kRolloutTokensPerS, kRolloutLogpDiff,
-  kNumGenBatches, kKeptGroups, kDroppedGroups, kRefilledGroups, kNumGrpoMetrics
+  kNumGenBatches, kKeptGroups, kDroppedGroups, kRefilledGroups, kRolloutIsMean, kRolloutIsHigh, kRolloutIsLow,
+  kRolloutIsNormFactor, kNumGrpoMetrics
 };
 
 const std::vector<std::string>& grpo_metric_names() {
@@ -48,7 +49,9 @@ const std::vector<std::string>& grpo_metric_names() {
       "entropy",        "pg_loss",      "kl",                   "pg_clipfrac",         "pg_clipfrac_lower",
       "ppo_kl",         "timing_s/gen", "timing_s/old_log_prob", "timing_s/ref",       "timing_s/update_actor",
       "rollout_tokens_per_s", "rollout_logp_diff_mean", "filter_groups/num_gen_batches", "filter_groups/kept_groups",
-      "filter_groups/dropped_groups", "filter_groups/refilled_groups"};
+      "filter_groups/dropped_groups", "filter_groups/refilled_groups", "rollout_corr/rollout_is_mean",
+      "rollout_corr/rollout_is_ratio_fraction_high", "rollout_corr/rollout_is_ratio_fraction_low",
+      "rollout_corr/rollout_is_batch_norm_factor"};
   return names;
 }
 
@@ -65,6 +68,20 @@ RewardOptions reward_options(const TrainConfig& c, const DecoderModel& model, co
 }
 
 }  // namespace
+
+RolloutIsCounts set_rollout_is_weights(std::vector<RolloutSequence>& rollouts, RolloutIs level, double threshold,
+                                       double batch[2]) {
+  RolloutIsCounts counts;
+  for (RolloutSequence& r : rollouts) {
+    r.is_weight = rollout_is_weights(r.old_logp, r.rollout_logp, level, threshold, &counts);
+    if (level == RolloutIs::token) {
+      for (double w : r.is_weight) batch[0] += w, batch[1] += 1;
+    } else if (!r.is_weight.empty()) {
+      batch[0] += r.is_weight[0], batch[1] += 1;
+    }
+  }
+  return counts;
+}
 
 void whiten_over_ranks(std::vector<std::vector<double>>& values, Communicator& group) {
   double moments[2] = {0, 0};  // Σ a, n over every rank
@@ -182,6 +199,7 @@ GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const Rollo
       tokens[i].ref_logp = rows[i]->ref_logp;
       tokens[i].advantage = rows[i]->advantage;
       tokens[i].token_advantages = rows[i]->token_advantages;
+      tokens[i].is_weight = rows[i]->is_weight;
       tokens[i].masked = options.mask_truncated_completions && rows[i]->truncated;
       for (size_t k = 0; k < rows[i]->response.size(); ++k)
         tokens[i].logp.push_back(lp.logp[size_t(response_row(int64_t(i), seq, *rows[i], k))]);
@@ -382,7 +400,28 @@ void RolloutStage::old_logps(std::vector<RolloutSequence>& rollouts, size_t per_
     }
   }
   means_.add(kEntropy, entropy, tokens);
+  rollout_correction(rollouts);
   means_.add(kTimeOld, seconds_since(start));
+}
+
+// verl's compute_rollout_correction_weights: the metrics before the truncation, then
+// rollout_is_batch_normalize's division of the truncated weights by their mean over every rank's
+// tokens (token) or responses (sequence).
+void RolloutStage::rollout_correction(std::vector<RolloutSequence>& rollouts) {
+  const RolloutIs level = parse_rollout_is(config_.rollout_is);
+  if (level == RolloutIs::off) return;
+  double sum[2] = {0, 0};  // Σ truncated w, how many (tokens, or responses)
+  const RolloutIsCounts counts = set_rollout_is_weights(rollouts, level, config_.rollout_is_threshold, sum);
+  means_.add(kRolloutIsMean, counts.weight_sum, counts.tokens);
+  means_.add(kRolloutIsHigh, counts.above, counts.counted);
+  means_.add(kRolloutIsLow, counts.below, counts.counted);
+  if (!config_.rollout_is_batch_normalize) return;
+  group_.all_reduce(sum, 2, "rollout_is weights").wait();
+  const double mean = sum[1] > 0 ? sum[0] / sum[1] : 0.0;
+  means_.add(kRolloutIsNormFactor, mean > 1e-8 ? mean : 1.0);
+  if (mean <= 1e-8) return;
+  for (RolloutSequence& r : rollouts)
+    for (double& w : r.is_weight) w /= mean;
 }
 
 double RolloutStage::actor_updates(int64_t step, const std::vector<RolloutSequence>& rollouts, size_t per_mini,

@@ -57,6 +57,7 @@ struct RolloutSequence {
   std::vector<int32_t> prompt, response;
   std::vector<double> old_logp, ref_logp;  // per response token
   std::vector<double> rollout_logp;        // per response token, as the rollout engine sampled it
+  std::vector<double> is_weight;           // rollout_is: per response token, the importance weight (else empty)
   bool truncated = false;                  // cut at max_new_tokens (no stop id)
   double reward = 0;                       // the sequence's score (with the overlong penalty)
   double advantage = 0;                    // grpo: one per response
@@ -97,6 +98,13 @@ uint64_t rollout_seed(uint64_t seed, int64_t step, int64_t prompt, int64_t sampl
 // all-reduces over `group`: the sum and count, then the centred squares). Collective.
 void whiten_over_ranks(std::vector<std::vector<double>>& values, Communicator& group);
 
+// rollout_is: each response's importance weights (is_weight, truncated at `threshold`) from its old
+// and rollout log-probabilities, and the counts of verl's metrics. `batch` gets the sum and number
+// of the truncated weights that rollout_is_batch_normalize averages over (tokens, or responses for
+// sequence).
+RolloutIsCounts set_rollout_is_weights(std::vector<RolloutSequence>& rollouts, RolloutIs level, double threshold,
+                                       double batch[2]);
+
 // Responses [first, first + count) of the rollout batch (fewer at its end).
 std::vector<const RolloutSequence*> mini_batch(const std::vector<RolloutSequence>& all, size_t first, size_t count);
 
@@ -120,8 +128,12 @@ class RolloutStage : public TrainingStage {
   // Responses per forward pass and per optimizer step: ppo_mini_batch_size prompts' responses.
   size_t per_mini_batch() const;
   // The rollout policy's log-probabilities ("old"), the entropy metric and the difference of the
-  // rollout engine's log-probabilities from them (rollout_logp_diff_mean, _max).
+  // rollout engine's log-probabilities from them (rollout_logp_diff_mean, _max); with rollout_is,
+  // the importance weights of the engine's against them. Collective with rollout_is_batch_normalize.
   void old_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini);
+  // rollout_is: each response's weights and their metrics (rollout_corr/...), normalised over the
+  // ranks with rollout_is_batch_normalize.
+  void rollout_correction(std::vector<RolloutSequence>& rollouts);
   // Forward passes of `per_mini` responses each.
   void reference_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini);
   // ppo_epochs passes of actor updates over the mini-batches; the mean loss (NaN when an update was
