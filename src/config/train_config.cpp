@@ -277,6 +277,8 @@ void check_rl_loss_keys(const TrainConfig& c, Require& require) {
                  c.overlong_buffer_len));
   require(c.overlong_penalty_factor >= 0 && std::isfinite(c.overlong_penalty_factor),
           format("overlong_penalty_factor must be >= 0, got {}", c.overlong_penalty_factor));
+  require(c.logp_kernels == "rollout" || c.logp_kernels == "training",
+          format("logp_kernels \"{}\" must be rollout or training", c.logp_kernels));
   require(c.rollout_is.empty() || c.rollout_is == "token" || c.rollout_is == "sequence",
           format("rollout_is \"{}\" must be token or sequence (token_is, seq_is), or empty (none)", c.rollout_is));
   require(c.rollout_is_threshold > 0 && std::isfinite(c.rollout_is_threshold),

@@ -291,6 +291,8 @@ std::shared_ptr<AttentionCore> DecoderModel::attention_of(const SequenceLayout& 
   const AttentionShape shape{batch, seq, heads_, kv_heads_, config_.head_dim,
                              float(1.0 / std::sqrt(double(config_.head_dim))), nullptr,
                              options_.precision == Precision::bf16};
+  if (rollout_kernels_ && sharding_ == &single_device_ && !doc_start.defined())
+    return std::make_shared<DecodeOrderAttention>(shape);
   return std::make_shared<SequenceAttention>(shape, doc_start);
 }
 
@@ -306,7 +308,8 @@ Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const
     pass_positions = Tensor::empty({batch * seq}, DType::i64, MemoryCategory::activations);
     for (int64_t i = 0; i < batch * seq; ++i) pass_positions.data<int64_t>()[i] = i;
   }
-  LayerContext ctx = context(std::move(attention), pass_positions, batch * seq, *sharding_, std::move(rope));
+  Sharding& sharding = rollout_kernels_ && sharding_ == &single_device_ ? decoding_ : *sharding_;
+  LayerContext ctx = context(std::move(attention), pass_positions, batch * seq, sharding, std::move(rope));
   ctx.router_loss = router_loss_;
   if (tape.recording()) ctx.experts = expert_exchange_;
   for (size_t i = first; i < last; ++i) {

@@ -178,6 +178,13 @@ class DecoderModel {
                     const std::vector<PromptImages>& images = {});
   // The final norm and the head over rows of decode_layers' output: (rows, vocab) logits on the host.
   Tensor decode_logits(const Var& hidden);
+  // The rollout engine's kernels in the training passes' forward (stages grpo/ppo, logp_kernels
+  // rollout): the decode GEMM for every projection and each query's attention in decode order, so
+  // a row's hidden states -- and, with token_logps' GemmKind::decode head, its log-probabilities --
+  // equal what generation computed for it, bit for bit. The backward is unchanged. The whole model
+  // in one process, rows without packing (others keep the training kernels).
+  void set_rollout_kernels(bool on) { rollout_kernels_ = on; }
+  bool rollout_kernels() const { return rollout_kernels_; }
   // Whether threads may run decode passes at once (over disjoint slots of one cache): on the host,
   // a dense model (a mixture of experts runs its expert GEMMs through the shared matmul).
   bool decode_concurrent() const { return options_.device.is_host() && !config_.is_moe(); }
@@ -291,6 +298,7 @@ class DecoderModel {
   std::vector<int> unit_of_param_;  // the unit of each of params_'s parameters
   int registering_unit_ = 0;
   bool adapters_enabled_ = true;
+  bool rollout_kernels_ = false;
   uint64_t dropout_seed_ = 0;
   RopeTable rope_;
   Var embed_, final_norm_;

@@ -38,6 +38,19 @@ class SequenceAttention final : public AttentionCore {
   Tensor doc_start_;
 };
 
+// The rollout engine's attention over whole rows (DecoderModel::set_rollout_kernels): each query's
+// output as generation computes it, so the forward matches the rollout bit for bit.
+class DecodeOrderAttention final : public AttentionCore {
+ public:
+  explicit DecodeOrderAttention(const AttentionShape& shape) : shape_(shape) {}
+  Var attend(Tape& tape, size_t, const Var& q, const Var& k, const Var& v) override {
+    return attention_in_decode_order(tape, q, k, v, shape_);
+  }
+
+ private:
+  AttentionShape shape_;
+};
+
 // One pass over the layers. Copied into recompute's closures, so it holds what it points to.
 struct LayerContext {
   Sharding* sharding = nullptr;  // the model's: it outlives every pass

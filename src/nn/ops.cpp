@@ -225,6 +225,18 @@ Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const Attent
   return out;
 }
 
+Var attention_in_decode_order(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& shape) {
+  FAB_CHECK(shape.doc_start == nullptr, "attention in decode order is plain causal");
+  Var out = tape.recording() ? attention(tape, q, k, v, shape)
+                             : make_var(new_activation({shape.batch * shape.seq, shape.heads * shape.head_dim},
+                                                       q->value.device()));
+  ProfileScope profile("attention in decode order");
+  // The rows of each batch row are its own cache: (B, T, KVH, D), T positions each, none before.
+  kernels_for(q->value).attention_decode(q->value.data<float>(), k->value.data<float>(), v->value.data<float>(), shape,
+                                         0, shape.seq, out->value.data<float>());
+  return out;
+}
+
 Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate) {
   ProfileScope profile("swiglu");
   const int64_t rows = rows_of(gate_up->value);

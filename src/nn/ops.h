@@ -48,6 +48,11 @@ Var rope(Tape& tape, const Var& x, const Tensor& positions, const RopeTable& tab
 // doc_start: (B, T) i32 document mask of packed rows (see AttentionShape), or undefined (causal).
 Var attention(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& shape,
               const Tensor& doc_start = Tensor());
+// attention() whose output is the decode kernel's (attention_decode: each query alone over its
+// keys 0..t in order, generation's sums), so a pass over whole rows gives what the rollout engine
+// computed for them bit for bit. Plain causal rows only (no doc_start). The backward is the flash
+// one, on the log-sum-exp of a flash forward run beside it (only when the tape records).
+Var attention_in_decode_order(Tape& tape, const Var& q, const Var& k, const Var& v, const AttentionShape& shape);
 Var swiglu(Tape& tape, const Var& gate_up, int64_t intermediate);
 
 // Output head and cross-entropy fused and chunked over rows: never holds more than one chunk of

@@ -142,7 +142,7 @@ double row_token_logp(const float* logits, int64_t vocab, int32_t token, double 
 }
 
 TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets, bool with_entropy,
-                       double temperature, int64_t chunk_rows) {
+                       double temperature, int64_t chunk_rows, GemmKind kind) {
   ProfileScope profile("token_logps");
   const Tensor& w = head.weight->value;
   const int64_t rows = rows_of(hidden->value), c = w.dim(1), vocab = w.dim(0);
@@ -169,7 +169,7 @@ TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const 
     Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const int64_t n = std::min(chunk_rows, rows - r0);
-      gemm(k, h.view(r0 * c, {n, c}), false, w_compute, true, logits.data<float>(), n, vocab, c, false);
+      gemm(k, h.view(r0 * c, {n, c}), false, w_compute, true, logits.data<float>(), n, vocab, c, false, kind);
       if (inverse_temperature != 1.0f) k.scale(logits.data<float>(), n * vocab, inverse_temperature);
       // The entropy is taken on the host, from the logits before the kernel overwrites them (a
       // copy of the chunk where they live on a device).

@@ -38,8 +38,12 @@ struct TokenLogps {
 // one log-probability and one upstream gradient per row. The distribution is softmax(z / temperature)
 // (the entropy too), z = h W^T: the policy that sampled at that temperature, as verl's actor
 // (logits.div_(temperature)) and TRL's GRPOTrainer (logits / temperature) score their rollouts.
+// `kind` GemmKind::decode: the forward's logits by generation's GEMM (DecoderModel::rollout_kernels),
+// so a row's log-probability is the rollout engine's bit for bit; the backward is unchanged.
+inline constexpr int64_t kLogpChunkRows = 1024;
 TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const Tensor& targets, bool with_entropy,
-                       double temperature = 1.0, int64_t chunk_rows = 1024);
+                       double temperature = 1.0, int64_t chunk_rows = kLogpChunkRows,
+                       GemmKind kind = GemmKind::standard);
 
 // log p(token) of one row of host logits under softmax(logits / temperature), by the kernels and
 // in the order token_logps takes it (the logits scaled in fp32, then the cross-entropy kernel): the

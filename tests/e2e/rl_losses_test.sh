@@ -2,7 +2,8 @@
 # Issue 31's RL keys through `fabrica train` on a tiny model: every policy_loss, TRL's loss_type,
 # importance_sampling_level, scale_rewards and epsilon / epsilon_high spellings, each
 # adv_estimator of stage grpo, mask_truncated_completions, DAPO's filter_groups (with its counts in
-# metrics.jsonl) and overlong shaping; rollout_logp_diff_mean / _max logged every step; and each
+# metrics.jsonl) and overlong shaping; rollout_logp_diff_mean / _max logged every step, 0 with
+# logp_kernels rollout (the default, fp32 and bf16) and not with the training kernels; and each
 # key's refusals (exit 2, naming the key); rollout correction (rollout_is token / sequence, batch
 # normalised, the issue's rollout_correction spelling, fp32 and bf16) with verl's metrics.
 # Usage: rl_losses_test.sh FABRICA_BINARY SHARED_DIR
@@ -43,6 +44,7 @@ runs=(
   "tis:rollout_correction=token_is"
   "seq_is:rollout_is=sequence rollout_is_threshold=1.5 rollout_is_batch_normalize=true"
   "tis_bf16:rollout_is=token bf16=true"
+  "training_kernels:logp_kernels=training"
 )
 for entry in "${runs[@]}"; do
   name=${entry%%:*}
@@ -53,13 +55,19 @@ done
 import json
 def rows(d):
     return [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
-for name in ["gspo", "sequence", "cispo", "dr_grpo", "dapo", "rloo", "rpp", "filter", "tis", "seq_is"]:
+# logp_kernels rollout (the default): the training forward's log-probabilities are the rollout
+# engine's bit for bit, fp32 and bf16; with the training kernels they differ by rounding.
+for name in ["gspo", "sequence", "cispo", "dr_grpo", "dapo", "rloo", "rpp", "filter", "tis", "seq_is", "tis_bf16",
+             "training_kernels"]:
     r = rows(name)
     assert len(r) == 2, (name, r)
     for j in r:
         for key in ["loss", "pg_loss", "pg_clipfrac", "rollout_logp_diff_mean", "rollout_logp_diff_max"]:
             assert key in j, (name, key, j)
-        assert 0 <= j["rollout_logp_diff_mean"] <= j["rollout_logp_diff_max"] < 1e-3, (name, j)
+        if name == "training_kernels":
+            assert 0 < j["rollout_logp_diff_max"] < 1e-3, (name, j)
+        else:
+            assert j["rollout_logp_diff_mean"] == 0 and j["rollout_logp_diff_max"] == 0, (name, j)
 f = rows("filter")
 for j in f:
     for key in ["filter_groups/num_gen_batches", "filter_groups/kept_groups", "filter_groups/dropped_groups",
@@ -71,22 +79,19 @@ rpp = rows("rpp")
 assert all(abs(j["advantages_mean"]) < 1e-6 for j in rpp), rpp  # whitened over the batch's tokens
 d = rows("dapo")
 assert all(j["reward_min"] < 0 or j["response_length_mean"] <= 4 for j in d), d  # the overlong penalty
-# Rollout correction: verl's metrics every step; in fp32 the engine's log-probabilities are the
-# training forward's to ~1e-6, so every weight is 1 within 1e-3 and none is past the bounds.
+# Rollout correction: verl's metrics every step; the engine's log-probabilities being the training
+# forward's, every weight is exactly 1.
 for name in ["tis", "seq_is", "tis_bf16"]:
     for j in rows(name):
         for key in ["rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_ratio_fraction_high",
                     "rollout_corr/rollout_is_ratio_fraction_low"]:
             assert key in j, (name, key, j)
-        if name != "tis_bf16":
-            assert abs(j["rollout_corr/rollout_is_mean"] - 1) < 1e-3, (name, j)
-            assert j["rollout_corr/rollout_is_ratio_fraction_high"] == 0, (name, j)
+        assert j["rollout_corr/rollout_is_mean"] == 1, (name, j)
+        assert j["rollout_corr/rollout_is_ratio_fraction_high"] == 0, (name, j)
         assert ("rollout_corr/rollout_is_batch_norm_factor" in j) == (name == "seq_is"), (name, j)
-print("ok: rollout correction; bf16 rollout_logp_diff_max", max(j["rollout_logp_diff_max"] for j in rows("tis_bf16")),
-      "rollout_is_mean", [round(j["rollout_corr/rollout_is_mean"], 6) for j in rows("tis_bf16")])
-print("ok: 8 loss / advantage settings trained; rollout_logp_diff_max",
-      max(j["rollout_logp_diff_max"] for n in ["gspo", "cispo", "dapo"] for j in rows(n)),
-      "; filter_groups gen batches", [j["filter_groups/num_gen_batches"] for j in f])
+print("ok: rollout correction (weights 1); rollout_logp_diff 0 with the rollout kernels, fp32 and bf16; with the "
+      "training kernels up to", max(j["rollout_logp_diff_max"] for j in rows("training_kernels")))
+print("ok: 8 loss / advantage settings trained; filter_groups gen batches", [j["filter_groups/num_gen_batches"] for j in f])
 PY
 grep -q "^loss_agg_mode: seq-mean-token-sum-norm" dr_grpo/train_config.yaml || fail "loss_type dr_grpo: no loss_agg_mode"
 grep -q "^policy_loss: gspo" sequence/train_config.yaml || fail "importance_sampling_level sequence: not gspo"
@@ -118,4 +123,5 @@ refuse low 'clip_ratio_low must be in [0, 1), got 1' epsilon=1
 refuse twice 'key "clip_ratio_high" is set twice' epsilon_high=0.3 clip_ratio_high=0.3
 refuse rollout_is 'rollout_is "tokens" must be token or sequence' rollout_correction=tokens
 refuse is_threshold 'rollout_is_threshold must be > 0, got 0' rollout_is=token rollout_is_threshold=0
-echo "ok: 15 bad settings refused with exit 2, each naming its key"
+refuse logp_kernels 'logp_kernels "decode" must be rollout or training' logp_kernels=decode
+echo "ok: 16 bad settings refused with exit 2, each naming its key"

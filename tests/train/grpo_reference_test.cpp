@@ -77,18 +77,23 @@ GrpoLossOptions fixture_options(const GrpoFixture& f, const std::string& kl) {
   return o;
 }
 
-// The loss, the clip fractions and every parameter's gradient of case `name` against the fixture.
+// The loss, the clip fractions and every parameter's gradient of case `name` against the fixture,
+// with the training kernels and with the rollout engine's in the forward (logp_kernels rollout).
 void expect_case(const GrpoFixture& f, const std::string& name, const GrpoLossOptions& o) {
-  auto model = load_model_folder(fixture_dir(), DecoderOptions{});
-  model->params().grads().zero_();
-  const GrpoLossResult r = grpo_minibatch(*model, f.rows(), o, 0, 1.0f, true);
-  const nlohmann::json want = f.json(name);
-  EXPECT_NEAR(r.loss, want["loss"].get<double>(), 1e-5 * std::max(1.0, std::fabs(want["loss"].get<double>()))) << name;
-  EXPECT_NEAR(r.pg_clipfrac, want["pg_clipfrac"].get<double>(), 1e-12) << name;
-  EXPECT_NEAR(r.pg_clipfrac_lower, want["pg_clipfrac_lower"].get<double>(), 1e-12) << name;
-  for (const ParamInfo& p : model->params().params())
-    test::expect_close(model->params().grads().view(p.offset, p.shape), f.ref.tensor(name + ".grad." + p.name), 1e-5,
-                       name + " grad " + p.name);
+  for (const bool rollout_kernels : {false, true}) {
+    const std::string what = name + (rollout_kernels ? " (rollout kernels)" : "");
+    auto model = load_model_folder(fixture_dir(), DecoderOptions{});
+    model->set_rollout_kernels(rollout_kernels);
+    model->params().grads().zero_();
+    const GrpoLossResult r = grpo_minibatch(*model, f.rows(), o, 0, 1.0f, true);
+    const nlohmann::json want = f.json(name);
+    EXPECT_NEAR(r.loss, want["loss"].get<double>(), 1e-5 * std::max(1.0, std::fabs(want["loss"].get<double>()))) << what;
+    EXPECT_NEAR(r.pg_clipfrac, want["pg_clipfrac"].get<double>(), 1e-12) << what;
+    EXPECT_NEAR(r.pg_clipfrac_lower, want["pg_clipfrac_lower"].get<double>(), 1e-12) << what;
+    for (const ParamInfo& p : model->params().params())
+      test::expect_close(model->params().grads().view(p.offset, p.shape), f.ref.tensor(name + ".grad." + p.name), 1e-5,
+                         what + " grad " + p.name);
+  }
 }
 
 TEST_P(GrpoReference, LossAndEveryGradientMatchPyTorch) {

@@ -166,6 +166,13 @@ Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t 
   return collate(builder.finish(), index, pad_id);
 }
 
+namespace {
+
+// The head's forward GEMM: generation's where the model runs the rollout kernels.
+GemmKind head_gemm(const DecoderModel& model) { return model.rollout_kernels() ? GemmKind::decode : GemmKind::standard; }
+
+}  // namespace
+
 std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::vector<const RolloutSequence*>& rows,
                                                 int32_t pad_id, double temperature, double* entropy_sum) {
   const Batch batch = collate_rollouts(rows, pad_id);
@@ -173,7 +180,8 @@ std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::
   const int64_t seq = batch.ids.dim(1);
   std::vector<std::vector<double>> out(rows.size());
   model.forward_with_head(batch.ids, false, [&](Tape& tape, const Var& hidden) {
-    const TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, entropy_sum != nullptr, temperature);
+    const TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, entropy_sum != nullptr, temperature,
+                                      kLogpChunkRows, head_gemm(model));
     for (size_t i = 0; i < rows.size(); ++i)
       for (size_t k = 0; k < rows[i]->response.size(); ++k) {
         const size_t row = size_t(response_row(int64_t(i), seq, *rows[i], k));
@@ -192,7 +200,8 @@ GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const Rollo
   const int64_t seq = batch.ids.dim(1);
   GrpoLossResult result;
   model.forward_with_head(batch.ids, with_grad, [&](Tape& tape, const Var& hidden) {
-    TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, false, options.temperature);
+    TokenLogps lp =
+        token_logps(tape, hidden, model.lm_head(), targets, false, options.temperature, kLogpChunkRows, head_gemm(model));
     std::vector<ResponseTokens> tokens(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       tokens[i].old_logp = rows[i]->old_logp;
@@ -251,7 +260,9 @@ RolloutStage::RolloutStage(const StageContext& context)
       rewards_(std::make_unique<Rewards>(config_.reward, reward_options(config_, model_, env_, pad_id_))),
       needs_reference_(config_.kl_loss_coef != 0),
       means_(grpo_metric_names()),
-      extremes_(5, -INFINITY) {}
+      extremes_(5, -INFINITY) {
+  model_.set_rollout_kernels(config_.logp_kernels == "rollout");
+}
 
 RolloutStage::~RolloutStage() = default;
 
