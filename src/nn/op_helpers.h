@@ -15,4 +15,9 @@ Tensor to_bf16(const Tensor& x, MemoryCategory category);
 void gemm(const KernelTable& k, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, float* c, int64_t m,
           int64_t n, int64_t kdim, bool accumulate, GemmKind kind = GemmKind::standard);
 
+// The rows of one chunk of a head over `vocab` outputs (the chunked cross-entropy and
+// log-probability heads): at most `requested` and `rows`, and few enough that the chunk's fp32
+// logits stay within 64 MiB (a 152K vocabulary: 110 rows, where 1024 would hold 621 MB), at least 16.
+int64_t head_chunk_rows(int64_t requested, int64_t vocab, int64_t rows);
+
 }  // namespace fab

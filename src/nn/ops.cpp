@@ -265,7 +265,7 @@ double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, 
                                 : hidden->value.reshape({rows, c});
   const bool need_grads = tape.recording();
   Tensor dh = need_grads ? Tensor::empty({rows, c}, DType::f32, MemoryCategory::activations, w.device()) : Tensor();
-  chunk_rows = std::min(chunk_rows, rows);
+  chunk_rows = head_chunk_rows(chunk_rows, vocab, rows);
   Tensor logits = Tensor::empty({chunk_rows, vocab}, DType::f32, MemoryCategory::temporaries, w.device());
   // bf16 mode: the cross-entropy kernel writes the gradient straight in bf16 for the two GEMMs.
   Tensor dz_bf16 = bf16 && need_grads ? Tensor::empty({chunk_rows, vocab}, DType::bf16, MemoryCategory::temporaries,
@@ -289,6 +289,12 @@ double lm_head_cross_entropy(Tape& tape, const Var& hidden, const Linear& head, 
     kernels_for(dh).accumulate(dh.data<float>(), grad_of(hidden).data<float>(), dh.numel());
   });
   return loss_sum;
+}
+
+int64_t head_chunk_rows(int64_t requested, int64_t vocab, int64_t rows) {
+  constexpr int64_t kBudgetBytes = int64_t(64) << 20, kFewest = 16;
+  const int64_t fitting = std::max(kFewest, kBudgetBytes / (4 * std::max<int64_t>(vocab, 1)));
+  return std::max<int64_t>(1, std::min({requested, fitting, rows}));
 }
 
 Tensor lm_head_logits(const Var& hidden, const Linear& head, GemmKind kind) {

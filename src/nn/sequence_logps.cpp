@@ -1,7 +1,10 @@
 #include "nn/sequence_logps.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/error.h"
@@ -22,10 +25,17 @@ void for_each_sequence_piece(int64_t r0, int64_t n, int64_t seq, Fn&& fn) {
   }
 }
 
+struct Piece {
+  int64_t first = 0, count = 0;
+  float g = 0;
+};
+
 // The backward shared by sequence_logps and token_logps, for a loss L = sum over pieces of rows
 // of g_piece * sum log p(y_r): per chunk of rows the logits z = h W^T again, then for each piece
 // dL/dz = -g (softmax(z) - onehot(y)) (cross_entropy_chunk's gradient with scale -g), and
-// dh += dz W, dW += dz^T h. `pieces(r0, n, piece)` calls piece(first row, rows, g) over the chunk.
+// dh += dz W, dW += dz^T h. `pieces(r0, n, piece)` calls piece(first row, rows, g) over the chunk;
+// the pieces of a chunk (disjoint rows) then run on all threads when there are enough of them (one
+// row each for token_logps), else one after the other with the kernel's own threads over rows.
 // With an inverse temperature s != 1 the log-probabilities are of softmax(s z): the kernel takes
 // the scaled logits, and dL/dz = s dL/d(s z) = -g s (softmax(s z) - onehot(y)), its scale -g s.
 template <typename Pieces>
@@ -44,11 +54,16 @@ void logp_head_backward(const Var& hidden, const Linear& head, const Tensor& h, 
     const Tensor h_chunk = h.view(r0 * c, {n, c});
     gemm(k, h_chunk, false, w_compute, true, logits.data<float>(), n, vocab, c, false);
     if (inverse_temperature != 1.0f) k.scale(logits.data<float>(), n * vocab, inverse_temperature);
-    pieces(r0, n, [&](int64_t first, int64_t count, float g) {
-      const int64_t at = (first - r0) * vocab;
-      k.cross_entropy_chunk(logits.data<float>() + at, y + first, count, vocab, -g * inverse_temperature,
+    std::vector<Piece> chunk_pieces;
+    pieces(r0, n, [&](int64_t first, int64_t count, float g) { chunk_pieces.push_back({first, count, g}); });
+    const bool by_piece = w.device().is_host() && int64_t(chunk_pieces.size()) >= omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 4) if (by_piece)
+    for (size_t i = 0; i < chunk_pieces.size(); ++i) {
+      const Piece& p = chunk_pieces[i];
+      const int64_t at = (p.first - r0) * vocab;
+      k.cross_entropy_chunk(logits.data<float>() + at, y + p.first, p.count, vocab, -p.g * inverse_temperature,
                             bf16 ? dz_bf16.data<fab::bf16>() + at : nullptr);
-    });
+    }
     const Tensor dz = bf16 ? dz_bf16.view(0, {n, vocab}) : logits.view(0, {n, vocab});
     gemm(k, dz, false, w_compute, false, dh + r0 * c, n, c, vocab, true);
     if (head.weight->requires_grad)  // a frozen head (LoRA's base) gets no gradient
@@ -73,7 +88,7 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
   const KernelTable& k = kernels_for(w);
   const bool bf16 = head.weight_bf16.defined();
   const Tensor& w_compute = bf16 ? head.weight_bf16 : w;
-  chunk_rows = std::min(chunk_rows, rows);
+  chunk_rows = head_chunk_rows(chunk_rows, vocab, rows);
   auto hidden_compute = [hidden, bf16, rows, c] {
     return bf16 ? to_bf16(hidden->value.reshape({rows, c}), MemoryCategory::temporaries)
                 : hidden->value.reshape({rows, c});
@@ -114,15 +129,14 @@ SequenceLogps sequence_logps(Tape& tape, const Var& hidden, const Linear& head, 
 
 namespace {
 
-// H = -Σ p log p of the softmax of z, as lse(z) - Σ p z (shifted by the max for range).
-double row_entropy(const float* z, int64_t vocab) {
+// H = -Σ p log p of the softmax of z, as lse(z) - Σ p z (shifted by the max for range): the
+// exponentials by the sampling kernel (vectorised, into `scratch`, vocab floats), the sums in double.
+double row_entropy(const KernelTable& k, const float* z, int64_t vocab, float* scratch) {
+  const double sum = k.sampling_weights(z, vocab, 1.0f, scratch);
   const float mx = *std::max_element(z, z + vocab);
-  double sum = 0, weighted = 0;
-  for (int64_t j = 0; j < vocab; ++j) {
-    const double e = std::exp(double(z[j] - mx));
-    sum += e;
-    weighted += e * double(z[j] - mx);
-  }
+  double weighted = 0;
+#pragma omp simd reduction(+ : weighted)
+  for (int64_t j = 0; j < vocab; ++j) weighted += double(scratch[j]) * double(z[j] - mx);
   return std::log(sum) - weighted / sum;
 }
 
@@ -152,7 +166,7 @@ TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const 
   const KernelTable& k = kernels_for(w);
   const bool bf16 = head.weight_bf16.defined();
   const Tensor& w_compute = bf16 ? head.weight_bf16 : w;
-  chunk_rows = std::min(chunk_rows, rows);
+  chunk_rows = head_chunk_rows(chunk_rows, vocab, rows);
   auto hidden_compute = [hidden, bf16, rows, c] {
     return bf16 ? to_bf16(hidden->value.reshape({rows, c}), MemoryCategory::temporaries)
                 : hidden->value.reshape({rows, c});
@@ -172,13 +186,21 @@ TokenLogps token_logps(Tape& tape, const Var& hidden, const Linear& head, const 
       gemm(k, h.view(r0 * c, {n, c}), false, w_compute, true, logits.data<float>(), n, vocab, c, false, kind);
       if (inverse_temperature != 1.0f) k.scale(logits.data<float>(), n * vocab, inverse_temperature);
       // The entropy is taken on the host, from the logits before the kernel overwrites them (a
-      // copy of the chunk where they live on a device).
-      const Tensor host_logits = with_entropy ? logits.to(Device::cpu(), MemoryCategory::temporaries) : Tensor();
-      for (int64_t r = r0; r < r0 + n; ++r) {
-        if (y[r] == -100) continue;
-        if (with_entropy) out.entropy[size_t(r)] = row_entropy(host_logits.data<float>() + (r - r0) * vocab, vocab);
-        out.logp[size_t(r)] = -k.cross_entropy_chunk(logits.data<float>() + (r - r0) * vocab,
-                                                     targets_there.data<int64_t>() + r, 1, vocab, 0.0f, nullptr);
+      // copy of the chunk where they live on a device). On the host, rows run on all threads.
+      const bool on_host = w.device().is_host();
+      const Tensor host_logits = with_entropy && !on_host ? logits.to(Device::cpu(), MemoryCategory::temporaries) : logits;
+      const KernelTable& host = backend(DeviceKind::cpu).kernels();
+#pragma omp parallel if (on_host)
+      {
+        std::vector<float> scratch(with_entropy ? size_t(vocab) : 0);
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t r = r0; r < r0 + n; ++r) {
+          if (y[r] == -100) continue;
+          if (with_entropy)
+            out.entropy[size_t(r)] = row_entropy(host, host_logits.data<float>() + (r - r0) * vocab, vocab, scratch.data());
+          out.logp[size_t(r)] = -k.cross_entropy_chunk(logits.data<float>() + (r - r0) * vocab,
+                                                       targets_there.data<int64_t>() + r, 1, vocab, 0.0f, nullptr);
+        }
       }
     }
   }

@@ -257,7 +257,7 @@ double vocab_parallel_cross_entropy(Tape& tape, const Var& hidden, const Linear&
   const Tensor h_compute = bf16 ? to_bf16(hidden->value.reshape({rows, c})) : hidden->value.reshape({rows, c});
   const bool need_grads = tape.recording();
   Tensor dh = need_grads ? new_activation({rows, c}, w.device()) : Tensor();
-  chunk_rows = std::max<int64_t>(1, std::min(chunk_rows, rows));
+  chunk_rows = head_chunk_rows(chunk_rows, slice, rows);
   Tensor logits = Tensor::empty({chunk_rows, slice}, DType::f32, MemoryCategory::temporaries, w.device());
   // The kernels read the labels where the head lives; the loss is summed on the host.
   const Tensor labels_there = labels.to(w.device(), MemoryCategory::temporaries);

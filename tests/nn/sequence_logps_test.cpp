@@ -1,12 +1,14 @@
 // sequence_logps: per-sequence sums equal a plain log-softmax loop, whatever the chunking (chunks
 // that cut through sequences included), and its backward matches central finite differences of
 // L = Σ_s g_s · sum_s for the hidden states and the head, in fp32 and bf16. row_scores the same.
+// token_logps at a 152K vocabulary: its chunk within its memory budget, values against a plain loop.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/backend.h"
 #include "core/rng.h"
+#include "nn/op_helpers.h"
 #include "nn/sequence_logps.h"
 
 namespace fab {
@@ -126,6 +128,51 @@ TEST(RowScores, ValuesAndGradients) {
                 2.0f * hidden->value.data<float>()[3 * kC + c] - hidden->value.data<float>()[1 * kC + c], 1e-6);
   }
   EXPECT_FLOAT_EQ(head.bias->grad.data<float>()[0], 1.0f);
+}
+
+}  // namespace
+}  // namespace fab
+
+namespace fab {
+namespace {
+
+// Issue 31 item 5: at a 152K vocabulary token_logps holds one chunk of logits within 64 MiB (110
+// rows, not 1024 rows' 621 MB), forward and backward, and its log-probabilities and entropies
+// (rows on all threads, the entropy through the sampling kernel) equal a plain double loop.
+TEST(TokenLogps, LargeVocabularyChunksStayWithinTheirBudgetAndMatchAPlainLoop) {
+  constexpr int64_t kRows = 300, kWidth = 4, kVocab = 151669;
+  EXPECT_EQ(head_chunk_rows(1024, kVocab, kRows), 110);
+  EXPECT_EQ(head_chunk_rows(1024, 8192, 5000), 1024);
+  EXPECT_EQ(head_chunk_rows(1024, 8192, 40), 40);
+  Rng rng(3);
+  Var hidden = make_var(random_tensor({kRows, kWidth}, rng, 1.0));
+  Linear head{make_var(random_tensor({kVocab, kWidth}, rng, 1.0)), nullptr, Tensor()};
+  hidden->requires_grad = head.weight->requires_grad = true;
+  Tensor targets = Tensor::empty({kRows}, DType::i64, MemoryCategory::activations);
+  for (int64_t r = 0; r < kRows; ++r) targets.data<int64_t>()[r] = r % 7 == 0 ? -100 : (r * 7919) % kVocab;
+  Allocator& host = backend(DeviceKind::cpu).allocator();
+  host.reset_peaks();
+  const size_t before = host.total().live;
+  Tape tape;
+  TokenLogps lp = token_logps(tape, hidden, head, targets, true, 0.7);
+  for (int64_t r = 0; r < kRows; ++r) (*lp.grad)[size_t(r)] = 1.0f;
+  tape.backward();
+  const size_t gradients = size_t(kVocab + kRows) * kWidth * 4;  // dW and dh
+  EXPECT_LT(host.total().peak - before, (size_t(64) << 20) + gradients + (size_t(8) << 20));
+  for (int64_t r = 1; r < kRows; r += 37) {
+    if (targets.data<int64_t>()[r] == -100) continue;
+    std::vector<double> z(kVocab);
+    double mx = -1e30, sum = 0, weighted = 0;
+    for (int64_t v = 0; v < kVocab; ++v) {
+      for (int64_t c = 0; c < kWidth; ++c)
+        z[size_t(v)] += double(hidden->value.data<float>()[r * kWidth + c]) * head.weight->value.data<float>()[v * kWidth + c];
+      z[size_t(v)] /= 0.7;
+      mx = std::max(mx, z[size_t(v)]);
+    }
+    for (double x : z) sum += std::exp(x - mx), weighted += std::exp(x - mx) * (x - mx);
+    EXPECT_NEAR(lp.logp[size_t(r)], z[size_t(targets.data<int64_t>()[r])] - mx - std::log(sum), 1e-4) << r;
+    EXPECT_NEAR(lp.entropy[size_t(r)], std::log(sum) - weighted / sum, 1e-4) << r;
+  }
 }
 
 }  // namespace
