@@ -243,11 +243,14 @@ echo "ok: critic_warmup past max_steps: a warning"
 
 # --- 8: non-finite losses and gradient norms name the step and the rank ---------------------------
 # Four passes (the old default), so that step 1's later updates meet the first one's blown-up weights.
+# learning_rate 1e15: weights of ~1e15 overflow the forward to a NaN loss (at 1e6 the forward stays
+# finite, as PyTorch's does, since the attention kernel no longer overflows on huge scores; 1e30
+# overflows the backward first: the gradient-norm case).
 blow_up=("reward=command:/usr/bin/python3 $work/score.py" max_steps=2 ppo_epochs=4)
 for stage in grpo ppo; do
   rc=0
   # shellcheck disable=SC2046
-  "$fabrica" train run.yaml output_dir=nan_$stage stage=$stage num_generations=2 "${blow_up[@]}" learning_rate=1e6 \
+  "$fabrica" train run.yaml output_dir=nan_$stage stage=$stage num_generations=2 "${blow_up[@]}" learning_rate=1e15 \
     $([ $stage = ppo ] && echo critic_learning_rate=1e-3) >nan_$stage.log 2>&1 || rc=$?
   [ "$rc" -eq 2 ] && grep -qF "stage $stage: step 1: the loss is not finite on rank 0: stopping, saving nothing new (nan_policy: stop); no checkpoint was saved before it" nan_$stage.log \
     || { cat nan_$stage.log; fail "$stage: non-finite loss: exit $rc"; }
@@ -259,12 +262,14 @@ for stage in grpo ppo; do
     || { cat inf_$stage.log; fail "$stage: non-finite gradient norm: exit $rc"; }
 done
 rc=0
+# The critic blown up: its forward stays finite (RMSNorm turns the overflowing stream into 0, as
+# PyTorch's does), so its gradient norm is what turns non-finite; the message names the critic.
 "$fabrica" train run.yaml output_dir=nan_critic stage=ppo num_generations=2 "${blow_up[@]}" learning_rate=1e-3 \
-  critic_learning_rate=1e6 >nan_critic.log 2>&1 || rc=$?
-[ "$rc" -eq 2 ] && grep -qF "stage ppo: step 1: the critic's value loss is not finite on rank 0: stopping" nan_critic.log \
-  || { cat nan_critic.log; fail "ppo: non-finite value loss: exit $rc"; }
+  critic_learning_rate=1e15 >nan_critic.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -qF "stage ppo: step 1: the critic's gradient norm (of the gradients summed over every rank) is infinite: stopping" nan_critic.log \
+  || { cat nan_critic.log; fail "ppo: non-finite critic gradient norm: exit $rc"; }
 rc=0
-"$fabrica" train run.yaml output_dir=nan_dp nproc_per_node=2 "${blow_up[@]}" learning_rate=1e6 >nan_dp.log 2>&1 || rc=$?
+"$fabrica" train run.yaml output_dir=nan_dp nproc_per_node=2 "${blow_up[@]}" learning_rate=1e15 >nan_dp.log 2>&1 || rc=$?
 grep -qF "stage grpo: step 1: the loss is not finite on rank 0, 1: stopping" nan_dp.log || { cat nan_dp.log; fail "2 ranks: exit $rc"; }
 echo "ok: non-finite loss and gradient norm in grpo and ppo name the step and the ranks"
 # nan_policy skip holds for the rollout stages too: the non-finite updates of step 1 are skipped
@@ -273,7 +278,7 @@ for stage in grpo ppo; do
   rc=0
   # shellcheck disable=SC2046
   "$fabrica" train run.yaml output_dir=skip_$stage stage=$stage num_generations=2 "${blow_up[@]}" \
-    learning_rate=1e6 nan_policy=skip max_skipped_steps=1 logging_steps=1 \
+    learning_rate=1e15 nan_policy=skip max_skipped_steps=1 logging_steps=1 \
     $([ $stage = ppo ] && echo critic_learning_rate=1e-3) >skip_$stage.log 2>&1 || rc=$?
   [ "$rc" -eq 2 ] && grep -qF "stage $stage: step 1: the loss is not finite on rank 0: optimizer step skipped (nan_policy: skip, 1 of at most 1)" skip_$stage.log \
     && grep -qF "stage $stage: step 2: the loss is not finite on rank 0: 2 optimizer steps skipped, more than max_skipped_steps 1: stopping" skip_$stage.log \

@@ -166,6 +166,29 @@ Floats rows_of(const Floats& x, int64_t T, int64_t width, int64_t b, int64_t fir
   return Floats(begin, begin + n * width);
 }
 
+// Scores of 1e8 to 1e14 (queries and keys of 1e4 to 1e7 each, as blown-up weights make them): the
+// flash forward gives the decode kernel's outputs (one key per query dominates: its value row) and
+// finite log-sum-exps, and the backward finite gradients. Its exponent once went through an FMA
+// whose unrounded product exceeded the rounded maximum (attention_blocks.h scale_tile): NaN.
+TEST_P(Ops, AttentionWithHugeScoresStaysFiniteAndAgreesWithTheDecodeKernel) {
+  const int64_t T = 70, H = 4, KV = 2, D = 8;  // two key tiles
+  const AttentionShape s{1, T, H, KV, D, float(1.0 / std::sqrt(double(D)))};
+  for (double magnitude : {1e4, 1e5, 1e6, 1e7}) {
+    Rng rng(11);
+    Floats q(size_t(T * H * D)), k(size_t(T * KV * D)), v(size_t(T * KV * D)), dout(q.size());
+    for (float& x : q) x = float(rng.normal() * magnitude);
+    for (float& x : k) x = float(rng.normal() * magnitude);
+    for (float& x : v) x = float(rng.normal());
+    for (float& x : dout) x = float(rng.normal());
+    const AttentionResult r = run_attention(*k_, s, q, k, v, dout);
+    Floats decoded(q.size());
+    k_->attention_decode(q.data(), k.data(), v.data(), s, 0, T, decoded.data());
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(r.out[i], decoded[i], 1e-4) << magnitude << " at " << i;
+    for (const Floats* f : {&r.lse, &r.dq, &r.dk, &r.dv})
+      for (float x : *f) ASSERT_TRUE(std::isfinite(x)) << magnitude;
+  }
+}
+
 TEST_P(Ops, AttentionInsideDocumentsMatchesPyTorch) {
   Tensor qt = ref("docattn.q"), kt = ref("docattn.k"), starts = ref("docattn.doc_start");
   AttentionShape s{qt.dim(0), qt.dim(1), qt.dim(2), kt.dim(2), qt.dim(3),

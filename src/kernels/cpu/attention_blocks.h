@@ -280,6 +280,19 @@ struct FlashBackwardWork {
 };
 
 
+// s *= scale over a transposed tile (nk keys x kQueryBlock queries), stored: what is exponentiated
+// then is the rounded product the max was taken of. Left as exp(scale s - max), the compiler fuses
+// it into one FMA whose unrounded product can exceed the rounded max: at scores of 1e10 by ~1e3,
+// e^1e3 clamped to 3e38 per key, an infinite sum and NaN outputs where PyTorch and the decode
+// kernel give finite ones (blown-up weights; tests/kernels attention `HugeScores...`).
+inline void scale_tile(float* s, int64_t nk, float scale) {
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t v = 0; v < kQueryVecs; ++v) {
+      float* at = s + j * kQueryBlock + v * kLanes;
+      store_vec(at, load_vec(at) * scale);
+    }
+}
+
 // Online softmax step on a transposed score tile s (nk keys x kQueryBlock queries, unscaled).
 // mask(x, v, j, fill) keeps the lanes of query vector v that see key row j and puts `fill` in the
 // others. Raises the running max m, returns alpha = exp(m_old - m_new) for rescaling earlier
@@ -288,10 +301,11 @@ struct FlashBackwardWork {
 template <typename Mask>
 void online_softmax(float* s, int64_t nk, float scale, float* m, float* l, float* alpha, Mask mask) {
   VecF mx[kQueryVecs], sum[kQueryVecs];
+  scale_tile(s, nk, scale);
   for (int64_t v = 0; v < kQueryVecs; ++v) mx[v] = load_vec(m + v * kLanes);
   for (int64_t j = 0; j < nk; ++j)
     for (int64_t v = 0; v < kQueryVecs; ++v)
-      mx[v] = vmax(mx[v], mask(load_vec(s + j * kQueryBlock + v * kLanes) * scale, v, j, -INFINITY));
+      mx[v] = vmax(mx[v], mask(load_vec(s + j * kQueryBlock + v * kLanes), v, j, -INFINITY));
   for (int64_t v = 0; v < kQueryVecs; ++v) {
     store_vec(alpha + v * kLanes, exp_vec(load_vec(m + v * kLanes) - mx[v]));
     store_vec(m + v * kLanes, mx[v]);
@@ -300,7 +314,7 @@ void online_softmax(float* s, int64_t nk, float scale, float* m, float* l, float
   for (int64_t j = 0; j < nk; ++j)
     for (int64_t v = 0; v < kQueryVecs; ++v) {
       float* sj = s + j * kQueryBlock + v * kLanes;
-      const VecF p = mask(exp_vec(load_vec(sj) * scale - mx[v]), v, j, 0.0f);
+      const VecF p = mask(exp_vec(load_vec(sj) - mx[v]), v, j, 0.0f);
       store_vec(sj, p);
       sum[v] += p;
     }
@@ -313,10 +327,11 @@ void online_softmax(float* s, int64_t nk, float scale, float* m, float* l, float
 // key from the query (such a key adds nothing to dv, dk or dq). s becomes p, dp becomes ds.
 template <typename Mask>
 void probs_and_grads(float* s, float* dp, int64_t nk, float scale, const float* lse, const float* di, Mask mask) {
+  scale_tile(s, nk, scale);  // rounded as the forward rounded it (see scale_tile)
   for (int64_t j = 0; j < nk; ++j)
     for (int64_t v = 0; v < kQueryVecs; ++v) {
       const int64_t at = j * kQueryBlock + v * kLanes;
-      const VecF p = mask(exp_vec(load_vec(s + at) * scale - load_vec(lse + v * kLanes)), v, j, 0.0f);
+      const VecF p = mask(exp_vec(load_vec(s + at) - load_vec(lse + v * kLanes)), v, j, 0.0f);
       const VecF ds = mask(p * (load_vec(dp + at) - load_vec(di + v * kLanes)) * scale, v, j, 0.0f);
       store_vec(s + at, p);
       store_vec(dp + at, ds);
