@@ -66,6 +66,16 @@ struct GrpoFixture {
 
 class GrpoReference : public ::testing::TestWithParam<std::string> {};
 
+// A case name's parts: "gspo.token-mean.none" -> {"gspo", "token-mean", "none"}.
+std::vector<std::string> dotted_parts(const std::string& name) {
+  std::vector<std::string> part;
+  for (size_t at = 0, dot; at <= name.size(); at = dot + 1) {
+    dot = std::min(name.find('.', at), name.size());
+    part.push_back(name.substr(at, dot - at));
+  }
+  return part;
+}
+
 GrpoLossOptions fixture_options(const GrpoFixture& f, const std::string& kl) {
   GrpoLossOptions o;
   o.temperature = f.meta("temperature");
@@ -116,11 +126,7 @@ class GrpoPolicyLossReference : public ::testing::TestWithParam<std::string> {};
 TEST_P(GrpoPolicyLossReference, LossAndEveryGradientMatchPyTorch) {
   if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
   const std::string name = GetParam();
-  std::vector<std::string> part;
-  for (size_t at = 0, dot; at <= name.size(); at = dot + 1) {
-    dot = std::min(name.find('.', at), name.size());
-    part.push_back(name.substr(at, dot - at));
-  }
+  std::vector<std::string> part = dotted_parts(name);
   const GrpoFixture f(part[0] == "gspo" ? "old_logp_gspo" : "old_logp");
   EXPECT_NE(f.json("policy_cases").dump().find("\"" + name + "\""), std::string::npos) << name << " not in the fixture";
   GrpoLossOptions o = fixture_options(f, part[2]);
@@ -151,11 +157,7 @@ class GrpoRolloutIsReference : public ::testing::TestWithParam<std::string> {};
 TEST_P(GrpoRolloutIsReference, WeightsMetricsLossAndEveryGradientMatchPyTorch) {
   if (!have_fixture()) GTEST_SKIP() << "no fixture: run tests/reference/make_grpo_reference.py (make test does)";
   const std::string name = GetParam();
-  std::vector<std::string> part;
-  for (size_t at = 0, dot; at <= name.size(); at = dot + 1) {
-    dot = std::min(name.find('.', at), name.size());
-    part.push_back(name.substr(at, dot - at));
-  }
+  std::vector<std::string> part = dotted_parts(name);
   const bool normalize = part[2] == "normalize";
   if (normalize) part.erase(part.begin() + 2);
   const bool gspo = part[2] == "gspo";
