@@ -66,6 +66,7 @@ void keep_checkpoint_layout(const std::string& checkpoint, PlanConstraints& fixe
     return value.value_or(false);
   };
   fixed.tp = int(number("tensor_parallel_size", 1));
+  fixed.cp = int(number("context_parallel_size", 1));
   fixed.pp = int(number("pipeline_parallel_size", 1));
   fixed.vpp = int(number("virtual_pipeline_parallel_size", 1));
   fixed.zero_stage = int(number("zero_stage", 0));
@@ -78,8 +79,9 @@ void keep_checkpoint_layout(const std::string& checkpoint, PlanConstraints& fixe
 namespace {
 
 std::string layout_text(const nlohmann::json& l) {
-  return format("tp {} x pp {}{} x dp {}{}, zero_stage {}, recompute {}, micro-batch {} x {} accumulation steps",
-                l["tensor_parallel_size"].get<int>(), l["pipeline_parallel_size"].get<int>(),
+  return format("tp {} x cp {} x pp {}{} x dp {}{}, zero_stage {}, recompute {}, micro-batch {} x {} accumulation steps",
+                l["tensor_parallel_size"].get<int>(), l["context_parallel_size"].get<int>(),
+                l["pipeline_parallel_size"].get<int>(),
                 l["virtual_pipeline_parallel_size"].get<int>() > 1
                     ? format(" (vpp {})", l["virtual_pipeline_parallel_size"].get<int>())
                     : std::string(),
@@ -169,6 +171,7 @@ PlanProblem problem_for_run(const TrainConfig& config, int world_size, const Clu
 
 void apply_planned_layout(const nlohmann::json& l, TrainConfig& c) {
   c.tensor_parallel_size = l["tensor_parallel_size"].get<int64_t>();
+  c.context_parallel_size = l["context_parallel_size"].get<int64_t>();
   c.pipeline_parallel_size = l["pipeline_parallel_size"].get<int64_t>();
   c.virtual_pipeline_parallel_size = l["virtual_pipeline_parallel_size"].get<int64_t>();
   c.pipeline_schedule = c.virtual_pipeline_parallel_size > 1 ? "interleaved_1f1b" : "1f1b";

@@ -4,12 +4,13 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "nn/op_helpers.h"
 
 namespace fab {
 namespace {
 
 constexpr double kBucketBytes = 25 << 20;  // ddp_bucket_size's default
-constexpr double kHeadChunkRows = 1024;    // lm_head_cross_entropy's logits chunk
+constexpr int64_t kHeadChunkRows = 1024;   // lm_head_cross_entropy's logits chunk, at most (head_chunk_rows)
 constexpr double kOptimizerTraffic = 28;   // AdamW bytes per parameter: w, m, v read + written, g read
 
 // Bytes per parameter of weights, gradients and optimizer state before sharding.
@@ -29,6 +30,14 @@ double activation_element_bytes(const DeviceSpec& d, bool bf16) {
 }
 
 int last_chunk(const PlanLayout& l) { return l.pp * l.vpp - 1; }
+
+// The tokens of one micro-batch on a rank: context parallel holds 1/cp of each row.
+double rank_tokens(const PlanLayout& l, int64_t sequence_length) {
+  return double(l.micro_batch_size * sequence_length) / l.cp;
+}
+
+// The ranks holding the same parameters, over which gradients are reduced and ZeRO shards.
+int replicas(const PlanLayout& l) { return l.dp * l.cp; }
 
 // Ranks that share one key/value head: with tp beyond the kv heads each rank holds a whole
 // replicated head, so k and v are split min(tp, kv heads) ways, everything else tp ways.
@@ -114,7 +123,7 @@ struct KeptActivations {
 };
 
 KeptActivations fabrica_activations(const ModelConfig& m, const PlanLayout& l, int64_t sequence_length, bool bf16) {
-  const double t = l.tp, T = double(l.micro_batch_size * sequence_length);
+  const double t = l.tp, T = rank_tokens(l, sequence_length);
   const double padded = l.sequence_parallel ? std::ceil(T / t) * t : T, local = l.sequence_parallel ? padded / t : T;
   const double C = double(m.hidden_size), D = double(m.head_dim), H = double(m.num_attention_heads) / t,
                KV = double(m.num_key_value_heads) / kv_split(m, l.tp), I = double(m.intermediate_size) / t;
@@ -127,7 +136,8 @@ KeptActivations fabrica_activations(const ModelConfig& m, const PlanLayout& l, i
   a.kept_layer = l.recompute ? 4 * local * C : a.layer;
   a.embedding = 4 * (l.sequence_parallel ? padded : T) * C;
   a.head = 4 * (local * (C + 1) + (l.sequence_parallel ? padded * C : 0) + T * C);
-  const double slice = std::ceil(double(m.vocab_size) / t), chunk = std::min(kHeadChunkRows, T);
+  const double slice = std::ceil(double(m.vocab_size) / t);
+  const double chunk = double(head_chunk_rows(kHeadChunkRows, int64_t(slice), int64_t(std::ceil(T))));
   a.logits = chunk * slice * (bf16 ? 6 : 4) + (bf16 ? 2 * T * C : 0);
   // The first layer backward meets: SwiGLU's input and output gradients (3I per row) before the
   // MLP's activations are freed; under sp, gate/up's input gathered again, its gradient and the
@@ -142,8 +152,8 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
   const ModelConfig& m = p.model;
   const StateBytesPerParameter per = state_bytes(c.device, p.bf16);
   const double e = activation_element_bytes(c.device, p.bf16);
-  MemoryBreakdown b = model_state_memory(stage_parameters(m, l, s), l.dp, l.zero_stage, c.device, p.bf16);
-  const double tokens = double(l.micro_batch_size * p.sequence_length);
+  MemoryBreakdown b = model_state_memory(stage_parameters(m, l, s), replicas(l), l.zero_stage, c.device, p.bf16);
+  const double tokens = rank_tokens(l, p.sequence_length);
   const double sp_split = l.sequence_parallel ? l.tp : 1;
   const bool last = s == last_chunk(l) % l.pp;
   const double in_flight = micro_batches_in_flight(l, s);
@@ -168,10 +178,12 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
     const double embedding_output = s == 0 ? tokens * double(m.hidden_size) * e / sp_split : 0;
     b.activations = in_flight * (stage_layers(l, s) * kept_layer + embedding_output) +
                     (l.recompute ? full_layer : 0);  // the layer being replayed
-    b.logits = last ? std::min(kHeadChunkRows, tokens) * double(m.vocab_size) / l.tp * 4 : 0;
+    const double slice = double(m.vocab_size) / l.tp;
+    b.logits = last ? double(head_chunk_rows(kHeadChunkRows, int64_t(slice), int64_t(std::ceil(tokens)))) * slice * 4 : 0;
   }
   const double stage_gradients = stage_parameters(m, l, s) * per.gradients;
-  if (l.dp > 1) {
+  const int dp = replicas(l);
+  if (dp > 1) {
     // Buckets are whole units (the embedding, a layer, the head) taken in backward order until they
     // hold 25 MB (one unit each under ZeRO-3), or what is left of the stage: the largest is the
     // bigger of 25 MB and the largest unit, at most the stage's whole gradient. The ring keeps a
@@ -180,7 +192,7 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
     const double largest_bucket = l.zero_stage == 3
                                       ? largest_unit * per.gradients
                                       : std::min(stage_gradients, std::max(kBucketBytes, largest_unit * per.gradients));
-    b.buffers += largest_bucket / l.dp;
+    b.buffers += largest_bucket / dp;
     // ZeRO-2/3: a bucket's full-size gradients live until reduce-scattered (the tied embedding's
     // from the head's backward to its own). Fabrica's DataParallel hands them back when the next
     // micro-batch begins (or the step's gradients are finished), so at the end of a backward every
@@ -189,8 +201,12 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
     // ZeRO-3: the rest of the unit being used and of the one prefetched (the tied embedding stays
     // gathered until its backward).
     if (l.zero_stage == 3)
-      b.buffers += (1.0 - 1.0 / l.dp) * per.weights * (largest_unit + layer_parameters_per_rank(m, l.tp));
+      b.buffers += (1.0 - 1.0 / dp) * per.weights * (largest_unit + layer_parameters_per_rank(m, l.tp));
   }
+  // Context parallel (parallel/context_parallel.h): a layer's ring holds the key/value block in
+  // hand and the one arriving, and in backward their gradients travelling with them: 4 blocks of
+  // this rank's keys and values, fp32.
+  if (l.cp > 1) b.buffers += 4 * 4 * tokens * 2 * double(m.num_key_value_heads * m.head_dim) / kv_split(m, l.tp);
   if (l.tp > 1) {
     if (c.device.state_layout == "fabrica")  // the tp ring's receive chunk: 1/t of an all-reduced stream
       b.buffers += 4 * tokens * double(m.hidden_size) / l.tp;
@@ -208,16 +224,21 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
   return b;
 }
 
+// Key/value block pairs one rank's ring sends per layer (ContextParallel, bench/RESULTS.md):
+// cp - 1 forward, cp - 1 again in backward and cp of their gradients, cp - 1 more when recompute
+// replays the forward.
+double cp_ring_blocks(const PlanLayout& l) { return (l.recompute ? 3.0 : 2.0) * (l.cp - 1) + l.cp; }
+
 // One micro-batch's forward + backward on stage s, with its tp collectives and stage sends.
 struct MicroBatchTime {
-  double compute = 0, tensor_comm = 0, pipeline_comm = 0;
-  double total() const { return compute + tensor_comm + pipeline_comm; }
+  double compute = 0, tensor_comm = 0, context_comm = 0, pipeline_comm = 0;
+  double total() const { return compute + tensor_comm + context_comm + pipeline_comm; }
 };
 
 MicroBatchTime stage_micro_batch(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l, int s) {
   const ModelConfig& m = p.model;
   const double rate = (p.bf16 ? c.device.peak_flops_bf16 : c.device.peak_flops_fp32) * c.device.gemm_efficiency;
-  const double tokens = double(l.micro_batch_size * p.sequence_length);
+  const double tokens = rank_tokens(l, p.sequence_length);
   const bool last = s == last_chunk(l) % l.pp;
   // Backward costs twice the forward; recompute runs each layer's forward once more.
   const double layer_passes = l.recompute ? 4 : 3;
@@ -236,8 +257,20 @@ MicroBatchTime stage_micro_batch(const PlanProblem& p, const ClusterSpec& c, con
     t.tensor_comm = (stage_layers(l, s) * per_layer + ends) *
                     ring_all_reduce_seconds(tokens * double(m.hidden_size) * e, l.tp, c.intra_node);
   }
+  if (l.cp > 1) {
+    // Ring attention: the key/value blocks of cp_ring_blocks, posted early and hidden behind the
+    // attention of the block in hand up to comm_overlap of the attention's time (causal: 2 2 H D
+    // T / 2 forward FLOPs per token). Fabrica's ring moves fp32 blocks.
+    const double kv_bytes = tokens * 2 * double(m.num_key_value_heads * m.head_dim) / kv_split(m, l.tp) * 4;
+    const LinkSpec& link = link_for(c, l.tp * l.cp);
+    const double sends = stage_layers(l, s) * cp_ring_blocks(l);
+    const double ring = sends * (link.latency + kv_bytes / link.bandwidth);
+    const double attention_flops = 2.0 * double(m.num_attention_heads * m.head_dim) * double(p.sequence_length);
+    const double attention = tokens * stage_layers(l, s) * attention_flops * layer_passes / l.tp / rate;
+    t.context_comm = std::max(0.0, ring - c.comm_overlap * attention);
+  }
   if (l.pp > 1) {
-    const LinkSpec& link = link_for(c, l.tp * l.dp * l.pp);
+    const LinkSpec& link = link_for(c, l.tp * l.cp * l.dp * l.pp);
     const double bytes = tokens * double(m.hidden_size) * e / (l.sequence_parallel ? l.tp : 1);
     t.pipeline_comm = 2.0 * l.vpp * (link.latency + bytes / link.bandwidth);  // activation out, gradient back
   }
@@ -333,34 +366,36 @@ TimeBreakdown predict_time(const PlanProblem& p, const ClusterSpec& c, const Pla
   TimeBreakdown t;
   t.compute = slowest.compute * ga;
   t.tensor_comm = slowest.tensor_comm * ga;
+  t.context_comm = slowest.context_comm * ga;
   t.pipeline_comm = slowest.pipeline_comm * ga;
   // Narayanan et al. 2021: the 1F1B bubble is (p - 1) micro-batch times, interleaving divides it by v.
   t.bubble = double(l.pp - 1) / l.vpp * slowest.total();
   // Data parallel / ZeRO, the bytes DataParallel sends (parallel/data_parallel.h).
   const StateBytesPerParameter per = state_bytes(c.device, p.bf16);
-  const LinkSpec& link = link_for(c, l.tp * l.dp);
+  const int dp = replicas(l);
+  const LinkSpec& link = link_for(c, l.tp * dp);
   const double grads = stage_params * per.gradients, weights = stage_params * per.weights;
   const double backward = slowest.compute * 2 / 3;
   double hideable = 0, exposed = 0, hide = 0;
-  if (l.dp > 1) {
+  if (dp > 1) {
     if (l.zero_stage <= 1) {
-      hideable = bucketed(grads, kBucketBytes, l.dp, link, true);  // in the last micro-batch's backward
+      hideable = bucketed(grads, kBucketBytes, dp, link, true);  // in the last micro-batch's backward
       hide = backward;
     } else if (l.zero_stage == 2) {
-      hideable = ga * bucketed(grads, kBucketBytes, l.dp, link, false);  // reduce-scatter every micro-batch
+      hideable = ga * bucketed(grads, kBucketBytes, dp, link, false);  // reduce-scatter every micro-batch
       hide = ga * backward;
     } else {
       const double unit = std::max(1.0, weights / double(m.num_hidden_layers + 2));
-      hideable = ga * (2 * bucketed(weights, unit, l.dp, link, false) + bucketed(grads, unit, l.dp, link, false));
+      hideable = ga * (2 * bucketed(weights, unit, dp, link, false) + bucketed(grads, unit, dp, link, false));
       hide = ga * slowest.compute;
     }
-    if (l.zero_stage == 1 || l.zero_stage == 2) exposed = bucketed(weights, kBucketBytes, l.dp, link, false);
+    if (l.zero_stage == 1 || l.zero_stage == 2) exposed = bucketed(weights, kBucketBytes, dp, link, false);
   }
   t.data_comm = hideable + exposed;
   t.data_comm_exposed = std::max(0.0, hideable - c.comm_overlap * hide) + exposed;
-  const double optimizer_params = l.zero_stage >= 1 ? stage_params / l.dp : stage_params;
+  const double optimizer_params = l.zero_stage >= 1 ? stage_params / dp : stage_params;
   t.optimizer = optimizer_params * kOptimizerTraffic / c.device.memory_bandwidth;
-  t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm_exposed + t.optimizer;
+  t.step = t.compute + t.tensor_comm + t.context_comm + t.pipeline_comm + t.bubble + t.data_comm_exposed + t.optimizer;
   t.bubble_fraction = t.bubble / (t.bubble + ga * slowest.total());
   const double tokens = double(p.global_batch * p.sequence_length);
   t.tokens_per_s = tokens / t.step;

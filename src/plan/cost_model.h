@@ -28,6 +28,9 @@ struct PlanLayout {
   bool sequence_parallel = false;  // on whenever tp > 1 (Megatron's advice; it only saves)
   int64_t micro_batch_size = 1, gradient_accumulation_steps = 1;
   std::vector<int64_t> chunk_layers;  // pp x vpp model chunks, as parallel_layout splits them
+  // Context parallel: each row's tokens split over cp ranks (ring attention); world = tp x cp x pp
+  // x dp, and gradients are reduced, and ZeRO shards, over dp x cp.
+  int cp = 1;
 };
 
 struct MemoryBreakdown {
@@ -46,6 +49,7 @@ struct MemoryBreakdown {
 struct TimeBreakdown {
   double compute = 0;         // the busiest stage's GEMMs and attention over all micro-batches
   double tensor_comm = 0;     // tp/sp collectives (on the critical path)
+  double context_comm = 0;    // cp's ring sends of keys and values, the part attention does not hide
   double pipeline_comm = 0;   // stage-to-stage sends
   double bubble = 0;          // pipeline fill and drain
   double data_comm = 0;       // dp/ZeRO collectives, all of them

@@ -15,6 +15,9 @@ namespace {
 
 constexpr int kMaxVirtualStages = 8;
 constexpr int64_t kMaxMicroBatch = 64;
+// Context parallel pays for its ring when rows are long: the planner leaves a rank at least this
+// many tokens of a row (a cp the run sets is searched whatever it leaves).
+constexpr int64_t kFewestContextTokens = 512;
 // parallel_layout's refusals of combinations the rules allow but Fabrica does not run yet ("... is
 // not implemented in Fabrica yet": LoRA with tp or pp, freeze with tp, preference stages with
 // either): its last checks.
@@ -54,7 +57,7 @@ class LegalityCache {
 
   const Legality& check(const PlanLayout& l) {
     const int ga_residue = l.vpp > 1 ? int(l.gradient_accumulation_steps % l.pp) : 0;
-    const auto key = std::make_tuple(l.tp, l.pp, l.vpp, l.zero_stage, ga_residue);
+    const auto key = std::make_tuple(l.tp, l.cp, l.pp, l.vpp, l.zero_stage, ga_residue);
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, evaluate(l)).first;
     return it->second;
@@ -64,6 +67,7 @@ class LegalityCache {
   Legality evaluate(const PlanLayout& l) const {
     TrainConfig c = run_;
     c.tensor_parallel_size = l.tp;
+    c.context_parallel_size = l.cp;
     c.pipeline_parallel_size = l.pp;
     c.virtual_pipeline_parallel_size = l.vpp;
     c.sequence_parallel = l.sequence_parallel;
@@ -85,7 +89,7 @@ class LegalityCache {
   const PlanProblem& problem_;
   const TrainConfig& run_;
   int devices_;
-  std::map<std::tuple<int, int, int, int, int>, Legality> cache_;
+  std::map<std::tuple<int, int, int, int, int, int>, Legality> cache_;
 };
 
 class SplitCache {
@@ -140,7 +144,7 @@ void plan_family(const PlanProblem& p, const ClusterSpec& c, const PlanConstrain
   const std::string reason = any_legal ? "needs " + gigabytes(least_memory) + " > " +
                                              gigabytes(c.device.memory_bytes) + " (" + c.device.name + ")"
                                        : illegal;
-  plan.pruned.push_back({base.tp, base.pp, base.vpp, base.zero_stage, reason});
+  plan.pruned.push_back({base.tp, base.pp, base.vpp, base.zero_stage, reason, base.cp});
 }
 
 // The tensor-parallel size alone: a node's devices and the heads (pp = 1 asks parallel_layout).
@@ -163,6 +167,7 @@ bool allowed(const std::optional<int>& fixed, int64_t value) { return !fixed || 
 
 std::string family_name(const PrunedFamily& f) {
   std::string name = format("tp={}", f.tp);
+  if (f.cp > 1) name += format(" cp={}", f.cp);
   if (f.pp > 0) name += format(" pp={}", f.pp);
   if (f.vpp > 1) name += format(" vpp={}", f.vpp);
   if (f.zero_stage >= 0) name += format(" zero={}", f.zero_stage);
@@ -172,10 +177,11 @@ std::string family_name(const PrunedFamily& f) {
 }  // namespace
 
 PlanProblem problem_from_config(const TrainConfig& c, const ModelConfig& m, int world_size) {
-  const int64_t model_parallel = c.tensor_parallel_size * c.pipeline_parallel_size;
+  const int64_t model_parallel = c.tensor_parallel_size * c.context_parallel_size * c.pipeline_parallel_size;
   FAB_USER_CHECK(model_parallel >= 1 && world_size % model_parallel == 0,
-                 "{} ranks is not a multiple of tensor_parallel_size x pipeline_parallel_size = {}", world_size,
-                 model_parallel);
+                 "{} ranks is not a multiple of tensor_parallel_size x context_parallel_size x pipeline_parallel_size "
+                 "= {}",
+                 world_size, model_parallel);
   PlanProblem p;
   p.model = m;
   p.sequence_length = std::min(c.cutoff_len, m.max_position_embeddings);
@@ -201,6 +207,7 @@ PlanConstraints plan_constraints(const TrainConfig& config) {
       }
   };
   fix({"tensor_parallel_size"}, "tensor_parallel_size", int(config.tensor_parallel_size), fixed.tp);
+  fix({"context_parallel_size"}, "context_parallel_size", int(config.context_parallel_size), fixed.cp);
   fix({"pipeline_parallel_size"}, "pipeline_parallel_size", int(config.pipeline_parallel_size), fixed.pp);
   fix({"virtual_pipeline_parallel_size"}, "virtual_pipeline_parallel_size",
       int(config.virtual_pipeline_parallel_size), fixed.vpp);
@@ -231,41 +238,56 @@ Plan make_plan(const PlanProblem& p, const ClusterSpec& c, const PlanConstraints
       plan.pruned.push_back({int(tp), 0, 1, -1, tp_problem});
       continue;
     }
-    for (int64_t pp : divisors(devices / tp, devices)) {
-      if (!allowed(fixed.pp, pp)) continue;
-      if (pp > 1 && p.model.is_moe()) {
-        plan.pruned.push_back({int(tp), int(pp), 1, -1, "pipeline parallel is not implemented for mixture-of-experts models"});
+    for (int64_t cp : divisors(devices / tp, devices)) {
+      if (!allowed(fixed.cp, cp)) continue;
+      // Shorter shares are not searched (not listed as pruned either: nothing forbids them).
+      if (cp > 1 && !fixed.cp && p.sequence_length / cp < kFewestContextTokens) continue;
+      if (cp > 1 && p.sequence_length < 2 * cp) {
+        plan.pruned.push_back({int(tp), 0, 1, -1,
+                               format("sequence {} is shorter than 2 x cp={}: each row is split into 2cp chunks",
+                                      p.sequence_length, cp),
+                               int(cp)});
         continue;
       }
-      const int dp = int(devices / (tp * pp));
-      if (p.global_batch % dp != 0) {
-        plan.pruned.push_back({int(tp), int(pp), 1, -1,
-                               format("global batch {} is not a multiple of dp={}", p.global_batch, dp)});
-        continue;
-      }
-      if (pp > p.model.num_hidden_layers) {
-        plan.pruned.push_back({int(tp), int(pp), 1, -1,
-                               format("pp={} exceeds the {} layers", pp, p.model.num_hidden_layers)});
-        continue;
-      }
-      const int max_vpp = fixed.vpp ? *fixed.vpp : pp > 1 ? kMaxVirtualStages : 1;
-      for (int vpp = 1; vpp <= max_vpp && pp * vpp <= p.model.num_hidden_layers; ++vpp) {
-        if (!allowed(fixed.vpp, vpp)) continue;
-        // One replica: every stage is ZeRO-0 (unless the run fixes one, which parallel_layout judges).
-        const int max_zero = fixed.zero_stage ? *fixed.zero_stage : dp > 1 ? 3 : 0;
-        for (int zero = 0; zero <= max_zero; ++zero) {
-          if (!allowed(fixed.zero_stage, zero)) continue;
-          PlanLayout base;
-          base.tp = int(tp);
-          base.pp = int(pp);
-          base.vpp = vpp;
-          base.dp = dp;
-          base.zero_stage = zero;
-          base.sequence_parallel = fixed.sequence_parallel.value_or(tp > 1);
-          const bool own_split = !fixed.run.pipeline_layers.empty() &&
-                                 int64_t(fixed.run.pipeline_layers.size()) == pp * vpp;
-          base.chunk_layers = own_split ? fixed.run.pipeline_layers : splits.split(int(pp) * vpp);
-          plan_family(p, c, fixed, base, legality, plan);
+      for (int64_t pp : divisors(devices / (tp * cp), devices)) {
+        if (!allowed(fixed.pp, pp)) continue;
+        if (pp > 1 && p.model.is_moe()) {
+          plan.pruned.push_back(
+              {int(tp), int(pp), 1, -1, "pipeline parallel is not implemented for mixture-of-experts models", int(cp)});
+          continue;
+        }
+        const int dp = int(devices / (tp * cp * pp));
+        if (p.global_batch % dp != 0) {
+          plan.pruned.push_back({int(tp), int(pp), 1, -1,
+                                 format("global batch {} is not a multiple of dp={}", p.global_batch, dp), int(cp)});
+          continue;
+        }
+        if (pp > p.model.num_hidden_layers) {
+          plan.pruned.push_back({int(tp), int(pp), 1, -1,
+                                 format("pp={} exceeds the {} layers", pp, p.model.num_hidden_layers), int(cp)});
+          continue;
+        }
+        const int max_vpp = fixed.vpp ? *fixed.vpp : pp > 1 ? kMaxVirtualStages : 1;
+        for (int vpp = 1; vpp <= max_vpp && pp * vpp <= p.model.num_hidden_layers; ++vpp) {
+          if (!allowed(fixed.vpp, vpp)) continue;
+          // One replica: every stage is ZeRO-0 (unless the run fixes one, which parallel_layout judges);
+          // ZeRO shards over dp x cp.
+          const int max_zero = fixed.zero_stage ? *fixed.zero_stage : dp * cp > 1 ? 3 : 0;
+          for (int zero = 0; zero <= max_zero; ++zero) {
+            if (!allowed(fixed.zero_stage, zero)) continue;
+            PlanLayout base;
+            base.tp = int(tp);
+            base.cp = int(cp);
+            base.pp = int(pp);
+            base.vpp = vpp;
+            base.dp = dp;
+            base.zero_stage = zero;
+            base.sequence_parallel = fixed.sequence_parallel.value_or(tp > 1);
+            const bool own_split = !fixed.run.pipeline_layers.empty() &&
+                                   int64_t(fixed.run.pipeline_layers.size()) == pp * vpp;
+            base.chunk_layers = own_split ? fixed.run.pipeline_layers : splits.split(int(pp) * vpp);
+            plan_family(p, c, fixed, base, legality, plan);
+          }
         }
       }
     }
@@ -286,8 +308,10 @@ const PlannedLayout* first_runnable(const Plan& plan) {
 
 std::string no_layout_reason(const Plan& plan, int devices) {
   if (!plan.layouts.empty())
-    return format("the {} layouts that fit {} devices are all ones Fabrica does not run yet (the fastest: tp={} pp={})",
-                  plan.layouts.size(), devices, plan.layouts.front().layout.tp, plan.layouts.front().layout.pp);
+    return format("the {} layouts that fit {} devices are all ones Fabrica does not run yet (the fastest: tp={} cp={} "
+                  "pp={})",
+                  plan.layouts.size(), devices, plan.layouts.front().layout.tp, plan.layouts.front().layout.cp,
+                  plan.layouts.front().layout.pp);
   std::string out = format("no layout of {} devices fits or is legal:", devices);
   constexpr size_t kShown = 6;
   for (size_t i = 0; i < std::min(kShown, plan.pruned.size()); ++i)
@@ -325,15 +349,15 @@ std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec
   }
   out += format("{} layouts evaluated in {} s, {} fit\n\n", plan.evaluated, fixed(plan.seconds, 3), plan.layouts.size());
   char line[256];
-  std::snprintf(line, sizeof line, "%3s %3s %3s %3s %4s %4s %9s %4s %5s %10s %9s %11s %6s %6s\n", "#", "tp", "pp",
-                "vpp", "dp", "zero", "recompute", "mbs", "ga", "memory", "step s", "tokens/s", "MFU", "bubble");
+  std::snprintf(line, sizeof line, "%3s %3s %3s %3s %3s %4s %4s %9s %4s %5s %10s %9s %11s %6s %6s\n", "#", "tp", "cp",
+                "pp", "vpp", "dp", "zero", "recompute", "mbs", "ga", "memory", "step s", "tokens/s", "MFU", "bubble");
   out += line;
   bool any_planned_only = false;
   for (int i = 0; i < std::min<int>(top, int(plan.layouts.size())); ++i) {
     const PlannedLayout& r = plan.layouts[size_t(i)];
     const PlanLayout& l = r.layout;
-    std::snprintf(line, sizeof line, "%3d %3d %3d %3d %4d %4d %9s %4lld %5lld %10s %9.3f %11.0f %5.1f%% %5.1f%%%s\n",
-                  i + 1, l.tp, l.pp, l.vpp, l.dp, l.zero_stage, l.recompute ? "on" : "off",
+    std::snprintf(line, sizeof line, "%3d %3d %3d %3d %3d %4d %4d %9s %4lld %5lld %10s %9.3f %11.0f %5.1f%% %5.1f%%%s\n",
+                  i + 1, l.tp, l.cp, l.pp, l.vpp, l.dp, l.zero_stage, l.recompute ? "on" : "off",
                   (long long)l.micro_batch_size, (long long)l.gradient_accumulation_steps,
                   gigabytes(r.memory.total()).c_str(), r.time.step, r.time.tokens_per_s, 100 * r.time.mfu,
                   100 * r.time.bubble_fraction, r.implemented ? "" : " *");
@@ -348,26 +372,26 @@ std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec
     const PlannedLayout& best = plan.layouts.front();
     out += "\nmemory of #1 per device: " + memory_breakdown_text(best.memory) + "\n";
     const TimeBreakdown& t = best.time;
-    out += format("time of #1 per step: compute {} s, tp comm {} s, pp comm {} s, bubble {} s, dp comm {} s ({} s "
-                  "exposed), optimizer {} s\n",
-                  fixed(t.compute, 3), fixed(t.tensor_comm, 3), fixed(t.pipeline_comm, 3), fixed(t.bubble, 3),
-                  fixed(t.data_comm, 3), fixed(t.data_comm_exposed, 3), fixed(t.optimizer, 3));
+    out += format("time of #1 per step: compute {} s, tp comm {} s, cp comm {} s (not hidden), pp comm {} s, bubble {} "
+                  "s, dp comm {} s ({} s exposed), optimizer {} s\n",
+                  fixed(t.compute, 3), fixed(t.tensor_comm, 3), fixed(t.context_comm, 3), fixed(t.pipeline_comm, 3),
+                  fixed(t.bubble, 3), fixed(t.data_comm, 3), fixed(t.data_comm_exposed, 3), fixed(t.optimizer, 3));
   } else {
     out += "no layout fits: see the pruned families below\n";
   }
   if (plan.pruned.empty()) return out;
   // The interleaved variants of a pruned (tp, pp, zero) fail for the same reason as vpp = 1 but
   // for the numbers: one line for them all.
-  std::map<std::tuple<int, int, int>, int> interleaved;  // pruned vpp > 1 variants of a pruned vpp = 1
+  std::map<std::tuple<int, int, int, int>, int> interleaved;  // pruned vpp > 1 variants of a pruned vpp = 1
   for (const PrunedFamily& f : plan.pruned)
-    if (f.vpp == 1) interleaved[std::make_tuple(f.tp, f.pp, f.zero_stage)] = 0;
+    if (f.vpp == 1) interleaved[std::make_tuple(f.tp, f.cp, f.pp, f.zero_stage)] = 0;
   for (const PrunedFamily& f : plan.pruned) {
-    auto it = interleaved.find(std::make_tuple(f.tp, f.pp, f.zero_stage));
+    auto it = interleaved.find(std::make_tuple(f.tp, f.cp, f.pp, f.zero_stage));
     if (f.vpp > 1 && it != interleaved.end()) ++it->second;
   }
   std::vector<std::string> lines;
   for (const PrunedFamily& f : plan.pruned) {
-    auto it = interleaved.find(std::make_tuple(f.tp, f.pp, f.zero_stage));
+    auto it = interleaved.find(std::make_tuple(f.tp, f.cp, f.pp, f.zero_stage));
     const bool folded = it != interleaved.end();
     if (f.vpp > 1 && folded) continue;
     const int n = folded ? it->second : 0;
@@ -386,6 +410,7 @@ nlohmann::json layout_json(const PlannedLayout& r) {
   const MemoryBreakdown& m = r.memory;
   const TimeBreakdown& t = r.time;
   return {{"tensor_parallel_size", l.tp},
+          {"context_parallel_size", l.cp},
           {"pipeline_parallel_size", l.pp},
           {"virtual_pipeline_parallel_size", l.vpp},
           {"data_parallel_size", l.dp},
@@ -411,6 +436,7 @@ nlohmann::json layout_json(const PlannedLayout& r) {
                       {"save_gathered", int64_t(m.save_gathered)}}},
           {"time", {{"compute", t.compute},
                     {"tensor_comm", t.tensor_comm},
+                    {"context_comm", t.context_comm},
                     {"pipeline_comm", t.pipeline_comm},
                     {"bubble", t.bubble},
                     {"data_comm", t.data_comm},
@@ -424,6 +450,7 @@ nlohmann::json plan_json(const Plan& plan, int top) {
   for (const PrunedFamily& f : plan.pruned)
     pruned.push_back({{"family", family_name(f)},
                       {"tensor_parallel_size", f.tp},
+                      {"context_parallel_size", f.cp},
                       {"pipeline_parallel_size", f.pp},
                       {"virtual_pipeline_parallel_size", f.vpp},
                       {"zero_stage", f.zero_stage},

@@ -21,10 +21,12 @@ struct PlannedLayout {
   bool implemented = true;
 };
 
-// A family is one (tp, pp, vpp, zero_stage); `zero_stage` -1 stands for every stage.
+// A family is one (tp, cp, pp, vpp, zero_stage); `zero_stage` -1 stands for every stage, `pp` 0
+// for every pipeline size.
 struct PrunedFamily {
   int tp = 1, pp = 1, vpp = 1, zero_stage = -1;
   std::string reason;
+  int cp = 1;
 };
 
 struct Plan {
@@ -41,7 +43,7 @@ struct Plan {
 // set are kept as given: only layouts with these sizes are searched.
 struct PlanConstraints {
   TrainConfig run;
-  std::optional<int> tp, pp, vpp, zero_stage;
+  std::optional<int> tp, cp, pp, vpp, zero_stage;
   std::optional<bool> recompute, sequence_parallel;
   std::optional<int64_t> micro_batch_size;
   std::vector<std::string> keys;  // "tensor_parallel_size=2", ...: what fixed them, for messages
@@ -53,12 +55,14 @@ PlanConstraints plan_constraints(const TrainConfig& config);
 
 // The problem a training YAML describes: config.json at model_name_or_path, cutoff_len (capped at
 // max_position_embeddings), the global batch per_device_train_batch_size x
-// gradient_accumulation_steps x its data-parallel size at `world_size` ranks, bf16.
+// gradient_accumulation_steps x its data-parallel size at `world_size` ranks (world / (tp x cp x
+// pp)), bf16.
 PlanProblem problem_from_config(const TrainConfig& config, const ModelConfig& model, int world_size);
 
 // Enumerates tp (dividing the devices, within a node, dividing the heads as parallel_layout
-// requires), pp (up to the layers, split by balanced_layer_split), vpp, ZeRO stage, recompute and
-// the micro-batch sizes that divide global batch / dp; legality is parallel_layout's.
+// requires), cp (rows of at least 2 cp tokens), pp (up to the layers, split by
+// balanced_layer_split), vpp, ZeRO stage, recompute and the micro-batch sizes that divide global
+// batch / dp; legality is parallel_layout's.
 Plan make_plan(const PlanProblem& problem, const ClusterSpec& cluster, const PlanConstraints& constraints = {});
 
 // The fastest fitting layout that Fabrica runs (nullptr when there is none).
