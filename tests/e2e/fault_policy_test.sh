@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What a run does when its numbers blow up, and when time passes without a save:
-#  - nan_policy stop (the default): learning_rate 1e6 makes the loss non-finite; the run exits
-#    with code 2 at that step, naming it and the rank, and saves nothing: the last checkpoint and
-#    the model in the output folder stay byte for byte as they were.
+#  - nan_policy stop (the default): learning_rate 1e15 makes the loss non-finite (weights of ~1e15
+#    overflow the forward; at 1e6 it stays finite, as PyTorch's does); the run exits with code 2
+#    at that step, naming it and the rank, and saves nothing: the last checkpoint and the model in
+#    the output folder stay byte for byte as they were.
 #  - nan_policy skip: each non-finite step is skipped and counted in metrics.jsonl (skipped_steps)
 #    until more than max_skipped_steps were, then the run stops.
 #  - save_every_minutes: a checkpoint at the end of each step once that much time has passed.
@@ -24,7 +25,7 @@ YAML
 sums() { (cd out && find . -type f ! -name '*.log' ! -name metrics.jsonl ! -name train_config.yaml | sort | xargs sha256sum); }
 before=$(sums)
 
-blow_up="max_steps=10 resume_from_checkpoint=true learning_rate=1e6 lr_scheduler_type=constant"
+blow_up="max_steps=10 resume_from_checkpoint=true learning_rate=1e15 lr_scheduler_type=constant"
 rc=0
 "$fabrica" train run.yaml output_dir=out $blow_up >stop.log 2>&1 || rc=$?
 [ "$rc" -eq 2 ] || { tail -20 stop.log; fail "nan_policy stop: exit $rc, expected 2"; }
