@@ -11,7 +11,7 @@ namespace {
 
 // 12 independent chains: enough to cover the FMA latency (4 cycles) on two FMA ports.
 constexpr int kChains = 12;
-constexpr long kIterations = 4'000'000;
+constexpr long kIterations = 500'000;  // a round: 6M multiply-adds a thread, ~2.5 ms
 
 // flops_<isa>: kChains chains of acc = acc * a + b (or acc += a . b over bf16 pairs) for
 // kIterations, in the ISA's vectors; returns the FLOPs done (2 per multiply-add). The sum goes

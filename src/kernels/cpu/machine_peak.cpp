@@ -61,7 +61,9 @@ MachinePeak machine_peak(int threads) {
   if (const double gflops = peak_gflops_from_environment(); gflops > 0)
     return {gflops, gflops, threads, isa, "both set by FAB_PEAK_GFLOPS", "FAB_PEAK_GFLOPS (GFLOP/s per process)"};
   const std::string path = fabrica_cache_dir() + "/machine_peak.json";
-  const std::string key = cpu_model_name() + " | " + isa + " | " + std::to_string(threads) + " threads";
+  // "probe 2": rounds of a few ms (fma_peak.h); entries of the first probe (20 ms rounds, which read
+  // half a core on a loaded host) are measured again.
+  const std::string key = cpu_model_name() + " | " + isa + " | " + std::to_string(threads) + " threads | probe 2";
   nlohmann::json cache = read_cache(path);
   if (const auto it = cache.find(key); it != cache.end() && it->is_object()) {
     // A field of another type (a hand-edited file) counts as missing: measured again, not thrown.
