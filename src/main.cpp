@@ -175,7 +175,7 @@ int run_env() {
   if (__builtin_cpu_supports("avx512bf16")) std::cout << " avx512bf16";
   std::cout << "\nopenmp threads: " << omp_get_max_threads() << "\n";
   std::cout << "gemm: " << fab::cpu::onednn_description() << "\n";
-  std::cout << "bf16 gemm: " << fab::cpu::bf16_gemm_description() << "\n";
+  std::cout << "bf16 gemm: " << fab::cpu::bf16_gemm_path().why << "\n";
   const fab::MachinePeak peak = fab::machine_peak(omp_get_max_threads());
   std::printf("peak (MFU's denominator): %.1f GFLOP/s fp32, %.1f GFLOP/s bf16 on %d threads (%s); %s\n",
               peak.fp32_gflops, peak.bf16_gflops, peak.threads, peak.bf16_basis.c_str(), peak.source.c_str());

@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "kernels/cpu/matmul_onednn.h"
 #include "kernels/kernel_table.h"
 #include "test_util.h"
 
@@ -374,8 +375,9 @@ TEST_P(Ops, MatmulAllTranspositionsAndAccumulate) {
 }
 
 // bf16 GEMM: inputs in bf16, products accumulated in fp32, output fp32, in all four layouts, on
-// whichever path this CPU takes (oneDNN's bf16 matmul, or widening to f32 where oneDNN has none:
-// ONEDNN_MAX_CPU_ISA=AVX2 forces that one). Large enough that the widening runs on every thread.
+// both paths where this CPU has both (oneDNN's bf16 matmul, and widening to f32, the only one
+// where oneDNN has no bf16 matmul: ONEDNN_MAX_CPU_ISA=AVX2). Large enough that the widening runs
+// on every thread.
 TEST_P(Ops, Bf16MatmulAccumulatesRoundedInputsInFp32) {
   const int64_t m = 300, n = 70, kk = 256;
   Floats a = random_floats(m * kk, 7), b = random_floats(kk * n, 8);
@@ -394,20 +396,26 @@ TEST_P(Ops, Bf16MatmulAccumulatesRoundedInputsInFp32) {
     for (int64_t p = 0; p < kk; ++p) at16[size_t(p * m + i)] = a16[size_t(i * kk + p)];
   for (int64_t p = 0; p < kk; ++p)
     for (int64_t j = 0; j < n; ++j) bt16[size_t(j * kk + p)] = b16[size_t(p * n + j)];
-  for (int ta = 0; ta < 2; ++ta)
-    for (int tb = 0; tb < 2; ++tb) {
-      Floats c(size_t(m * n), 1.0f);
-      MatmulArgs args;
-      args.a = ta ? at16.data() : a16.data();
-      args.b = tb ? bt16.data() : b16.data();
-      args.c = c.data();
-      args.m = m, args.n = n, args.k = kk;
-      args.trans_a = ta, args.trans_b = tb, args.accumulate = true;
-      args.dtype = DType::bf16;
-      k_->matmul(args);
-      for (float& x : c) x -= 1.0f;
-      expect_close(c, expected, 1e-5, "bf16 matmul trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb));
-    }
+  const std::string isa = cpu::onednn_isa();
+  std::vector<std::string> paths = {"widened"};
+  if (isa == "avx512_core_bf16" || isa == "avx512_core_amx") paths.push_back("native");
+  for (const std::string& path : paths)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        ::setenv("FAB_BF16_GEMM", path.c_str(), 1);
+        Floats c(size_t(m * n), 1.0f);
+        MatmulArgs args;
+        args.a = ta ? at16.data() : a16.data();
+        args.b = tb ? bt16.data() : b16.data();
+        args.c = c.data();
+        args.m = m, args.n = n, args.k = kk;
+        args.trans_a = ta, args.trans_b = tb, args.accumulate = true;
+        args.dtype = DType::bf16;
+        k_->matmul(args);
+        ::unsetenv("FAB_BF16_GEMM");
+        for (float& x : c) x -= 1.0f;
+        expect_close(c, expected, 1e-5, path + " bf16 matmul trans_a=" + std::to_string(ta) + " trans_b=" + std::to_string(tb));
+      }
 }
 
 TEST_P(Ops, AdamWMatchesTorchFormula) {

@@ -27,14 +27,15 @@ MachinePeak measure(const std::string& isa, int threads) {
   p.isa = isa;
   const bool avx512 = isa.rfind("avx512", 0) == 0;
   p.fp32_gflops = cpu::measured_fma_peak_gflops(avx512, threads);
-  if (isa == "avx512_core_amx") {
-    p.bf16_gflops = 16 * p.fp32_gflops;
-    p.bf16_basis = "AMX: 16x the AVX-512 fp32 FMA peak (512 bf16 multiply-adds a cycle against 32), not measured";
-  } else if (isa == "avx512_core_bf16" && (p.bf16_gflops = cpu::measured_bf16_dot_peak_gflops(threads)) > 0) {
-    p.bf16_basis = "AVX512-BF16 dot products (vdpbf16ps), measured";
-  } else {
+  if (!cpu::bf16_gemm_path().native) {
     p.bf16_gflops = p.fp32_gflops;
     p.bf16_basis = "bf16 GEMMs are computed in fp32 on " + isa + ": the fp32 peak";
+  } else if (isa == "avx512_core_amx") {
+    p.bf16_gflops = 16 * p.fp32_gflops;
+    p.bf16_basis = "AMX: 16x the AVX-512 fp32 FMA peak (512 bf16 multiply-adds a cycle against 32), not measured";
+  } else {
+    p.bf16_gflops = cpu::measured_bf16_dot_peak_gflops(threads);
+    p.bf16_basis = "AVX512-BF16 dot products (vdpbf16ps), measured";
   }
   return p;
 }
@@ -63,7 +64,8 @@ MachinePeak machine_peak(int threads) {
   const std::string path = fabrica_cache_dir() + "/machine_peak.json";
   // "probe 2": rounds of a few ms (fma_peak.h); entries of the first probe (20 ms rounds, which read
   // half a core on a loaded host) are measured again.
-  const std::string key = cpu_model_name() + " | " + isa + " | " + std::to_string(threads) + " threads | probe 2";
+  const std::string key = cpu_model_name() + " | " + isa + " | " + std::to_string(threads) + " threads | probe 2" +
+                          (cpu::bf16_gemm_path().native ? "" : " | bf16 widened");
   nlohmann::json cache = read_cache(path);
   if (const auto it = cache.find(key); it != cache.end() && it->is_object()) {
     // A field of another type (a hand-edited file) counts as missing: measured again, not thrown.

@@ -3,10 +3,11 @@
 // GEMMs do nearly all of a step's FLOPs, so the peak is that of the instruction set oneDNN's
 // GEMMs run in (ONEDNN_MAX_CPU_ISA caps it):
 //  * fp32: the FMA probe (kernels/cpu/fma_peak.h) in AVX-512 or AVX2 vectors;
-//  * bf16 with AVX512-BF16 and no AMX: the vdpbf16ps probe (twice fp32 on such a core);
+//  * bf16 with AVX512-BF16 and no AMX: the vdpbf16ps probe (twice fp32 on an AMD Zen 4/5 core);
 //  * bf16 on AMX: 16x the AVX-512 fp32 peak (a tile multiply does 512 bf16 multiply-adds a cycle
 //    where AVX-512 does 32 fp32 ones); not measured;
-//  * bf16 elsewhere (AVX2, AVX-512 without BF16): bf16 GEMMs are computed in fp32, so the fp32 peak.
+//  * bf16 where its GEMMs are widened to fp32 (AVX2, AVX-512 without BF16, and AVX512-BF16 whose
+//    vdpbf16ps is slower than the FMA: cpu::bf16_gemm_path()): the fp32 peak.
 // FAB_PEAK_GFLOPS (GFLOP/s per process) overrides both.
 #include <string>
 

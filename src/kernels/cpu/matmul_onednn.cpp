@@ -2,10 +2,17 @@
 // have it; oneDNN picks the ISA itself). Matmul primitives are created once per shape and cached:
 // creation costs far more than a small GEMM.
 //
-// bf16 on CPUs where oneDNN has no bf16 matmul (oneDNN 2.6 needs AVX-512; plain AVX2 machines such
-// as AMD Zen 3 have none): probed once, on the first bf16 GEMM. There the bf16 operands are widened
-// to f32 in scratch (exact: a bf16 is the top half of a float) and the f32 primitive runs, so the
-// numerics are those of the native path: inputs rounded to bf16, products accumulated in fp32.
+// bf16 GEMMs take one of two paths, chosen once, on the first bf16 GEMM (bf16_gemm_path()):
+//  * native: oneDNN's bf16 matmul, where it is faster than fp32: AMX, or AVX512-BF16 whose
+//    vdpbf16ps does twice the fp32 FMA's work a cycle (AMD Zen 4/5);
+//  * widened: the bf16 operands widened to f32 in scratch (exact: a bf16 is the top half of a
+//    float) and the f32 primitive, so the numerics are those of the native path (inputs rounded
+//    to bf16, products accumulated in fp32). Taken where oneDNN has no bf16 matmul (oneDNN 2.6
+//    needs AVX-512; plain AVX2 machines such as AMD Zen 3 have none), and where the bf16 dot
+//    product is slower than the fp32 FMA: on a Sapphire Rapids VM without AMX, vdpbf16ps measured
+//    87 GFLOP/s a core against the FMA's 178, and oneDNN's bf16 matmul ran the bench step at 0.64x
+//    its fp32 one.
+//  FAB_BF16_GEMM=native|widened overrides the choice (read on every bf16 GEMM, so a test can run both).
 //
 // Measured on the training shapes (2 Sapphire Rapids cores, best of 30, cache-hot):
 //  * Every f32 GEMM uses the matmul primitive. dnnl_sgemm was 7-19% faster on the forward shapes.
@@ -24,6 +31,8 @@
 #include "kernels/cpu/matmul_onednn.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -33,6 +42,7 @@
 
 #include "core/error.h"
 #include "core/profiler.h"
+#include "kernels/cpu/fma_peak.h"
 
 namespace fab::cpu {
 namespace {
@@ -183,7 +193,7 @@ void run_primitive(const MatmulArgs& x, OneDnn& dnn) {
 void matmul(const MatmulArgs& x) {
   if (x.m == 0 || x.n == 0) return;
   OneDnn& dnn = onednn();
-  const bool widen_bf16 = x.dtype == DType::bf16 && !onednn_has_bf16_matmul();
+  const bool widen_bf16 = x.dtype == DType::bf16 && !bf16_gemm_path().native;
   std::lock_guard lock(dnn.mutex);
   try {
     if (!widen_bf16) return run_primitive(x, dnn);
@@ -204,10 +214,30 @@ void matmul(const MatmulArgs& x) {
   }
 }
 
-std::string bf16_gemm_description() {
-  return onednn_has_bf16_matmul() ? "oneDNN bf16 matmul"
-                                  : "bf16 operands widened to f32, oneDNN f32 matmul (this oneDNN has no bf16 "
-                                    "matmul for the CPU)";
+const Bf16GemmPath& measured_bf16_gemm_path() {
+  static const Bf16GemmPath path = []() -> Bf16GemmPath {
+    if (!onednn_has_bf16_matmul())
+      return {false, "bf16 operands widened to f32, oneDNN f32 matmul (this oneDNN has no bf16 matmul for the CPU)"};
+    if (onednn_isa() != "avx512_core_bf16") return {true, "oneDNN bf16 matmul (" + onednn_isa() + ")"};
+    // One thread each, best of a few ~2.5 ms rounds: the ratio is what decides.
+    const double dot = measured_bf16_dot_peak_gflops(1, 6), fma = measured_fma_peak_gflops(true, 1, 6);
+    const std::string rates = format("vdpbf16ps {} GFLOP/s a core, fp32 FMA {}", std::lround(dot), std::lround(fma));
+    if (dot > fma) return {true, "oneDNN bf16 matmul (avx512_core_bf16: " + rates + ")"};
+    return {false, "bf16 operands widened to f32, oneDNN f32 matmul (the bf16 dot product is the slower here: " +
+                       rates + ")"};
+  }();
+  return path;
+}
+
+Bf16GemmPath bf16_gemm_path() {
+  const char* forced = std::getenv("FAB_BF16_GEMM");
+  if (!forced || !*forced) return measured_bf16_gemm_path();
+  const std::string_view choice = forced;
+  FAB_USER_CHECK(choice == "native" || choice == "widened", "FAB_BF16_GEMM={}: expected native or widened", choice);
+  if (choice == "widened") return {false, "bf16 operands widened to f32, oneDNN f32 matmul (FAB_BF16_GEMM=widened)"};
+  FAB_USER_CHECK(onednn_has_bf16_matmul(), "FAB_BF16_GEMM=native, but this oneDNN has no bf16 matmul for the CPU ({})",
+                 onednn_isa());
+  return {true, "oneDNN bf16 matmul (FAB_BF16_GEMM=native)"};
 }
 
 std::string onednn_isa() {
