@@ -117,17 +117,9 @@ void DecoderModel::check_moe_support() const {
                  what, tp_size());
   FAB_USER_CHECK(is_whole(), "{}: pipeline_parallel_size > 1 is not implemented for mixture-of-experts models yet",
                  what);
-  FAB_USER_CHECK(!options_.lora.enabled(),
-                 "{}: finetuning_type lora is not implemented for mixture-of-experts models yet (use full)", what);
-  FAB_USER_CHECK(!options_.trainable,
-                 "{}: finetuning_type freeze (or frozen parameters) is not implemented for mixture-of-experts models "
-                 "yet (use full)",
-                 what);
   FAB_USER_CHECK(options_.device.is_host(),
                  "{}: device {} is not implemented for mixture-of-experts models yet (use device: cpu)", what,
                  options_.device.str());
-  FAB_USER_CHECK(options_.precision == Precision::fp32,
-                 "{}: bf16 is not implemented for mixture-of-experts models yet (set bf16: false)", what);
 }
 
 void DecoderModel::check_device_support() const {

@@ -243,6 +243,7 @@ class DecoderModel {
   void add_adapters(const std::string& prefix, int64_t in, const std::vector<std::pair<std::string, int64_t>>& outs,
                     const std::vector<std::string>& targets);
   void add_vision_adapters(const std::string& block);  // model.visual.blocks.i.
+  void add_layer_adapters(int64_t layer);               // after the layer's last base parameter
   void check_lora_targets() const;
   LoraPass lora_pass(GemmKind gemm) const;  // this pass's scaling, dropout and masks' seed
   ParamBuffer& buffer_of(const std::string& name);

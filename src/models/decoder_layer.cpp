@@ -34,9 +34,10 @@ Var DenseMlp::forward(Tape& tape, const LayerContext& ctx, const Var& h) const {
 
 Var MoeMlp::forward(Tape& tape, const LayerContext& ctx, const Var& h) const {
   const Var logits = linear(tape, h, router);
-  Var out = moe_experts(tape, h, logits, gate_up, down, shape, ctx.router_loss, ctx.experts);
+  Var out = moe_experts(tape, h, logits, experts, shape, ctx.router_loss, ctx.experts);
   if (!shared_expert) return out;
-  const Var shared = sigmoid_gate(tape, linear(tape, h, shared_expert_gate), shared_expert->forward(tape, ctx, h));
+  const Var gate = project(tape, ctx, h, shared_expert_gate, shared_expert_gate_lora, Split::column);
+  const Var shared = sigmoid_gate(tape, gate, shared_expert->forward(tape, ctx, h));
   return add(tape, out, shared);
 }
 

@@ -114,13 +114,16 @@ class DenseMlp final : public MlpBlock {
 class MoeMlp final : public MlpBlock {
  public:
   Var forward(Tape& tape, const LayerContext& ctx, const Var& h) const override;
-  bool has_adapters() const override { return false; }
+  bool has_adapters() const override {
+    return (shared_expert && shared_expert->has_adapters()) || !shared_expert_gate_lora.empty();
+  }
 
   Linear router;       // (E, C)
-  Var gate_up, down;   // every expert's, packed: (E * 2I, C) and (E * C, I) elements
+  ExpertWeights experts;  // every expert's, packed: (E * 2I, C) and (E * C, I) elements
   MoeShape shape;
   std::unique_ptr<DenseMlp> shared_expert;  // qwen2_moe; null otherwise
   Linear shared_expert_gate;                // (1, C)
+  std::vector<LoraBranch> shared_expert_gate_lora;
 };
 
 struct DecoderLayer {

@@ -32,7 +32,9 @@ void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int 
   const bool trainable = !options_.trainable || options_.trainable(name) || name.rfind("v_head.", 0) == 0;
   if (!trainable) {
     FAB_CHECK(tp_size() == 1, "frozen parameter {} under tensor parallel", name);
-    const bool matrix = full_shape.size() == 2 && name != "model.embed_tokens.weight";
+    // Matrices (and fused experts' (E, out, in) blocks) only feed GEMMs: bf16 is all they need.
+    // Not a mixture-of-experts router's (…gate.weight), which routes in fp32.
+    const bool matrix = full_shape.size() >= 2 && name != "model.embed_tokens.weight" && !name.ends_with(".gate.weight");
     (matrix && options_.precision == Precision::bf16 ? frozen_bf16_ : frozen_).add(name, std::move(full_shape), packed);
     return;
   }
@@ -84,6 +86,7 @@ struct ParamSpec {
   bool packed_after_previous = false;  // fused with the previous one (q/k/v, gate/up)
   bool starts_unit = false;
   int replicas = 1;
+  int64_t ends_layer = -1;  // the decoder layer whose last base parameter this is (its adapters follow)
 };
 
 // A mixture-of-experts layer's tensors, whole on every rank: the router, every expert's gate and
@@ -118,10 +121,14 @@ void add_layer_specs(const ModelConfig& c, int64_t i, int kv_replicas, std::vect
   }
   out.push_back({p + "self_attn.o_proj.weight", {C, c.num_attention_heads * D}, 1});
   out.push_back({p + "post_attention_layernorm.weight", {C}, -1});
-  if (c.is_moe_layer(i)) return add_moe_specs(moe_layer_names(c, i), out);
-  out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, C}, 0});
-  out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, C}, 0, true});
-  out.push_back({p + "mlp.down_proj.weight", {C, c.intermediate_size}, 1});
+  if (c.is_moe_layer(i)) {
+    add_moe_specs(moe_layer_names(c, i), out);
+  } else {
+    out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, C}, 0});
+    out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, C}, 0, true});
+    out.push_back({p + "mlp.down_proj.weight", {C, c.intermediate_size}, 1});
+  }
+  out.back().ends_layer = i;
 }
 
 // The parameters a stage holds, in buffer order: embedding, its chunks' layers, final norm and
@@ -153,7 +160,7 @@ std::vector<ParamSpec> parameter_specs(const ModelConfig& c, const PipelineStage
 
 void DecoderModel::register_parameters() {
   const ModelConfig& c = config_;
-  const int64_t C = c.hidden_size, D = c.head_dim, tp = tp_size();
+  const int64_t tp = tp_size();
   const int64_t H = c.num_attention_heads, KV = c.num_key_value_heads, I = c.intermediate_size;
   FAB_USER_CHECK(H % tp == 0 && (KV % tp == 0 || tp % KV == 0) && I % tp == 0,
                  "tensor_parallel_size {} must divide num_attention_heads {} and intermediate_size {}, and divide "
@@ -178,24 +185,39 @@ void DecoderModel::register_parameters() {
   const std::vector<ParamSpec> specs = parameter_specs(c, stage_, options_.value_head, kv_replicas_);
   num_units_ = int(std::count_if(specs.begin(), specs.end(), [](const ParamSpec& p) { return p.starts_unit; }));
   registering_unit_ = -1;
-  const std::string layer_end = "mlp.down_proj.weight";  // a layer's last base parameter: its adapters follow
   for (const ParamSpec& p : specs) {
     if (p.starts_unit) ++registering_unit_;
     add_parameter(p.name, p.shape, p.split_dim, p.packed_after_previous, p.replicas);
     // The embedding and the head hold the same vocabulary slice (a last stage may hold only the head).
     const bool vocabulary = p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight";
     if (vocabulary && tp > 1) vocab_begin_ = shards_.back().begin;
-    const bool ends_layer = !is_vision_parameter(p.name) && ends_with(p.name, layer_end);
     if (options_.lora.enabled() && c.vision && is_vision_parameter(p.name) &&
         ends_with(p.name, vision_block_end(*c.vision)))
       add_vision_adapters(p.name.substr(0, p.name.size() - vision_block_end(*c.vision).size()));
-    if (!ends_layer || !options_.lora.enabled()) continue;
-    const std::string prefix = p.name.substr(0, p.name.size() - layer_end.size());
-    const std::vector<std::string>& t = options_.lora.targets;
-    add_adapters(prefix + "self_attn.", C, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}}, t);
-    add_adapters(prefix + "self_attn.", H * D, {{"o_proj", C}}, t);
-    add_adapters(prefix + "mlp.", C, {{"gate_proj", I}, {"up_proj", I}}, t);
-    add_adapters(prefix + "mlp.", I, {{"down_proj", C}}, t);
+    if (p.ends_layer >= 0 && options_.lora.enabled()) add_layer_adapters(p.ends_layer);
+  }
+}
+
+// A decoder layer's adapters, on the linears it has that lora.targets name (LLaMA-Factory's
+// lora_target all: every nn.Linear of the model by its own name). A mixture-of-experts layer has
+// attention's and, in qwen2_moe, the shared expert's projections and its shared_expert_gate; its
+// experts (transformers 5's 3-D parameters) and router are not linears and stay frozen.
+void DecoderModel::add_layer_adapters(int64_t i) {
+  const ModelConfig& c = config_;
+  const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, KV = c.num_key_value_heads;
+  const std::string p = layer_prefix(i);
+  const std::vector<std::string>& t = options_.lora.targets;
+  add_adapters(p + "self_attn.", C, {{"q_proj", H * D}, {"k_proj", KV * D}, {"v_proj", KV * D}}, t);
+  add_adapters(p + "self_attn.", H * D, {{"o_proj", C}}, t);
+  if (!c.is_moe_layer(i)) {
+    const int64_t I = c.intermediate_size;
+    add_adapters(p + "mlp.", C, {{"gate_proj", I}, {"up_proj", I}}, t);
+    add_adapters(p + "mlp.", I, {{"down_proj", C}}, t);
+  } else if (moe_layer_names(c, i).has_shared_expert()) {
+    const int64_t S = c.moe.shared_expert_intermediate_size;
+    add_adapters(p + "mlp.shared_expert.", C, {{"gate_proj", S}, {"up_proj", S}}, t);
+    add_adapters(p + "mlp.shared_expert.", S, {{"down_proj", C}}, t);
+    add_adapters(p + "mlp.", C, {{"shared_expert_gate", 1}}, t);
   }
 }
 
@@ -209,7 +231,7 @@ void DecoderModel::check_lora_targets() const {
   for (const std::string& t : lora.targets)
     FAB_USER_CHECK(std::find(language.begin(), language.end(), t) != language.end(),
                    "lora_target {} is not a projection of {}'s language model (q_proj, k_proj, v_proj, o_proj, "
-                   "gate_proj, up_proj, down_proj)", t, config_.model_type);
+                   "gate_proj, up_proj, down_proj, shared_expert_gate)", t, config_.model_type);
 }
 
 // A tower block's adapters after its last parameter: attn.qkv, attn.proj, then fc1 / fc2
@@ -361,15 +383,22 @@ std::unique_ptr<MlpBlock> DecoderModel::make_moe_mlp(int64_t i) const {
   };
   auto mlp = std::make_unique<MoeMlp>();
   mlp->router = make_linear({n.router.name}, {});
-  mlp->gate_up = buffer_of(n.gate_up[0].name).fused(names(n.gate_up));
-  mlp->down = buffer_of(n.down[0].name).fused(names(n.down));
+  mlp->router.weight_bf16 = Tensor();  // the router in fp32 in bf16 mode too (Megatron's moe_router_dtype fp32)
+  const ParamBuffer &gate_up = buffer_of(n.gate_up[0].name), &down = buffer_of(n.down[0].name);
+  mlp->experts = {gate_up.fused(names(n.gate_up)), down.fused(names(n.down)), gate_up.bf16_fused(names(n.gate_up)),
+                  down.bf16_fused(names(n.down))};
   mlp->shape = {m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.norm_topk_prob};
   if (n.has_shared_expert()) {
+    const std::string p = layer_prefix(i);
+    const int64_t S = m.shared_expert_intermediate_size;
     mlp->shared_expert = std::make_unique<DenseMlp>();
     mlp->shared_expert->gate_up = make_linear(names(n.shared_gate_up), {});
     mlp->shared_expert->down = make_linear({n.shared_down.name}, {});
-    mlp->shared_expert->intermediate = m.shared_expert_intermediate_size;
+    mlp->shared_expert->intermediate = S;
+    mlp->shared_expert->gate_up_lora = adapters_of(p + "mlp.shared_expert.", {{"gate_proj", S}, {"up_proj", S}});
+    mlp->shared_expert->down_lora = adapters_of(p + "mlp.shared_expert.", {{"down_proj", config_.hidden_size}});
     mlp->shared_expert_gate = make_linear({n.shared_expert_gate.name}, {});
+    mlp->shared_expert_gate_lora = adapters_of(p + "mlp.", {{"shared_expert_gate", 1}});
   }
   return mlp;
 }

@@ -36,8 +36,8 @@ float LoraOptions::scaling() const {
 }
 
 const std::vector<std::string>& lora_projection_names() {
-  static const std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj"};
+  static const std::vector<std::string> names = {"q_proj",  "k_proj",    "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj", "shared_expert_gate"};
   return names;
 }
 

@@ -31,7 +31,8 @@ struct LoraOptions {
   float scaling() const;
 };
 
-// The projection names LoRA may adapt in this decoder, in layer order.
+// The projection names LoRA may adapt in a decoder layer, in layer order (shared_expert_gate:
+// qwen2_moe's; a mixture-of-experts layer's gate/up/down are its shared expert's).
 const std::vector<std::string>& lora_projection_names();
 
 // The linears of a vision tower block LoRA may adapt: qkv and proj, then qwen2_vl's fc1 / fc2 or

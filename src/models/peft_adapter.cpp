@@ -43,12 +43,19 @@ std::string vlm_module(const std::string& part, int64_t index, const std::string
   return part + std::to_string(index) + "." + (attention ? (tower ? "attn." : "self_attn.") : "mlp.") + name;
 }
 
-// target_modules: the projection names; for a vision-language model every adapted module's full
-// name, as LLaMA-Factory hands PEFT its patch_target_modules list.
+// target_modules: the projection names the model has adapters on (lora_target all names
+// shared_expert_gate, which only qwen2_moe has); for a vision-language model every adapted
+// module's full name, as LLaMA-Factory hands PEFT its patch_target_modules list.
 std::vector<std::string> target_modules(const DecoderModel& model) {
   const LoraOptions& lora = model.lora();
   const ModelConfig& c = model.config();
-  std::vector<std::string> out = lora.targets;
+  std::vector<std::string> out;
+  for (const std::string& t : lora.targets)
+    for (const ParamInfo& p : model.params().params())
+      if (p.name.ends_with("." + t + ".lora_A.weight")) {
+        out.push_back(t);
+        break;
+      }
   if (c.vision) {
     out.clear();
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
@@ -97,6 +104,45 @@ void require_plain(const nlohmann::json& j, const std::string& file, const char*
   const nlohmann::json& v = j[field];
   const bool empty = (v.is_object() || v.is_array()) && v.empty();
   FAB_USER_CHECK(v == plain || empty, "{}: {} {} is not supported (expected {})", file, field, v.dump(), plain.dump());
+}
+
+// The modules LoRA may adapt in layers (blocks) [0, 128): what a rank_pattern key may not name.
+const std::vector<std::string>& adaptable_modules() {
+  static const std::vector<std::string> modules = [] {
+    std::vector<std::string> out;
+    for (int i = 0; i < 128; ++i) {
+      for (const char* layer : {"model.layers.", "model.language_model.layers."})
+        for (const char* inner : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.shared_expert.gate_proj",
+                                  "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj", "mlp.shared_expert_gate"})
+          out.push_back(layer + std::to_string(i) + "." + inner);
+      for (const char* inner : {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.gate_proj", "mlp.up_proj",
+                                "mlp.down_proj"})
+        out.push_back("model.visual.blocks." + std::to_string(i) + "." + inner);
+    }
+    return out;
+  }();
+  return modules;
+}
+
+// rank_pattern / alpha_pattern (a per-module rank or alpha) is refused where a key matches a
+// module Fabrica adapts, as PEFT matches it (the key after a dot, or the whole name, to the end);
+// keys for other modules are ignored: peft 0.21 writes {".*\\.gate_up_proj": 2r} for the fused
+// experts of qwen3_moe, which Fabrica does not adapt (target_parameters is refused).
+void require_no_pattern_on_adapted_modules(const nlohmann::json& j, const std::string& file, const char* field) {
+  if (!j.contains(field) || j[field].is_null()) return;
+  FAB_USER_CHECK(j[field].is_object(), "{}: {} must be an object, got {}", file, field, j[field].dump());
+  for (const auto& [key, value] : j[field].items()) {
+    bool used = true;
+    try {
+      const std::regex pattern("(.*\\.)?(" + key + ")");
+      used = std::any_of(adaptable_modules().begin(), adaptable_modules().end(),
+                         [&](const std::string& m) { return std::regex_match(m, pattern); });
+    } catch (const std::regex_error&) {
+    }
+    FAB_USER_CHECK(!used, "{}: {} {} is not supported (a per-module {} on {}: expected none)", file, field,
+                   j[field].dump(), field, key);
+  }
 }
 
 std::vector<std::string> string_list(const nlohmann::json& j, const std::string& file, const char* field) {
@@ -152,7 +198,8 @@ void read_target_modules(const std::vector<std::string>& modules, const std::str
       }
     }
     FAB_USER_CHECK(found, "{}: target module \"{}\" is not a projection of this decoder (q_proj, k_proj, v_proj, "
-                   "o_proj, gate_proj, up_proj, down_proj) or a vision tower block's linear (qkv, proj, fc1, fc2, "
+                   "o_proj, gate_proj, up_proj, down_proj, shared_expert_gate) or a vision tower block's linear (qkv, "
+                   "proj, fc1, fc2, "
                    "gate_proj, up_proj, down_proj)", file, m);
   }
 }
@@ -198,8 +245,9 @@ LoraOptions read_adapter_config(const std::string& dir, std::string* base_model)
   require_plain(j, file, "bias", "none");
   require_plain(j, file, "fan_in_fan_out", false);
   require_plain(j, file, "lora_bias", false);
-  require_plain(j, file, "rank_pattern", nlohmann::json::object());
-  require_plain(j, file, "alpha_pattern", nlohmann::json::object());
+  require_plain(j, file, "target_parameters", nlohmann::json::array());  // LoRA inside the experts' 3-D weights
+  require_no_pattern_on_adapted_modules(j, file, "rank_pattern");
+  require_no_pattern_on_adapted_modules(j, file, "alpha_pattern");
   require_plain(j, file, "layers_to_transform", nullptr);
   if (base_model) *base_model = j.value("base_model_name_or_path", "");
   return o;

@@ -78,19 +78,37 @@ Routing route(const float* logits, int64_t n, const MoeShape& s) {
   return r;
 }
 
+// Row `row` of a (rows, width) matrix held in t (f32 or bf16).
+const void* row_at(const Tensor& t, int64_t row, int64_t width) {
+  return static_cast<const char*>(t.raw()) + size_t(row * width) * dtype_size(t.dtype());
+}
+
+// The GEMM operands of a pass: fp32 tensors as they are, or their bf16 copies in bf16 mode.
+Tensor gemm_input(const Tensor& x, bool bf16) { return bf16 ? to_bf16(x, MemoryCategory::activations) : x; }
+
 // Per local expert l over its packed rows [first_l, first_{l+1}) of x (M, C), with expert
 // (first_expert + l)'s weights: g = x W_gu^T (M, 2I), a = silu(gate) * up (M, I), y = a W_d^T (M, C).
-void run_experts(const KernelTable& kt, const ExpertRoute& route, int64_t first_expert, const float* gate_up,
-                 const float* down, const Tensor& x, Tensor& g, Tensor& a, Tensor& y, int64_t C, int64_t I) {
+// Returns a as the down GEMM took it (bf16 in bf16 mode), for the weight gradient.
+Tensor run_experts(const KernelTable& kt, const ExpertRoute& route, int64_t first_expert, const Tensor& gate_up,
+                   const Tensor& down, const Tensor& x, Tensor& g, Tensor& y, int64_t C, int64_t I) {
+  const DType dt = x.dtype();
+  const int64_t M = g.dim(0);
+  Tensor a = host_activation({M, I});
   for (size_t l = 0; l + 1 < route.first.size(); ++l) {
     const int64_t begin = route.first[l], n = route.first[l + 1] - begin, e = first_expert + int64_t(l);
     if (n == 0) continue;
-    kt.matmul({x.data<float>() + begin * C, gate_up + e * 2 * I * C, g.data<float>() + begin * 2 * I, n, 2 * I, C,
-               false, true, false, DType::f32});
+    kt.matmul({row_at(x, begin, C), row_at(gate_up, e * 2 * I, C), g.data<float>() + begin * 2 * I, n, 2 * I, C,
+               false, true, false, dt});
     kt.swiglu_forward(g.data<float>() + begin * 2 * I, n, I, a.data<float>() + begin * I);
-    kt.matmul({a.data<float>() + begin * I, down + e * C * I, y.data<float>() + begin * C, n, C, I, false, true, false,
-               DType::f32});
   }
+  const Tensor a_in = gemm_input(a, dt == DType::bf16);
+  for (size_t l = 0; l + 1 < route.first.size(); ++l) {
+    const int64_t begin = route.first[l], n = route.first[l + 1] - begin, e = first_expert + int64_t(l);
+    if (n == 0) continue;
+    kt.matmul({row_at(a_in, begin, I), row_at(down, e * C, I), y.data<float>() + begin * C, n, C, I, false, true,
+               false, dt});
+  }
+  return a_in;
 }
 
 void add_router_statistics(RouterLoss& aux, const Routing& r) {
@@ -125,7 +143,7 @@ double RouterLoss::aux() const {
   return double(experts) * sum;
 }
 
-Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up, const Var& down, const MoeShape& s,
+Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights& w, const MoeShape& s,
                 const std::shared_ptr<RouterLoss>& aux, std::shared_ptr<ExpertExchange> exchange) {
   ProfileScope profile("moe_experts");
   FAB_CHECK(h->value.device().is_host(), "the mixture-of-experts layer runs on the CPU");
@@ -143,11 +161,14 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
 #pragma omp parallel for
   for (int64_t i = 0; i < N * k; ++i)
     std::memcpy(sorted.data<float>() + i * C, hv + r.token[size_t(i)] * C, size_t(C) * sizeof(float));
-  const Tensor x = exchange->dispatch(r.exchange, sorted.data<float>(), C);
+  const bool bf16 = w.bf16();
+  // x: the rows as the GEMMs take them (bf16 in bf16 mode), kept for the weight gradient.
+  const Tensor x = gemm_input(exchange->dispatch(r.exchange, sorted.data<float>(), C), bf16);
   const int64_t M = r.exchange.packed_rows();
-  Tensor g = host_activation({M, 2 * I}), a = host_activation({M, I}), y = host_activation({M, C});
-  run_experts(kt, r.exchange, exchange->first_expert(), gate_up->value.data<float>(), down->value.data<float>(), x, g,
-              a, y, C, I);
+  Tensor g = host_activation({M, 2 * I}), y = host_activation({M, C});
+  const Tensor& gate_up = bf16 ? w.gate_up_bf16 : w.gate_up->value;
+  const Tensor& down = bf16 ? w.down_bf16 : w.down->value;
+  const Tensor a = run_experts(kt, r.exchange, exchange->first_expert(), gate_up, down, x, g, y, C, I);
   const Tensor ys = exchange->combine(r.exchange, y.data<float>(), C);  // (N k, C) this rank's rows' outputs
   // out_t = sum over t's experts (in expert order, as transformers' index_add_) of w_{t,j} ys_row
   Var out = make_var(host_activation({N, C}));
@@ -164,10 +185,11 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
     }
   }
   if (!tape.recording()) return out;
-  tape.push([h, logits, gate_up, down, s, aux, exchange, routing, x, g, a, ys, out, N, C, E, k, I, M] {
+  tape.push([h, logits, w, gate_up, down, s, aux, exchange, routing, x, g, a, ys, out, N, C, E, k, I, M, bf16] {
     ProfileScope profile("moe_experts backward");
     const Routing& r = *routing;
-    const KernelTable& kt = kernels_for(x);
+    const KernelTable& kt = kernels_for(g);
+    const DType dt = x.dtype();
     const float* dout = grad_of(out).data<float>();
     // dys_row = w_{t,j} dout_t;   dw_{t,j} = <dout_t, ys_row>
     Tensor dys = host_activation({N * k, C});
@@ -186,29 +208,34 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const Var& gate_up,
       dw[size_t(at)] = float(dot);
     }
     // The rows' gradients travel to the ranks computing their experts (padding rows: zero).
-    const Tensor dy = exchange->dispatch(r.exchange, dys.data<float>(), C);
+    const Tensor dy = gemm_input(exchange->dispatch(r.exchange, dys.data<float>(), C), bf16);
     Tensor da = host_activation({M, I}), dg = host_activation({M, 2 * I}), dx = host_activation({M, C});
     // Per local expert e, y = a W_d^T:  da = dy W_d,  dW_d += dy^T a;
     // a = swiglu(g):  dg = swiglu'(g) da;   g = x W_gu^T:  dx = dg W_gu,  dW_gu += dg^T x.
-    const bool weights_train = gate_up->requires_grad && down->requires_grad;
+    // (In bf16 mode dy and dg are rounded to bf16 before their GEMMs, as a dense linear's dy is.)
+    const bool weights_train = w.gate_up->requires_grad && w.down->requires_grad;
     for (size_t l = 0; l + 1 < r.exchange.first.size(); ++l) {
       const int64_t begin = r.exchange.first[l], n = r.exchange.first[l + 1] - begin;
       const int64_t e = exchange->first_expert() + int64_t(l);
       if (n == 0) continue;
-      const float* wd = down->value.data<float>() + e * C * I;
-      const float* wgu = gate_up->value.data<float>() + e * 2 * I * C;
-      kt.matmul({dy.data<float>() + begin * C, wd, da.data<float>() + begin * I, n, I, C, false, false, false,
-                 DType::f32});
+      kt.matmul({row_at(dy, begin, C), row_at(down, e * C, I), da.data<float>() + begin * I, n, I, C, false, false,
+                 false, dt});
       if (weights_train)
-        kt.matmul({dy.data<float>() + begin * C, a.data<float>() + begin * I,
-                   grad_of(down).data<float>() + e * C * I, C, I, n, true, false, true, DType::f32});
+        kt.matmul({row_at(dy, begin, C), row_at(a, begin, I), grad_of(w.down).data<float>() + e * C * I, C, I, n, true,
+                   false, true, dt});
       kt.swiglu_backward(g.data<float>() + begin * 2 * I, da.data<float>() + begin * I, n, I,
                          dg.data<float>() + begin * 2 * I, false);
+    }
+    const Tensor dg_in = gemm_input(dg, bf16);
+    for (size_t l = 0; l + 1 < r.exchange.first.size(); ++l) {
+      const int64_t begin = r.exchange.first[l], n = r.exchange.first[l + 1] - begin;
+      const int64_t e = exchange->first_expert() + int64_t(l);
+      if (n == 0) continue;
       if (weights_train)
-        kt.matmul({dg.data<float>() + begin * 2 * I, x.data<float>() + begin * C,
-                   grad_of(gate_up).data<float>() + e * 2 * I * C, 2 * I, C, n, true, false, true, DType::f32});
-      kt.matmul({dg.data<float>() + begin * 2 * I, wgu, dx.data<float>() + begin * C, n, C, 2 * I, false, false,
-                 false, DType::f32});
+        kt.matmul({row_at(dg_in, begin, 2 * I), row_at(x, begin, C), grad_of(w.gate_up).data<float>() + e * 2 * I * C,
+                   2 * I, C, n, true, false, true, dt});
+      kt.matmul({row_at(dg_in, begin, 2 * I), row_at(gate_up, e * 2 * I, C), dx.data<float>() + begin * C, n, C, 2 * I,
+                 false, false, false, dt});
     }
     // ... and the inputs' gradients come back, in this rank's sorted order.
     const Tensor dxs = exchange->combine(r.exchange, dx.data<float>(), C);

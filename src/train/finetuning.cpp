@@ -135,8 +135,13 @@ void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& 
   } else if (c.finetuning_type == "freeze") {
     const std::vector<std::string> patterns = freeze_patterns(c, num_layers);
     options.trainable = [patterns](const std::string& name) {
+      // LLaMA-Factory matches transformers' parameter names: in transformers 5 Mixtral's
+      // block_sparse_moe (the name in its checkpoints, and Fabrica's) is the module `mlp`.
+      std::string module = name;
+      if (const size_t at = module.find(".block_sparse_moe."); at != std::string::npos)
+        module.replace(at, 18, ".mlp.");
       return std::any_of(patterns.begin(), patterns.end(),
-                         [&](const std::string& p) { return name.find(p) != std::string::npos; });
+                         [&](const std::string& p) { return module.find(p) != std::string::npos; });
     };
   }
 }

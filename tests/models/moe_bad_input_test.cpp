@@ -83,15 +83,6 @@ TEST(MoeBadInput, RouterJitterIsRefused) {
 
 TEST(MoeBadInput, UnsupportedCombinationsAreRefused) {
   const ModelConfig config = load_model_config(fixture("qwen3_moe") + "/config.json");
-  DecoderOptions bf16(Precision::bf16, false, 16);
-  EXPECT_THROW(DecoderModel(config, bf16), UserError);
-  DecoderOptions lora(Precision::fp32, false, 16);
-  lora.lora.rank = 4;
-  lora.lora.targets = {"q_proj"};
-  EXPECT_THROW(DecoderModel(config, lora), UserError);
-  DecoderOptions frozen(Precision::fp32, false, 16);
-  frozen.trainable = [](const std::string&) { return false; };
-  EXPECT_THROW(DecoderModel(config, frozen), UserError);
   DecoderOptions stage(Precision::fp32, false, 16);
   stage.stage = PipelineStage{{{0, 1}}, true, false};
   EXPECT_THROW(DecoderModel(config, stage), UserError);

@@ -46,7 +46,7 @@ LayerResult run_layer(const MoeShape& s, std::shared_ptr<ExpertExchange> exchang
   Var down = random_var({s.experts * C, s.intermediate}, 7, 0.3f);
   auto aux = std::make_shared<RouterLoss>(s.experts, s.top_k, std::vector<float>{}, 0.1);
   Tape tape;
-  Var out = moe_experts(tape, h, logits, gate_up, down, s, aux, std::move(exchange));
+  Var out = moe_experts(tape, h, logits, {gate_up, down, {}, {}}, s, aux, std::move(exchange));
   aux->finish();
   const Var dout = random_var({N, C}, 31 + uint32_t(w.rank()), 1.0f);
   grad_of(out) = dout->value;

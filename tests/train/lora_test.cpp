@@ -125,7 +125,9 @@ TEST(Lora, OutputAndCheckpointsHoldAPeftAdapter) {
   const std::string model = tiny_model_folder(), out = fresh_dir("peft-keys");
   auto t = make_trainer(config_for(model, out, "finetuning_type: lora\nlora_rank: 4\nadditional_target: lm_head\n"));
   ASSERT_TRUE(t->run());
-  const std::set<std::string> expected = peft_keys(3, lora_projection_names(), {"lm_head"});
+  // lora_target all on a dense decoder: its seven projections (shared_expert_gate is qwen2_moe's).
+  const std::set<std::string> expected =
+      peft_keys(3, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, {"lm_head"});
   for (const std::string& dir : {out, out + "/checkpoint-3"}) {
     ASSERT_TRUE(fs::exists(dir + "/adapter_model.safetensors")) << dir;
     EXPECT_FALSE(fs::exists(dir + "/model.safetensors")) << dir << ": the base is not saved again";
