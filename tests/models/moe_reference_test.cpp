@@ -3,9 +3,13 @@
 // layer among the MoE ones, renormalised top-k), qwen2_moe (shared expert with its sigmoid gate,
 // q/k/v biases) and mixtral (per-expert w1/w3/w2 under block_sparse_moe). Logits, the
 // cross-entropy and load-balancing losses, every gradient with and without the aux loss, 6 AdamW
-// steps, both weight layouts, and export round trips.
+// steps, both weight layouts, export round trips, and greedy generation.
 #include <filesystem>
 
+#include "core/error.h"
+#include "infer/generate.h"
+#include "infer/kv_cache.h"
+#include "infer/rollout.h"
 #include "io/safetensors.h"
 #include "models/decoder.h"
 #include "models/hf_model.h"
@@ -150,6 +154,45 @@ TEST_P(MoeReferenceTest, ExportRoundTripsInBothLayouts) {
     EXPECT_EQ(written.names(), original.names()) << source;
     auto again = load_model_folder(out, fp32_options());
     test::expect_close(masked_logits(*again, r), r.ref.tensor("logits"), 1e-6, "logits of " + source);
+  }
+}
+
+// tests/reference/make_moe_generate_reference.py: transformers' greedy generate() on the folder.
+// generate() gives its tokens one prompt at a time, the rollout engine with both prompts decoding
+// together too, and every step's logits (the prompt's pass, then one token at a time over the KV
+// cache) are within 1e-5 of the scale of transformers'.
+TEST_P(MoeReferenceTest, GreedyGenerationEqualsTransformers) {
+  const SafetensorsFile ref = SafetensorsFile::open(moe_dir(GetParam()) + "/generate_reference.safetensors");
+  auto model = load_model_folder(moe_dir(GetParam()), DecoderOptions(Precision::fp32, false, 32));
+  const auto ids = [&ref](int p, const char* what) {
+    const Tensor t = ref.tensor(format("{}_{}", what, p));
+    return std::vector<int32_t>(t.data<int64_t>(), t.data<int64_t>() + t.numel());
+  };
+  SamplingOptions greedy;
+  greedy.max_new_tokens = 10;
+  std::vector<RolloutRequest> requests;
+  for (int p = 0; p < 2; ++p) {
+    EXPECT_EQ(generate(*model, ids(p, "prompt"), greedy), ids(p, "tokens")) << "prompt " << p;
+    requests.push_back({ids(p, "prompt"), 0});
+  }
+  const std::vector<RolloutOutput> together = rollout(*model, requests, greedy, 2);
+  for (int p = 0; p < 2; ++p) EXPECT_EQ(together[size_t(p)].tokens, ids(p, "tokens")) << "prompt " << p;
+  for (int p = 0; p < 2; ++p) {
+    const std::vector<int32_t> prompt = ids(p, "prompt"), tokens = ids(p, "tokens");
+    const Tensor expected = ref.tensor(format("logits_{}", p));
+    const int64_t vocab = expected.dim(1);
+    SlotKvCache cache = make_slot_cache(*model, 1, int64_t(prompt.size() + tokens.size()));
+    std::vector<int32_t> step_ids = prompt;
+    std::vector<SlotSpan> spans = {{0, int64_t(prompt.size())}};
+    for (size_t step = 0; step < tokens.size(); ++step) {
+      Tensor step_tensor = Tensor::empty({int64_t(step_ids.size())}, DType::i64, MemoryCategory::activations);
+      std::copy(step_ids.begin(), step_ids.end(), step_tensor.data<int64_t>());
+      const Tensor logits = logits_slots(*model, step_tensor, spans, cache);
+      test::expect_close(logits.view(0, {vocab}), expected.view(int64_t(step) * vocab, {vocab}), 1e-5,
+                         format("prompt {} step {}", p, step));
+      step_ids = {tokens[step]};
+      spans = {{0, 1}};
+    }
   }
 }
 
