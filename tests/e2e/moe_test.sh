@@ -73,5 +73,23 @@ refused() {  # refused LOGNAME "expected text" overrides...
   grep -q "$text" $log.log || { cat $log.log; fail "$log: no \"$text\""; }
 }
 refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" expert_model_parallel_size=2
-refused dpo "stage dpo on a mixture-of-experts model" stage=dpo dataset=dpo_en_demo
-echo "PASS: MoE sft with aux loss, per-expert export, generate, LoRA, bf16, exact resume, dp2 ZeRO-2/3 and ep2 = one process, refusals"
+refused grpo "stage grpo on a mixture-of-experts model" stage=grpo reward=exact_match gradient_accumulation_steps=1 max_new_tokens=8
+# The preference stages: LLaMA-Factory's example YAMLs (LoRA) with only their paths changed. DPO's
+# first loss is ln 2 and KTO's 0.5 (policy = reference): no load-balancing term in them, as in
+# LLaMA-Factory's trainers.
+for name in dpo kto reward; do
+  sed -e "s|^model_name_or_path:.*|model_name_or_path: model|" -e "s|^output_dir:.*|output_dir: out_$name|" \
+    "$shared/data/llamafactory/examples/train_lora_qwen3_lora_$name.yaml" > $name.yaml
+  echo "dataset_dir: $shared/data/llamafactory" >> $name.yaml
+  "$fabrica" train $name.yaml max_steps=2 max_samples=8 cutoff_len=96 per_device_train_batch_size=2 \
+    gradient_accumulation_steps=1 logging_steps=1 > $name.log 2>&1 || { cat $name.log; fail "$name on MoE"; }
+done
+python3 - <<'PY' || fail "the preference stages' losses on MoE"
+import json, math
+rows = lambda name: [json.loads(l) for l in open(f"out_{name}/metrics.jsonl")]
+dpo, kto, rm = rows("dpo"), rows("kto"), rows("reward")
+assert abs(dpo[0]["loss"] - math.log(2)) < 1e-6, dpo[0]
+assert abs(kto[0]["loss"] - 0.5) < 1e-6, kto[0]
+assert "rewards/accuracy" in rm[0] and math.isfinite(rm[0]["loss"]), rm[0]
+PY
+echo "PASS: MoE sft with aux loss, per-expert export, generate, LoRA, bf16, exact resume, dp2 ZeRO-2/3 and ep2 = one process, dpo/kto/rm, refusals"

@@ -12,8 +12,11 @@ PreferenceStage::PreferenceStage(const StageContext& context, std::unique_ptr<Pr
       train_metrics_(objective_->metric_names()),
       eval_metrics_(objective_->metric_names()) {}
 
-// The reference is the starting weights: before a resume replaces them.
+// The reference is the starting weights: before a resume replaces them. A mixture-of-experts
+// model's load-balancing loss is not part of these objectives: LLaMA-Factory's DPO, KTO and
+// reward trainers take only the logits (or values) of the model's output, never its aux_loss.
 void PreferenceStage::prepare() {
+  if (c_.model.model().config().is_moe()) c_.model.model().set_aux_loss_weight(0.0);
   objective_->prepare(c_.model.model(), c_.model.data_group());
   c_.model.data_parallel().release_gathered_parameters();
 }
