@@ -3,8 +3,9 @@
 # moe_aux_loss_coef: metrics.jsonl reports aux_loss and moe_load_max_over_mean apart from the loss,
 # the output folder holds per-expert tensors (transformers 5's save_pretrained layout) and
 # `generate` runs on it; LoRA writes a PEFT adapter; bf16 follows fp32; a resumed run ends on the same weights; 2 data-parallel workers under
-# ZeRO-2 and ZeRO-3, and 2 expert-parallel workers, take the one-process steps to 1e-5; what MoE does
-# not run with yet is refused.
+# ZeRO-2 and ZeRO-3, and 2 expert-parallel workers, take the one-process steps to 1e-5; dpo, kto and
+# rm from LLaMA-Factory's examples, grpo with exact rollout log-probabilities; what MoE does not run
+# with yet is refused.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$1" "$2"
@@ -73,7 +74,38 @@ refused() {  # refused LOGNAME "expected text" overrides...
   grep -q "$text" $log.log || { cat $log.log; fail "$log: no \"$text\""; }
 }
 refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" expert_model_parallel_size=2
-refused grpo "stage grpo on a mixture-of-experts model" stage=grpo reward=exact_match gradient_accumulation_steps=1 max_new_tokens=8
+refused ppo "stage ppo on a mixture-of-experts model" stage=ppo reward=exact_match gradient_accumulation_steps=1 max_new_tokens=8
+# GRPO: the rollout engine runs the MoE layers with the training forward's kernels, so the
+# training forward's log-probabilities are the rollout's exactly (fp32 and bf16), and every token
+# is routed to the same experts in both; with logp_kernels training they differ.
+rl_task 6
+cat > grpo.yaml <<YAML
+model_name_or_path: model
+stage: grpo
+dataset: prompts.jsonl
+template: qwen3_nothink
+reward: command:/usr/bin/python3 $work/score.py
+num_generations: 4
+per_device_train_batch_size: 2
+temperature: 1.0
+max_new_tokens: 8
+learning_rate: 1.0e-2
+max_steps: 2
+logging_steps: 1
+save_steps: 0
+YAML
+for run in "grpo" "grpo_bf16 bf16=true" "grpo_training logp_kernels=training"; do
+  set -- $run
+  name=$1; shift
+  "$fabrica" train grpo.yaml output_dir=$name "$@" > $name.log 2>&1 || { cat $name.log; fail "$name on MoE"; }
+done
+python3 - <<'PY' || fail "GRPO's rollout log-probabilities on MoE"
+import json
+rows = lambda name: [json.loads(l) for l in open(f"{name}/metrics.jsonl")]
+for name in ["grpo", "grpo_bf16"]:
+    assert all(r["rollout_logp_diff_max"] == 0 for r in rows(name)), rows(name)
+assert any(r["rollout_logp_diff_max"] > 0 for r in rows("grpo_training")), rows("grpo_training")
+PY
 # The preference stages: LLaMA-Factory's example YAMLs (LoRA) with only their paths changed. DPO's
 # first loss is ln 2 and KTO's 0.5 (policy = reference): no load-balancing term in them, as in
 # LLaMA-Factory's trainers.
@@ -92,4 +124,4 @@ assert abs(dpo[0]["loss"] - math.log(2)) < 1e-6, dpo[0]
 assert abs(kto[0]["loss"] - 0.5) < 1e-6, kto[0]
 assert "rewards/accuracy" in rm[0] and math.isfinite(rm[0]["loss"]), rm[0]
 PY
-echo "PASS: MoE sft with aux loss, per-expert export, generate, LoRA, bf16, exact resume, dp2 ZeRO-2/3 and ep2 = one process, dpo/kto/rm, refusals"
+echo "PASS: MoE sft with aux loss, per-expert export, generate, LoRA, bf16, exact resume, dp2 ZeRO-2/3 and ep2 = one process, dpo/kto/rm, grpo with exact rollout logps, refusals"

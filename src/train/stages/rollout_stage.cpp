@@ -262,6 +262,9 @@ RolloutStage::RolloutStage(const StageContext& context)
       means_(grpo_metric_names()),
       extremes_(5, -INFINITY) {
   model_.set_rollout_kernels(config_.logp_kernels == "rollout");
+  // The policy's objective alone: a mixture-of-experts model's load-balancing term is not added
+  // (verl's actor loss takes the log-probabilities only).
+  if (model_.config().is_moe()) model_.set_aux_loss_weight(0.0);
 }
 
 RolloutStage::~RolloutStage() = default;
