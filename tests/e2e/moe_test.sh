@@ -2,8 +2,8 @@
 # A tiny qwen3_moe trained from scratch through `fabrica train` with LLaMA-Factory's
 # moe_aux_loss_coef: metrics.jsonl reports aux_loss and moe_load_max_over_mean apart from the loss,
 # the output folder holds per-expert tensors (transformers 5's save_pretrained layout) and
-# `generate` runs on it; LoRA writes a PEFT adapter; bf16 follows fp32; a resumed run ends on the same weights; 2 data-parallel workers under
-# ZeRO-2 and ZeRO-3, and 2 expert-parallel workers, take the one-process steps to 1e-5; dpo, kto and
+# `generate` runs on it; LoRA writes a PEFT adapter; bf16 follows fp32; a resumed run ends on the
+# same weights; 2 data-parallel workers under ZeRO-2 and ZeRO-3, and 2 expert-parallel workers, take the one-process steps to 1e-5; dpo, kto and
 # rm from LLaMA-Factory's examples, grpo with exact rollout log-probabilities; what MoE does not run
 # with yet is refused.
 set -euo pipefail
