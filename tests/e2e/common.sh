@@ -106,6 +106,26 @@ output_dir: out
 YAML
 }
 
+# grpo_config: the keys of a short GRPO run on the tiny model and rl_task's prompts and reward
+# (2 steps of 2 prompts x 4 samples of at most 8 tokens); each script appends its own.
+grpo_config() {
+  cat <<YAML
+model_name_or_path: model
+stage: grpo
+dataset: prompts.jsonl
+template: qwen3_nothink
+reward: command:/usr/bin/python3 $work/score.py
+num_generations: 4
+per_device_train_batch_size: 2
+temperature: 1.0
+max_new_tokens: 8
+learning_rate: 1.0e-2
+max_steps: 2
+logging_steps: 1
+save_steps: 0
+YAML
+}
+
 # rl_task N: prompts.jsonl, the first N of a fixed list of "What is a+b?" prompts with their
 # answers, and score.py, a command reward (JSON lines in, one score per line out): a response's
 # length modulo 3, so the scores within a group differ.

@@ -79,21 +79,7 @@ refused ppo "stage ppo on a mixture-of-experts model" stage=ppo reward=exact_mat
 # training forward's log-probabilities are the rollout's exactly (fp32 and bf16), and every token
 # is routed to the same experts in both; with logp_kernels training they differ.
 rl_task 6
-cat > grpo.yaml <<YAML
-model_name_or_path: model
-stage: grpo
-dataset: prompts.jsonl
-template: qwen3_nothink
-reward: command:/usr/bin/python3 $work/score.py
-num_generations: 4
-per_device_train_batch_size: 2
-temperature: 1.0
-max_new_tokens: 8
-learning_rate: 1.0e-2
-max_steps: 2
-logging_steps: 1
-save_steps: 0
-YAML
+grpo_config > grpo.yaml
 for run in "grpo" "grpo_bf16 bf16=true" "grpo_training logp_kernels=training"; do
   set -- $run
   name=$1; shift

@@ -13,23 +13,7 @@ e2e_begin "$@"
 e2e_workdir
 tiny_model model
 rl_task 6
-cat > run.yaml <<YAML
-model_name_or_path: model
-stage: grpo
-dataset: prompts.jsonl
-template: qwen3_nothink
-reward: command:/usr/bin/python3 $work/score.py
-num_generations: 4
-per_device_train_batch_size: 2
-temperature: 1.0
-max_new_tokens: 8
-learning_rate: 1.0e-2
-lr_scheduler_type: constant
-max_steps: 2
-logging_steps: 1
-save_steps: 0
-seed: 3
-YAML
+{ grpo_config; echo "lr_scheduler_type: constant"; echo "seed: 3"; } > run.yaml
 
 # name: overrides (each run 2 steps); the python below checks what each must log.
 runs=(
