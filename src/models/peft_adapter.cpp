@@ -106,19 +106,20 @@ void require_plain(const nlohmann::json& j, const std::string& file, const char*
   FAB_USER_CHECK(v == plain || empty, "{}: {} {} is not supported (expected {})", file, field, v.dump(), plain.dump());
 }
 
-// The modules LoRA may adapt in layers (blocks) [0, 128): what a rank_pattern key may not name.
+// The modules LoRA may adapt in layers (blocks) [0, 128), by transformers 5's names: what a
+// rank_pattern key may not name. A mixture-of-experts layer's gate/up/down are its shared expert's.
 const std::vector<std::string>& adaptable_modules() {
   static const std::vector<std::string> modules = [] {
     std::vector<std::string> out;
-    for (int i = 0; i < 128; ++i) {
-      for (const char* layer : {"model.layers.", "model.language_model.layers."})
-        for (const char* inner : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.shared_expert.gate_proj",
-                                  "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj", "mlp.shared_expert_gate"})
-          out.push_back(layer + std::to_string(i) + "." + inner);
-      for (const char* inner : {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2", "mlp.gate_proj", "mlp.up_proj",
-                                "mlp.down_proj"})
-        out.push_back("model.visual.blocks." + std::to_string(i) + "." + inner);
+    for (int64_t i = 0; i < 128; ++i) {
+      for (const char* part : {"model.layers.", "model.language_model.layers."})
+        for (const std::string& n : lora_projection_names()) {
+          out.push_back(vlm_module(part, i, n));
+          if (n == "gate_proj" || n == "up_proj" || n == "down_proj")
+            out.push_back(part + std::to_string(i) + ".mlp.shared_expert." + n);
+        }
+      for (const bool qwen2_5 : {false, true})
+        for (const std::string& n : vision_lora_names(qwen2_5)) out.push_back(vlm_module("model.visual.blocks.", i, n));
     }
     return out;
   }();

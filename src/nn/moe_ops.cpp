@@ -86,28 +86,33 @@ const void* row_at(const Tensor& t, int64_t row, int64_t width) {
 // The GEMM operands of a pass: fp32 tensors as they are, or their bf16 copies in bf16 mode.
 Tensor gemm_input(const Tensor& x, bool bf16) { return bf16 ? to_bf16(x, MemoryCategory::activations) : x; }
 
-// Per local expert l over its packed rows [first_l, first_{l+1}) of x (M, C), with expert
-// (first_expert + l)'s weights: g = x W_gu^T (M, 2I), a = silu(gate) * up (M, I), y = a W_d^T (M, C).
-// Returns a as the down GEMM took it (bf16 in bf16 mode), for the weight gradient.
+// f(begin, n, e) for each local expert l that has rows: its packed rows [begin, begin + n) and
+// its index e = first_expert + l in the weights.
+template <typename F>
+void for_each_expert(const ExpertRoute& route, int64_t first_expert, F f) {
+  for (size_t l = 0; l + 1 < route.first.size(); ++l) {
+    const int64_t begin = route.first[l], n = route.first[l + 1] - begin;
+    if (n > 0) f(begin, n, first_expert + int64_t(l));
+  }
+}
+
+// Per local expert over its packed rows of x (M, C), with its weights: g = x W_gu^T (M, 2I),
+// a = silu(gate) * up (M, I), y = a W_d^T (M, C). Returns a as the down GEMM took it (bf16 in
+// bf16 mode), for the weight gradient.
 Tensor run_experts(const KernelTable& kt, const ExpertRoute& route, int64_t first_expert, const Tensor& gate_up,
                    const Tensor& down, const Tensor& x, Tensor& g, Tensor& y, int64_t C, int64_t I) {
   const DType dt = x.dtype();
-  const int64_t M = g.dim(0);
-  Tensor a = host_activation({M, I});
-  for (size_t l = 0; l + 1 < route.first.size(); ++l) {
-    const int64_t begin = route.first[l], n = route.first[l + 1] - begin, e = first_expert + int64_t(l);
-    if (n == 0) continue;
+  Tensor a = host_activation({g.dim(0), I});
+  for_each_expert(route, first_expert, [&](int64_t begin, int64_t n, int64_t e) {
     kt.matmul({row_at(x, begin, C), row_at(gate_up, e * 2 * I, C), g.data<float>() + begin * 2 * I, n, 2 * I, C,
                false, true, false, dt});
     kt.swiglu_forward(g.data<float>() + begin * 2 * I, n, I, a.data<float>() + begin * I);
-  }
+  });
   const Tensor a_in = gemm_input(a, dt == DType::bf16);
-  for (size_t l = 0; l + 1 < route.first.size(); ++l) {
-    const int64_t begin = route.first[l], n = route.first[l + 1] - begin, e = first_expert + int64_t(l);
-    if (n == 0) continue;
+  for_each_expert(route, first_expert, [&](int64_t begin, int64_t n, int64_t e) {
     kt.matmul({row_at(a_in, begin, I), row_at(down, e * C, I), y.data<float>() + begin * C, n, C, I, false, true,
                false, dt});
-  }
+  });
   return a_in;
 }
 
@@ -185,7 +190,7 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights
     }
   }
   if (!tape.recording()) return out;
-  tape.push([h, logits, w, gate_up, down, s, aux, exchange, routing, x, g, a, ys, out, N, C, E, k, I, M, bf16] {
+  tape.push([h, logits, w, gate_up, down, s, aux, exchange, routing, x, g, a, ys, out, N, C, E, k, I, M] {
     ProfileScope profile("moe_experts backward");
     const Routing& r = *routing;
     const KernelTable& kt = kernels_for(g);
@@ -208,16 +213,13 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights
       dw[size_t(at)] = float(dot);
     }
     // The rows' gradients travel to the ranks computing their experts (padding rows: zero).
-    const Tensor dy = gemm_input(exchange->dispatch(r.exchange, dys.data<float>(), C), bf16);
+    const Tensor dy = gemm_input(exchange->dispatch(r.exchange, dys.data<float>(), C), w.bf16());
     Tensor da = host_activation({M, I}), dg = host_activation({M, 2 * I}), dx = host_activation({M, C});
     // Per local expert e, y = a W_d^T:  da = dy W_d,  dW_d += dy^T a;
     // a = swiglu(g):  dg = swiglu'(g) da;   g = x W_gu^T:  dx = dg W_gu,  dW_gu += dg^T x.
     // (In bf16 mode dy and dg are rounded to bf16 before their GEMMs, as a dense linear's dy is.)
     const bool weights_train = w.gate_up->requires_grad && w.down->requires_grad;
-    for (size_t l = 0; l + 1 < r.exchange.first.size(); ++l) {
-      const int64_t begin = r.exchange.first[l], n = r.exchange.first[l + 1] - begin;
-      const int64_t e = exchange->first_expert() + int64_t(l);
-      if (n == 0) continue;
+    for_each_expert(r.exchange, exchange->first_expert(), [&](int64_t begin, int64_t n, int64_t e) {
       kt.matmul({row_at(dy, begin, C), row_at(down, e * C, I), da.data<float>() + begin * I, n, I, C, false, false,
                  false, dt});
       if (weights_train)
@@ -225,18 +227,15 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights
                    false, true, dt});
       kt.swiglu_backward(g.data<float>() + begin * 2 * I, da.data<float>() + begin * I, n, I,
                          dg.data<float>() + begin * 2 * I, false);
-    }
-    const Tensor dg_in = gemm_input(dg, bf16);
-    for (size_t l = 0; l + 1 < r.exchange.first.size(); ++l) {
-      const int64_t begin = r.exchange.first[l], n = r.exchange.first[l + 1] - begin;
-      const int64_t e = exchange->first_expert() + int64_t(l);
-      if (n == 0) continue;
+    });
+    const Tensor dg_in = gemm_input(dg, w.bf16());
+    for_each_expert(r.exchange, exchange->first_expert(), [&](int64_t begin, int64_t n, int64_t e) {
       if (weights_train)
         kt.matmul({row_at(dg_in, begin, 2 * I), row_at(x, begin, C), grad_of(w.gate_up).data<float>() + e * 2 * I * C,
                    2 * I, C, n, true, false, true, dt});
       kt.matmul({row_at(dg_in, begin, 2 * I), row_at(gate_up, e * 2 * I, C), dx.data<float>() + begin * C, n, C, 2 * I,
                  false, false, false, dt});
-    }
+    });
     // ... and the inputs' gradients come back, in this rank's sorted order.
     const Tensor dxs = exchange->combine(r.exchange, dx.data<float>(), C);
     float* dh = grad_of(h).data<float>();  // h also feeds the router (and a shared expert): accumulate

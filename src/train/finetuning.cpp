@@ -137,9 +137,10 @@ void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& 
     options.trainable = [patterns](const std::string& name) {
       // LLaMA-Factory matches transformers' parameter names: in transformers 5 Mixtral's
       // block_sparse_moe (the name in its checkpoints, and Fabrica's) is the module `mlp`.
+      static const std::string checkpoint_name = ".block_sparse_moe.";
       std::string module = name;
-      if (const size_t at = module.find(".block_sparse_moe."); at != std::string::npos)
-        module.replace(at, 18, ".mlp.");
+      if (const size_t at = module.find(checkpoint_name); at != std::string::npos)
+        module.replace(at, checkpoint_name.size(), ".mlp.");
       return std::any_of(patterns.begin(), patterns.end(),
                          [&](const std::string& p) { return module.find(p) != std::string::npos; });
     };

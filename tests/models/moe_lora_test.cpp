@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/hf_model.h"
+#include "models/moe_fixture.h"
 #include "models/peft_adapter.h"
 #include "train/finetuning.h"
 #include "test_util.h"
@@ -22,25 +23,21 @@
 namespace fab {
 namespace {
 
-const std::string kMoe = std::string(FAB_SOURCE_DIR) + "/tests/reference/moe/";
 const std::string kPeftPrefix = "base_model.model.";
+using test::ce_and_gradients;
+using test::masked_logits;
+using test::moe_dir;
 
+// A family's batch and reference (make_moe_reference.py) and its PEFT adapter with what peft
+// computed on that batch (make_moe_lora_fixture.py).
 struct MoeLoraCase {
   std::string type;
-  SafetensorsFile batch, ref;
+  test::MoeReference batch;
+  SafetensorsFile ref;
   explicit MoeLoraCase(const std::string& t)
-      : type(t),
-        batch(SafetensorsFile::open(kMoe + t + "/reference.safetensors")),
-        ref(SafetensorsFile::open(kMoe + t + "_lora/reference.safetensors")) {}
-  std::string folder() const { return kMoe + type; }
-  std::string adapter() const { return kMoe + type + "_lora"; }
-  Tensor ids() const { return batch.tensor("input_ids"); }
-  Tensor labels() const { return batch.tensor("labels"); }
-  SequenceLayout layout() const {
-    SequenceLayout l;
-    l.lengths = batch.tensor("lengths");
-    return l;
-  }
+      : type(t), batch(t), ref(SafetensorsFile::open(moe_dir(t + "_lora") + "/reference.safetensors")) {}
+  std::string folder() const { return moe_dir(type); }
+  std::string adapter() const { return moe_dir(type + "_lora"); }
   float scalar(const std::string& key) const { return ref.tensor(key).data<float>()[0]; }
 };
 
@@ -60,24 +57,6 @@ std::unique_ptr<DecoderModel> trained_model(const std::string& folder, const std
   DecoderOptions options(Precision::fp32, false, 16);
   apply_finetuning(c, load_model_config(folder + "/config.json").num_hidden_layers, options);
   return load_model_folder(folder, options);
-}
-
-// loss_ce (mean over the targets) of a forward/backward with the model's aux weight; the gradient
-// is that of loss_ce + weight * aux.
-double ce_and_gradients(DecoderModel& model, const MoeLoraCase& r) {
-  model.params().grads().zero_();
-  const int64_t n = DecoderModel::count_targets(r.labels());
-  return model.forward_backward(r.ids(), r.labels(), 1.0f / float(n), r.layout()) / double(n);
-}
-
-// The real positions' logits (padding rows zero, as the fixture).
-Tensor masked_logits(DecoderModel& model, const MoeLoraCase& r) {
-  Tensor logits = model.logits(r.ids(), r.layout());
-  const int64_t B = logits.dim(0), T = logits.dim(1), V = logits.dim(2);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = r.layout().lengths.data<int64_t>()[b]; t < T; ++t)
-      for (int64_t v = 0; v < V; ++v) logits.data<float>()[(b * T + t) * V + v] = 0;
-  return logits;
 }
 
 class MoeLora : public ::testing::TestWithParam<std::string> {};
@@ -106,9 +85,9 @@ TEST_P(MoeLora, LoraTargetAllAdaptsWhatLlamaFactoryAdapts) {
 TEST_P(MoeLora, LogitsLossAndAdapterGradientsEqualPefts) {
   const MoeLoraCase r(GetParam());
   auto model = peft_model(r);
-  test::expect_close(masked_logits(*model, r), r.ref.tensor("logits"), 1e-5, "logits");
+  test::expect_close(masked_logits(*model, r.batch), r.ref.tensor("logits"), 1e-5, "logits");
   const double coef = model->config().moe.router_aux_loss_coef, aux = r.scalar("aux_loss");
-  const double ce = ce_and_gradients(*model, r);
+  const double ce = ce_and_gradients(*model, r.batch);
   EXPECT_NEAR(ce + coef * model->router_statistics().aux_loss, r.scalar("loss"), 1e-5 * r.scalar("loss"));
   EXPECT_NEAR(model->router_statistics().aux_loss, aux, 1e-5 * aux);
   // 3e-5: qwen3_moe's layer-0 adapters measured 1.7e-5 with the AVX-512 kernels, under 1e-5 with
@@ -129,7 +108,7 @@ TEST_P(MoeLora, LogitsLossAndAdapterGradientsEqualPefts) {
 TEST_P(MoeLora, Bf16StaysCloseToPeftsFp32) {
   const MoeLoraCase r(GetParam());
   auto model = peft_model(r, Precision::bf16);
-  const double ce = ce_and_gradients(*model, r);
+  const double ce = ce_and_gradients(*model, r.batch);
   const double coef = model->config().moe.router_aux_loss_coef;
   EXPECT_NEAR(ce + coef * model->router_statistics().aux_loss, r.scalar("loss"), 1e-2 * r.scalar("loss"));
   std::vector<std::pair<std::string, double>> errors;
@@ -160,7 +139,7 @@ TEST_P(MoeLora, FreezeTrainsTheMlpsWithTransformersGradients) {
   const MoeLoraCase r(GetParam());
   auto model = trained_model(r.folder(), "finetuning_type: freeze\nfreeze_trainable_layers: 2\n"
                                          "freeze_trainable_modules: mlp\n");
-  ce_and_gradients(*model, r);
+  ce_and_gradients(*model, r.batch);
   size_t experts = 0, routers = 0;
   for (const ParamInfo& p : model->params().params()) {
     // (mixtral's checkpoint name for transformers 5's module `mlp`: block_sparse_moe)
@@ -168,7 +147,7 @@ TEST_P(MoeLora, FreezeTrainsTheMlpsWithTransformersGradients) {
         << p.name;
     experts += p.name.find(".experts.") != std::string::npos;
     routers += p.name.ends_with(".gate.weight");
-    test::expect_close(model->params().grads().view(p.offset, p.shape), r.batch.tensor("grad." + p.name), 1e-5,
+    test::expect_close(model->params().grads().view(p.offset, p.shape), r.batch.ref.tensor("grad." + p.name), 1e-5,
                        "grad." + p.name);
   }
   EXPECT_GT(experts, 0u);
@@ -180,7 +159,7 @@ TEST_P(MoeLora, FreezeTrainsTheMlpsWithTransformersGradients) {
 // the second alone (it names no module Fabrica adapts) read as r everywhere. A pattern on a module
 // Fabrica adapts is refused, naming it.
 TEST(MoeLoraConfig, RankPatternsOnModulesFabricaDoesNotAdaptAreIgnored) {
-  std::ifstream in(kMoe + "qwen3_moe_lora/adapter_config.json");
+  std::ifstream in(moe_dir("qwen3_moe_lora") + "/adapter_config.json");
   nlohmann::json config = nlohmann::json::parse(in);
   const auto error_of = [&config](const nlohmann::json& rank_pattern, const nlohmann::json& target_parameters) {
     const std::string dir = test::fresh_dir("moe-rank-pattern");

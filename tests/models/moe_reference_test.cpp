@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "models/decoder.h"
 #include "models/hf_model.h"
+#include "models/moe_fixture.h"
 #include "models/moe_weights.h"
 #include "optim/adamw.h"
 #include "test_util.h"
@@ -22,39 +23,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string moe_dir(const std::string& name) { return std::string(FAB_SOURCE_DIR) + "/tests/reference/moe/" + name; }
+using test::masked_logits;
+using test::moe_dir;
+using test::MoeReference;
 
 DecoderOptions fp32_options() { return DecoderOptions(Precision::fp32, false, 16); }
 
-struct MoeReference {
-  SafetensorsFile ref;
-  Tensor ids, labels;
-  SequenceLayout layout;
-  explicit MoeReference(const std::string& name)
-      : ref(SafetensorsFile::open(moe_dir(name) + "/reference.safetensors")),
-        ids(ref.tensor("input_ids")),
-        labels(ref.tensor("labels")) {
-    layout.lengths = ref.tensor("lengths");
-  }
-  float scalar(const std::string& key) const { return ref.tensor(key).data<float>()[0]; }
-};
-
-// The logits of the real positions (padding zeroed, as the fixture).
-Tensor masked_logits(DecoderModel& model, const MoeReference& r) {
-  Tensor logits = model.logits(r.ids, r.layout);
-  const int64_t B = logits.dim(0), T = logits.dim(1), V = logits.dim(2);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = r.layout.lengths.data<int64_t>()[b]; t < T; ++t)
-      for (int64_t v = 0; v < V; ++v) logits.data<float>()[(b * T + t) * V + v] = 0;
-  return logits;
-}
-
 // The gradient of loss_ce (mean) + weight * aux on the fixture's batch; returns loss_ce.
 double gradients(DecoderModel& model, const MoeReference& r, double aux_weight) {
-  model.params().grads().zero_();
   model.set_aux_loss_weight(aux_weight);
-  const int64_t n = DecoderModel::count_targets(r.labels);
-  return model.forward_backward(r.ids, r.labels, 1.0f / float(n), r.layout) / double(n);
+  return test::ce_and_gradients(model, r);
 }
 
 class MoeReferenceTest : public ::testing::TestWithParam<std::string> {};

@@ -35,6 +35,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -188,12 +189,46 @@ void run_primitive(const MatmulArgs& x, OneDnn& dnn) {
   dnn.stream.wait();
 }
 
+// The path this CPU's own rates choose, measured once per process.
+const Bf16GemmPath& measured_bf16_gemm_path() {
+  static const Bf16GemmPath path = []() -> Bf16GemmPath {
+    if (!onednn_has_bf16_matmul())
+      return {false, "bf16 operands widened to f32, oneDNN f32 matmul (this oneDNN has no bf16 matmul for the CPU)"};
+    if (onednn_isa() != "avx512_core_bf16") return {true, "oneDNN bf16 matmul (" + onednn_isa() + ")"};
+    // One thread each, best of a few ~2.5 ms rounds: the ratio is what decides.
+    const double dot = measured_bf16_dot_peak_gflops(1, 6), fma = measured_fma_peak_gflops(true, 1, 6);
+    const std::string rates = format("vdpbf16ps {} GFLOP/s a core, fp32 FMA {}", std::lround(dot), std::lround(fma));
+    if (dot > fma) return {true, "oneDNN bf16 matmul (avx512_core_bf16: " + rates + ")"};
+    return {false, "bf16 operands widened to f32, oneDNN f32 matmul (the bf16 dot product is the slower here: " +
+                       rates + ")"};
+  }();
+  return path;
+}
+
+// FAB_BF16_GEMM's choice (true: native), nullopt when unset; a wrong value, or native where
+// oneDNN has no bf16 matmul, is a UserError naming it.
+std::optional<bool> forced_bf16_native() {
+  const char* forced = std::getenv("FAB_BF16_GEMM");
+  if (!forced || !*forced) return std::nullopt;
+  const std::string_view choice = forced;
+  FAB_USER_CHECK(choice == "native" || choice == "widened", "FAB_BF16_GEMM={}: expected native or widened", choice);
+  FAB_USER_CHECK(choice == "widened" || onednn_has_bf16_matmul(),
+                 "FAB_BF16_GEMM=native, but this oneDNN has no bf16 matmul for the CPU ({})", onednn_isa());
+  return choice == "native";
+}
+
+// What matmul asks on every bf16 GEMM: no string built.
+bool bf16_gemm_native() {
+  const std::optional<bool> forced = forced_bf16_native();
+  return forced ? *forced : measured_bf16_gemm_path().native;
+}
+
 }  // namespace
 
 void matmul(const MatmulArgs& x) {
   if (x.m == 0 || x.n == 0) return;
   OneDnn& dnn = onednn();
-  const bool widen_bf16 = x.dtype == DType::bf16 && !bf16_gemm_path().native;
+  const bool widen_bf16 = x.dtype == DType::bf16 && !bf16_gemm_native();
   std::lock_guard lock(dnn.mutex);
   try {
     if (!widen_bf16) return run_primitive(x, dnn);
@@ -214,30 +249,11 @@ void matmul(const MatmulArgs& x) {
   }
 }
 
-const Bf16GemmPath& measured_bf16_gemm_path() {
-  static const Bf16GemmPath path = []() -> Bf16GemmPath {
-    if (!onednn_has_bf16_matmul())
-      return {false, "bf16 operands widened to f32, oneDNN f32 matmul (this oneDNN has no bf16 matmul for the CPU)"};
-    if (onednn_isa() != "avx512_core_bf16") return {true, "oneDNN bf16 matmul (" + onednn_isa() + ")"};
-    // One thread each, best of a few ~2.5 ms rounds: the ratio is what decides.
-    const double dot = measured_bf16_dot_peak_gflops(1, 6), fma = measured_fma_peak_gflops(true, 1, 6);
-    const std::string rates = format("vdpbf16ps {} GFLOP/s a core, fp32 FMA {}", std::lround(dot), std::lround(fma));
-    if (dot > fma) return {true, "oneDNN bf16 matmul (avx512_core_bf16: " + rates + ")"};
-    return {false, "bf16 operands widened to f32, oneDNN f32 matmul (the bf16 dot product is the slower here: " +
-                       rates + ")"};
-  }();
-  return path;
-}
-
 Bf16GemmPath bf16_gemm_path() {
-  const char* forced = std::getenv("FAB_BF16_GEMM");
-  if (!forced || !*forced) return measured_bf16_gemm_path();
-  const std::string_view choice = forced;
-  FAB_USER_CHECK(choice == "native" || choice == "widened", "FAB_BF16_GEMM={}: expected native or widened", choice);
-  if (choice == "widened") return {false, "bf16 operands widened to f32, oneDNN f32 matmul (FAB_BF16_GEMM=widened)"};
-  FAB_USER_CHECK(onednn_has_bf16_matmul(), "FAB_BF16_GEMM=native, but this oneDNN has no bf16 matmul for the CPU ({})",
-                 onednn_isa());
-  return {true, "oneDNN bf16 matmul (FAB_BF16_GEMM=native)"};
+  const std::optional<bool> forced = forced_bf16_native();
+  if (!forced) return measured_bf16_gemm_path();
+  if (*forced) return {true, "oneDNN bf16 matmul (FAB_BF16_GEMM=native)"};
+  return {false, "bf16 operands widened to f32, oneDNN f32 matmul (FAB_BF16_GEMM=widened)"};
 }
 
 std::string onednn_isa() {
