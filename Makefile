@@ -103,6 +103,7 @@ gpu-pack: build
 bench: deps build
 	@bash bench/setup_peer.sh
 	@bash bench/run_bench.sh
+	@bash bench/moe_bench.sh
 	@bash bench/rollout_bench.sh
 	@if [ -n "$$LLAMAFACTORY_VENV" ]; then bash bench/llamafactory_side_by_side.sh; fi
 

@@ -10,7 +10,10 @@
 // checkpoints every N timed steps into DIR (save_checkpoint, or with --async-save the background
 // writer of async_save), counted in the step time; save_ms is the mean time a save held the
 // training thread, and the async run's last write, drained after the timed steps, is reported
-// apart (drain_ms).
+// apart (drain_ms). --model moe trains the MoE bench model instead (qwen3_moe: hidden 512, 4 layers,
+// 8 heads, 8 experts, top-2, moe_intermediate_size 512, the load-balancing loss at 0.001; batch
+// 4 x 256; its peer is bench/moe_peer.py, transformers' own Qwen3MoeForCausalLM) and --model
+// moe-dense the dense qwen3 of the same active parameters (intermediate_size 1024 = 2 x 512).
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -54,6 +57,7 @@ struct Flags {
   int save_every = 0;  // > 0: a checkpoint every N timed steps into save_dir
   std::string save_dir;
   bool async_save = false;
+  std::string model = "standard";  // standard | moe | moe-dense
 };
 
 Flags parse(int argc, char** argv) {
@@ -84,16 +88,21 @@ Flags parse(int argc, char** argv) {
     else if (a == "--save-every") f.save_every = std::stoi(next());
     else if (a == "--save-dir") f.save_dir = next();
     else if (a == "--async-save") f.async_save = true;
+    else if (a == "--model") f.model = next();
     else {
       std::fprintf(stderr, "usage: fabrica_bench [--precision fp32|bf16] [--warmup N] [--steps N] [--threads N] [--recompute]\n"
                            "                     [--data-parallel [--zero N] | --tensor-parallel [--sequence-parallel]]\n"
                            "                     [--pipeline CHUNKS [--layers N]] [--allreduce-mb N] [--fma-peak]\n"
-                           "                     [--save-every N --save-dir DIR [--async-save]]\n");
+                           "                     [--save-every N --save-dir DIR [--async-save]] [--model standard|moe|moe-dense]\n");
       std::exit(2);
     }
   }
   if (f.precision != "fp32" && f.precision != "bf16") {
     std::fprintf(stderr, "fabrica_bench: --precision must be fp32 or bf16\n");
+    std::exit(2);
+  }
+  if (f.model != "standard" && f.model != "moe" && f.model != "moe-dense") {
+    std::fprintf(stderr, "fabrica_bench: --model must be standard, moe or moe-dense\n");
     std::exit(2);
   }
   if (f.save_every > 0 && (f.save_dir.empty() || f.tensor_parallel)) {
@@ -190,6 +199,36 @@ int pipeline_bench(const Flags& flags, const fab::ModelConfig& cfg, int64_t seq,
   return 0;
 }
 
+// The standard bench model, or the MoE bench model and its dense equivalent (bench/moe_peer.py).
+fab::ModelConfig bench_model(const Flags& flags) {
+  fab::ModelConfig cfg;
+  cfg.model_type = "llama";
+  cfg.vocab_size = 8192;
+  cfg.hidden_size = 256;
+  cfg.intermediate_size = 704;
+  cfg.num_hidden_layers = flags.layers;
+  cfg.num_attention_heads = 4;
+  cfg.num_key_value_heads = 4;
+  cfg.head_dim = 64;
+  cfg.rope_theta = 10000;
+  cfg.rms_norm_eps = 1e-6;
+  if (flags.model == "standard") return cfg;
+  cfg.model_type = flags.model == "moe" ? "qwen3_moe" : "qwen3";
+  cfg.qk_norm = true;
+  cfg.hidden_size = 512;
+  cfg.num_attention_heads = cfg.num_key_value_heads = 8;
+  cfg.intermediate_size = 1024;  // moe-dense: the two active experts' width
+  if (flags.model == "moe") {
+    cfg.moe.num_experts = 8;
+    cfg.moe.num_experts_per_tok = 2;
+    cfg.moe.moe_intermediate_size = 512;
+    cfg.moe.norm_topk_prob = true;
+    cfg.moe.router_aux_loss_coef = 0.001;
+    cfg.moe.output_router_logits = true;
+  }
+  return cfg;
+}
+
 int main(int argc, char** argv) {
   using namespace fab;
   const Flags flags = parse(argc, argv);
@@ -209,18 +248,9 @@ int main(int argc, char** argv) {
     return rc;
   }
 
-  ModelConfig cfg;
-  cfg.model_type = "llama";
-  cfg.vocab_size = 8192;
-  cfg.hidden_size = 256;
-  cfg.intermediate_size = 704;
-  cfg.num_hidden_layers = flags.layers;
-  cfg.num_attention_heads = 4;
-  cfg.num_key_value_heads = 4;
-  cfg.head_dim = 64;
-  cfg.rope_theta = 10000;
-  cfg.rms_norm_eps = 1e-6;
-  const int64_t seq = 256, batch = flags.data_parallel ? 8 / world->size() : 8;  // per rank (tp: whole)
+  const ModelConfig cfg = bench_model(flags);
+  const int64_t full_batch = flags.model == "standard" ? 8 : 4;
+  const int64_t seq = 256, batch = flags.data_parallel ? full_batch / world->size() : full_batch;  // per rank (tp: whole)
   if (flags.pipeline_chunks > 0) {
     const int rc = pipeline_bench(flags, cfg, seq, *world);
     world.reset();
@@ -318,14 +348,14 @@ int main(int argc, char** argv) {
         "\"tokens_per_s\":%.1f,\"step_ms\":%.1f,\"peak_rss_mb\":%.1f,\"final_loss\":%.4f,\"kernels\":\"%s\","
         "\"parameter_bytes\":%lld,\"gradient_bytes\":%lld,\"optimizer_state_bytes\":%lld,"
         "\"peak_activation_bytes\":%.0f,\"tp_bytes_sent_per_step\":%lld,\"dp_bytes_sent_per_step\":%lld,"
-        "\"save_every\":%d,\"async_save\":%d,\"save_ms\":%.1f,\"drain_ms\":%.1f}\n",
+        "\"save_every\":%d,\"async_save\":%d,\"save_ms\":%.1f,\"drain_ms\":%.1f,\"model\":\"%s\"}\n",
         (flags.precision + (flags.lora ? "+lora" : "")).c_str(), flags.threads, world->size(), flags.zero,
         int(flags.tensor_parallel), int(flags.sequence_parallel), tokens / seconds, 1000.0 * seconds / flags.steps,
         double(usage.ru_maxrss) / 1024.0, loss, backend(DeviceKind::cpu).name().c_str(),
         (long long)dp.state_bytes().parameters, (long long)dp.state_bytes().gradients,
         (long long)dp.state_bytes().optimizer_state, activations, (long long)(tp ? bytes_sent : 0),
         (long long)(tp ? 0 : bytes_sent), flags.save_every, int(flags.async_save),
-        saves ? 1000.0 * save_seconds / saves : 0.0, 1000.0 * drain_seconds);
+        saves ? 1000.0 * save_seconds / saves : 0.0, 1000.0 * drain_seconds, flags.model.c_str());
   world.reset();
   leave_world();
   return 0;

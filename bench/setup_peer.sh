@@ -26,3 +26,9 @@ if ! "$venv/bin/python" -W ignore -c 'import peft' >/dev/null 2>&1; then
   echo "setup_peer: installing peft into $venv (PyPI; the LoRA rows' peer)"
   "$venv/bin/python" -m pip install --quiet peft
 fi
+
+# The MoE bench's and the reference scripts' peer is transformers' own modeling code, version 5 or later.
+if ! "$venv/bin/python" -W ignore -c 'import sys, transformers; sys.exit(int(transformers.__version__.split(".")[0]) < 5)' >/dev/null 2>&1; then
+  echo "setup_peer: installing transformers>=5 into $venv (PyPI; the MoE bench's peer)"
+  "$venv/bin/python" -m pip install --quiet "transformers>=5"
+fi
