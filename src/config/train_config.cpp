@@ -214,6 +214,29 @@ void check_ranges(const TrainConfig& c, Require& require) {
           format("restart_backoff_s must be in [0, 3600] seconds, got {}", c.restart_backoff_s));
 }
 
+// Megatron's router options of mixture-of-experts training (the model's experts are checked when
+// it is loaded: LanguageModelStage).
+template <typename Require>
+void check_router_keys(const TrainConfig& c, Require& require) {
+  const std::string& type = c.moe_router_load_balancing_type;
+  require(type.empty() || type == "aux_loss" || type == "seq_aux_loss" || type == "none" || type == "global_aux_loss",
+          format("moe_router_load_balancing_type \"{}\": expected aux_loss, seq_aux_loss or none (empty: transformers' "
+                 "loss)", type));
+  require(type != "global_aux_loss",
+          "moe_router_load_balancing_type global_aux_loss is not implemented in Fabrica yet (aux_loss, seq_aux_loss "
+          "and none are)");
+  require(c.moe_z_loss_coeff >= 0, format("moe_z_loss_coeff must be >= 0, got {}", c.moe_z_loss_coeff));
+  require(c.moe_expert_capacity_factor >= 0,
+          format("moe_expert_capacity_factor must be >= 0 (0: dropless), got {}", c.moe_expert_capacity_factor));
+  require(c.moe_token_drop_policy == "probs" || c.moe_token_drop_policy == "position",
+          format("moe_token_drop_policy \"{}\": expected probs or position", c.moe_token_drop_policy));
+  const bool router_options = !type.empty() || c.moe_z_loss_coeff > 0 || c.moe_expert_capacity_factor > 0;
+  require(!router_options || c.stage == Stage::pt || c.stage == Stage::sft,
+          format("moe_router_load_balancing_type, moe_z_loss_coeff and moe_expert_capacity_factor are for stage pt "
+                 "and sft, not {}",
+                 c.stage));
+}
+
 // The preference stages' settings, with the ranges LLaMA-Factory's FinetuningArguments accepts.
 template <typename Require>
 void check_preference_keys(const TrainConfig& c, Require& require) {
@@ -405,6 +428,7 @@ void check_values(const TrainConfig& c, const std::string& source, Problems& pro
           format("optim \"{}\" is not implemented in Fabrica yet (adamw_torch and adamw_torch_fused, the same AdamW, are)",
                  c.optim));
   check_ranges(c, require);
+  check_router_keys(c, require);
   try {
     check_lr_schedule(LrSchedule{.type = c.lr_scheduler_type});
   } catch (const UserError& e) {

@@ -328,14 +328,17 @@ std::shared_ptr<RouterLoss> DecoderModel::start_router_loss(const Tensor& ids, c
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t t = 0; t < std::min(seq, layout.lengths.data<int64_t>()[b]); ++t) mask[size_t(b * seq + t)] = 1;
   }
+  RouterOptions options = router_options_;
+  if (!with_grad) options.z_weight = 0;
   return std::make_shared<RouterLoss>(config_.moe.num_experts, config_.moe.num_experts_per_tok, std::move(mask),
-                                      with_grad ? aux_loss_weight_ : 0.0);
+                                      with_grad ? aux_loss_weight_ : 0.0, options, seq);
 }
 
 void DecoderModel::finish_router_loss() {
   if (!router_loss_) return;
   router_loss_->finish();
   router_statistics_.aux_loss = router_loss_->aux();
+  router_statistics_.z_loss = router_loss_->z_loss();
   const std::vector<double>& load = router_loss_->layer_load_max_over_mean;
   router_statistics_.load_max_over_mean = load.empty() ? 0.0 : *std::max_element(load.begin(), load.end());
 }

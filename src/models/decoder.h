@@ -93,7 +93,8 @@ struct PromptImages {
 
 // A mixture-of-experts model's router statistics over the last forward pass (models/decoder.cpp).
 struct RouterStatistics {
-  double aux_loss = 0;             // transformers' load_balancing_loss_func, unweighted
+  double aux_loss = 0;             // the load-balancing loss (RouterLoss::aux), unweighted
+  double z_loss = 0;               // mean over MoE layers of the router z-loss, unweighted
   double load_max_over_mean = 0;   // over experts, of the busiest MoE layer
 };
 
@@ -200,6 +201,11 @@ class DecoderModel {
   // else 0 (transformers' loss); the trainer sets it per micro-batch.
   void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
   double aux_loss_weight() const { return aux_loss_weight_; }
+  // How the load-balancing term is formed, the z-loss's weight and the experts' capacity
+  // (nn/moe_ops.h; default: transformers' loss, no z-loss, dropless). Passes that do not
+  // back-propagate add no z-loss gradient; generation runs dropless.
+  void set_router_options(const RouterOptions& options) { router_options_ = options; }
+  const RouterOptions& router_options() const { return router_options_; }
   const RouterStatistics& router_statistics() const { return router_statistics_; }
   // Expert parallel (nn/expert_exchange.h): the passes that back-propagate send each MoE
   // layer's routed rows to the ranks of the exchange's group computing their experts; every rank
@@ -318,6 +324,7 @@ class DecoderModel {
   int64_t heads_ = 0, kv_heads_ = 0, intermediate_ = 0, vocab_begin_ = 0;
   int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
   double aux_loss_weight_ = 0;
+  RouterOptions router_options_;
   std::shared_ptr<RouterLoss> router_loss_;  // the running pass's (mixture-of-experts models)
   std::shared_ptr<ExpertExchange> expert_exchange_;
   RouterStatistics router_statistics_;

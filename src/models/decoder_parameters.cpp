@@ -387,7 +387,7 @@ std::unique_ptr<MlpBlock> DecoderModel::make_moe_mlp(int64_t i) const {
   const ParamBuffer &gate_up = buffer_of(n.gate_up[0].name), &down = buffer_of(n.down[0].name);
   mlp->experts = {gate_up.fused(names(n.gate_up)), down.fused(names(n.down)), gate_up.bf16_fused(names(n.gate_up)),
                   down.bf16_fused(names(n.down))};
-  mlp->shape = {m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.norm_topk_prob};
+  mlp->shape = {m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.norm_topk_prob, i};
   if (n.has_shared_expert()) {
     const std::string p = layer_prefix(i);
     const int64_t S = m.shared_expert_intermediate_size;

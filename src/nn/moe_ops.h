@@ -5,6 +5,7 @@
 // routed to it, and Switch Transformer's load-balancing loss over every MoE layer of a pass.
 // Host (CPU) tensors; the experts' GEMMs in fp32, or bf16 inputs with fp32 accumulation.
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -16,30 +17,72 @@ namespace fab {
 struct MoeShape {
   int64_t experts = 0, top_k = 0, intermediate = 0;
   bool norm_topk_prob = false;
+  int64_t layer = 0;  // which decoder layer: its slot in the pass's RouterLoss
 };
 
-// transformers' load_balancing_loss_func over one forward pass: the router logits of every MoE
-// layer joined, padding rows masked out,
-//   aux = E * sum_e F_e * P_e,   F_e = (top-k picks of e) / R,   P_e = (sum of p_e) / R,
-// R the unmasked rows of all layers together (perfect balance: aux = top_k). Each MoE layer adds
-// its rows in forward; finish() closes the sums once the last layer ran (a recomputed forward
-// during backward adds nothing). With `weight` > 0 each layer's backward adds the gradient of
-// weight * aux to its router logits.
+// How the load-balancing loss is formed (RouterOptions::balancing):
+//  * transformers: its load_balancing_loss_func over one forward pass, the router logits of every
+//    MoE layer joined, padding rows masked out:
+//      aux = E * sum_e F_e * P_e,   F_e = (top-k picks of e) / R,   P_e = (sum of p_e) / R,
+//    R the unmasked rows of all layers together (perfect balance: aux = top_k);
+//  * per_layer (Megatron's aux_loss): each MoE layer's own E / (k R^2) * sum_e picks_e * sum(p_e)
+//    over its unmasked rows (balance: 1), the objective taking their sum over the layers;
+//  * per_sequence (Megatron's seq_aux_loss): the same within each sequence (row of the batch),
+//    averaged over the batch's sequences, summed over the layers;
+//  * none: no load-balancing term (aux() still reports per_layer's value).
+enum class LoadBalancing { transformers, per_layer, per_sequence, none };
+
+// The router's training options (Megatron's; train/stages set them from the config).
+struct RouterOptions {
+  LoadBalancing balancing = LoadBalancing::transformers;
+  double z_weight = 0;  // d(objective)/d(z_l) of each MoE layer's z-loss mean_t logsumexp(z_t)^2 (ST-MoE)
+  // > 0: each expert takes at most ceil(k R / E * factor) of a pass's picks (R the real rows this
+  // rank routes; Megatron counts padding rows too, here padding takes no capacity); the rest are
+  // dropped: they add nothing to the token's output (its other experts' weights unchanged).
+  // 0: dropless.
+  double capacity_factor = 0;
+  bool drop_by_position = false;  // drop the latest rows (Megatron's "position"), else the least probable ("probs")
+};
+
+// The router statistics of one forward pass, and its load-balancing and z-loss terms. Each MoE
+// layer adds its rows in forward; finish() closes the sums once the last layer ran (a recomputed
+// forward during backward adds nothing). With `weight` > 0 each layer's backward adds the gradient
+// of weight * (the balancing term) to its router logits, and with options.z_weight > 0 that of
+// the z-loss.
 struct RouterLoss {
-  RouterLoss(int64_t experts, int64_t top_k, std::vector<float> row_mask, double weight);
+  RouterLoss(int64_t experts, int64_t top_k, std::vector<float> row_mask, double weight, RouterOptions options = {},
+             int64_t sequence_length = 0);
+  struct Layer {
+    std::vector<double> picks, prob_sum;          // (E) over the layer's unmasked rows
+    std::vector<double> seq_picks, seq_prob_sum;  // (B, E) per sequence (per_sequence only)
+    std::vector<double> seq_rows;                 // (B)
+    double rows = 0, z_sum = 0;                   // z_sum: sum of logsumexp^2 over unmasked rows
+  };
   int64_t experts, top_k;
   std::vector<float> row_mask;  // 1 real token, 0 padding, per row of a layer; empty: every row counts
-  double weight;                // d(objective)/d(aux)
-  std::vector<double> picks, prob_sum;  // (E) over every layer
-  double rows = 0;
+  double weight;                // d(objective)/d(balancing term)
+  RouterOptions options;
+  int64_t sequence_length;      // rows per sequence (per_sequence)
+  std::map<int64_t, Layer> layers;               // by decoder layer
   std::vector<double> layer_load_max_over_mean;  // per MoE layer: max_e picks_e / mean_e picks_e
   bool finished = false;
 
-  void finish() { finished = true; }
-  double aux() const;          // E * sum_e F_e P_e (0 without rows)
+  std::vector<double> joined_picks;  // over every layer, set by finish() (transformers)
+  double joined_rows = 0;
+
+  void finish();                                  // the last layer ran
+  Layer& add_layer(int64_t layer, int64_t rows);  // a fresh layer's sums over its `rows` rows
+  double aux() const;     // transformers: the joined aux; else the mean over layers of each layer's
+  double z_loss() const;  // mean over layers of mean_t logsumexp(z_t)^2
   double mask(int64_t row) const { return row_mask.empty() ? 1.0 : row_mask[size_t(row)]; }
-  // d aux / d p_e of an unmasked row: E F_e / R (F_e is constant: top-k is not differentiable).
-  double aux_grad(int64_t e) const { return rows > 0 ? double(experts) * picks[size_t(e)] / (rows * rows) : 0.0; }
+  // dp[e] += scale * d(balancing term)/d p_e of row `row` of `layer`, every e (nothing for a
+  // masked row; the picks are constants: top-k is not differentiable).
+  void add_aux_grad(int64_t layer, int64_t row, double scale, double* dp) const;
+  // d(sum_l z_l)/d logsumexp_t of row `row` of `layer`: 2 lse_t / R_l (0 for a masked row).
+  double z_grad(int64_t layer, int64_t row, double lse) const;
+
+ private:
+  double layer_aux(const Layer& l) const;  // per_layer / per_sequence: one layer's term
 };
 
 // Every expert's weights, packed: gate_up (E * 2I, C) holds expert e's [gate; up] at rows

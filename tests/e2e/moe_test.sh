@@ -5,7 +5,8 @@
 # `generate` runs on it; LoRA writes a PEFT adapter; bf16 follows fp32; a resumed run ends on the
 # same weights; 2 data-parallel workers under ZeRO-2 and ZeRO-3, and 2 expert-parallel workers, take the one-process steps to 1e-5; dpo, kto and
 # rm from LLaMA-Factory's examples, grpo with exact rollout log-probabilities; what MoE does not run
-# with yet is refused.
+# with yet is refused. Megatron's router options (seq_aux_loss, z-loss, capacity) give the same
+# steps on one process and on 2 workers.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$1" "$2"
@@ -67,6 +68,17 @@ for run in "z2 zero_stage=2" "z3 zero_stage=3" "ep2 zero_stage=1 expert_model_pa
   done
 done
 grep -q '"comm_ep_bytes_sent_per_step":[1-9]' dp2ep2/metrics.jsonl || fail "ep2 reports no all-to-all bytes"
+# Megatron's router options (per-sequence aux loss, z-loss, capacity 1 dropping the least probable
+# picks), per micro-batch: one process and 2 data-parallel workers take the same steps.
+meg="moe_router_load_balancing_type=seq_aux_loss moe_z_loss_coeff=0.001 moe_expert_capacity_factor=1.0"
+"$fabrica" train run.yaml $dp output_dir=meg1 gradient_accumulation_steps=4 $meg > meg1.log 2>&1 || { cat meg1.log; fail "meg1"; }
+"$fabrica" train run.yaml $dp output_dir=meg2 gradient_accumulation_steps=2 nproc_per_node=2 $meg > meg2.log 2>&1 ||
+  { cat meg2.log; fail "meg2"; }
+for key in loss aux_loss z_loss; do
+  paste <(grep -o "\"$key\":[0-9.e-]*" meg1/metrics.jsonl | cut -d: -f2) <(grep -o "\"$key\":[0-9.e-]*" meg2/metrics.jsonl | cut -d: -f2) |
+    awk '{ n++; d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "step " NR ": " $1 " vs " $2; bad = 1 } }
+         END { exit bad || n < 3 }' || fail "Megatron router options: dp2 $key differs from one process"
+done
 # Refused by name.
 refused() {  # refused LOGNAME "expected text" overrides...
   local log=$1 text=$2; shift 2
@@ -74,6 +86,8 @@ refused() {  # refused LOGNAME "expected text" overrides...
   grep -q "$text" $log.log || { cat $log.log; fail "$log: no \"$text\""; }
 }
 refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" expert_model_parallel_size=2
+refused gal "global_aux_loss is not implemented" moe_router_load_balancing_type=global_aux_loss
+refused bias "moe_router_enable_expert_bias" moe_router_enable_expert_bias=true
 refused ppo "stage ppo on a mixture-of-experts model" stage=ppo reward=exact_match gradient_accumulation_steps=1 max_new_tokens=8
 # GRPO: the rollout engine runs the MoE layers with the training forward's kernels, so the
 # training forward's log-probabilities are the rollout's exactly (fp32 and bf16), and every token

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "core/trace.h"
 #include "train/batch.h"
 
@@ -35,12 +36,28 @@ std::pair<double, double> count_step(const Sampler& sampler, int64_t micro_batch
 
 // The load-balancing loss joins the objective as transformers adds it when output_router_logits is
 // on, at router_aux_loss_coef; LLaMA-Factory's moe_aux_loss_coef turns it on at that weight.
+// moe_router_load_balancing_type switches to Megatron's per-layer / per-sequence forms (or none),
+// with the same coefficient; moe_z_loss_coeff and moe_expert_capacity_factor are Megatron's.
 LanguageModelStage::LanguageModelStage(const StageContext& context) : c_(context) {
+  const TrainConfig& config = c_.config;
   const MoeConfig& moe = c_.model.model().config().moe;
+  const std::string& type = config.moe_router_load_balancing_type;
+  FAB_USER_CHECK(moe.enabled() || (type.empty() && config.moe_z_loss_coeff == 0 && config.moe_expert_capacity_factor == 0),
+                 "moe_router_load_balancing_type, moe_z_loss_coeff and moe_expert_capacity_factor need a "
+                 "mixture-of-experts model ({} has no experts)",
+                 c_.model.model().config().model_type);
   if (!moe.enabled()) return;
-  aux_coef_ = c_.config.moe_aux_loss_coef > 0 ? c_.config.moe_aux_loss_coef
-              : moe.output_router_logits      ? moe.router_aux_loss_coef
-                                              : 0.0;
+  router_options_.balancing = type.empty()           ? LoadBalancing::transformers
+                              : type == "aux_loss"     ? LoadBalancing::per_layer
+                              : type == "seq_aux_loss" ? LoadBalancing::per_sequence
+                                                       : LoadBalancing::none;
+  router_options_.capacity_factor = config.moe_expert_capacity_factor;
+  router_options_.drop_by_position = config.moe_token_drop_policy == "position";
+  aux_coef_ = router_options_.balancing == LoadBalancing::none ? 0.0
+              : config.moe_aux_loss_coef > 0                   ? config.moe_aux_loss_coef
+              : moe.output_router_logits                       ? moe.router_aux_loss_coef
+                                                               : 0.0;
+  c_.model.model().set_router_options(router_options_);  // evaluation before the first step too
 }
 
 void LanguageModelStage::record_router_statistics() {
@@ -48,6 +65,7 @@ void LanguageModelStage::record_router_statistics() {
   const RouterStatistics& s = c_.model.model().router_statistics();
   router_.add(0, s.aux_loss);
   router_.add(1, s.load_max_over_mean);
+  if (c_.config.moe_z_loss_coeff > 0) router_.add(2, s.z_loss);
 }
 
 nlohmann::json LanguageModelStage::metrics(bool) {
@@ -74,7 +92,13 @@ StepResult LanguageModelStage::step(int64_t step, double lr, Sampler& sampler) {
   const int rank = model.data_group().rank();
   // Each micro-batch's load-balancing loss is computed over its own rows, as transformers does
   // per forward; the objective takes their mean over the step's micro-batches on every rank.
-  model.model().set_aux_loss_weight(aux_coef_ / double(micro_batches * model.data_group().size()));
+  const double per_micro_batch = 1.0 / double(micro_batches * model.data_group().size());
+  model.model().set_aux_loss_weight(aux_coef_ * per_micro_batch);
+  if (model.model().config().is_moe()) {  // the z-loss weighs in the same way
+    RouterOptions router = router_options_;
+    router.z_weight = config.moe_z_loss_coeff * per_micro_batch;
+    model.model().set_router_options(router);
+  }
   const double loss_sum = model.forward_backward(micro_batches, scale, [&](int64_t m) {
     if (m > 0) record_router_statistics();  // the previous micro-batch's
     model.model().set_dropout_seed(dropout_seed(config, rank, step * micro_batches + m));

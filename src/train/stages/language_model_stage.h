@@ -14,14 +14,15 @@ class LanguageModelStage final : public TrainingStage {
   double evaluate() override;
   bool token_loss() const override { return true; }
   // Mixture-of-experts models: the window's mean load-balancing loss (aux_loss, apart from the
-  // cross-entropy in loss) and moe_load_max_over_mean.
+  // cross-entropy in loss), moe_load_max_over_mean and, with moe_z_loss_coeff, z_loss.
   nlohmann::json metrics(bool evaluated) override;
 
  private:
   void record_router_statistics();
   StageContext c_;
   double aux_coef_ = 0;  // the load-balancing loss's weight (0: not in the objective)
-  StageMetrics router_{{"aux_loss", "moe_load_max_over_mean"}};
+  StageMetrics router_{{"aux_loss", "moe_load_max_over_mean", "z_loss"}};
+  RouterOptions router_options_;  // from the config (z_weight set per step)
 };
 
 }  // namespace fab
