@@ -290,10 +290,6 @@ int train_worker(TrainConfig c, WorldInfo world) {
   options.value_head = c.stage == Stage::rm;
   apply_finetuning(c, model_config.num_hidden_layers, options);
   apply_multimodal_freezing(c, model_config, options);
-  FAB_USER_CHECK(!model_config.is_moe() || c.stage != Stage::ppo,
-                 "stage ppo on a mixture-of-experts model ({}) is not implemented in Fabrica yet (pt, sft, rm, dpo, "
-                 "kto and grpo are)",
-                 model_config.model_type);
   auto model = load_model_folder(c.model_name_or_path, options, uint64_t(c.seed));
   load_initial_adapter(c, *model);
   FAB_USER_CHECK(tokenizer.vocab_size() <= model->config().vocab_size,

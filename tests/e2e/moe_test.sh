@@ -88,13 +88,13 @@ refused() {  # refused LOGNAME "expected text" overrides...
 refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" expert_model_parallel_size=2
 refused gal "global_aux_loss is not implemented" moe_router_load_balancing_type=global_aux_loss
 refused bias "moe_router_enable_expert_bias" moe_router_enable_expert_bias=true
-refused ppo "stage ppo on a mixture-of-experts model" stage=ppo reward=exact_match gradient_accumulation_steps=1 max_new_tokens=8
 # GRPO: the rollout engine runs the MoE layers with the training forward's kernels, so the
 # training forward's log-probabilities are the rollout's exactly (fp32 and bf16), and every token
 # is routed to the same experts in both; with logp_kernels training they differ.
 rl_task 6
 grpo_config > grpo.yaml
-for run in "grpo" "grpo_bf16 bf16=true" "grpo_training logp_kernels=training"; do
+for run in "grpo" "grpo_bf16 bf16=true" "grpo_training logp_kernels=training" \
+           "ppo stage=ppo critic_warmup=2 max_steps=3"; do
   set -- $run
   name=$1; shift
   "$fabrica" train grpo.yaml output_dir=$name "$@" > $name.log 2>&1 || { cat $name.log; fail "$name on MoE"; }
@@ -105,7 +105,12 @@ rows = lambda name: [json.loads(l) for l in open(f"{name}/metrics.jsonl")]
 for name in ["grpo", "grpo_bf16"]:
     assert all(r["rollout_logp_diff_max"] == 0 for r in rows(name)), rows(name)
 assert any(r["rollout_logp_diff_max"] > 0 for r in rows("grpo_training")), rows("grpo_training")
+ppo = rows("ppo")  # the MoE critic (its value head on the same folder) learns, then the actor
+assert all(r["rollout_logp_diff_max"] == 0 for r in ppo), ppo
+assert "pg_loss" not in ppo[0] and "pg_loss" in ppo[-1] and ppo[-1]["critic/values_mean"] != 0, ppo
 PY
+[ -f ppo/critic/value_head.safetensors ] || fail "ppo on MoE wrote no critic"
+header_has ppo/critic/model.safetensors 'model.layers.0.mlp.experts.3.down_proj.weight' || fail "the MoE critic has no experts"
 # The preference stages: LLaMA-Factory's example YAMLs (LoRA) with only their paths changed. DPO's
 # first loss is ln 2 and KTO's 0.5 (policy = reference): no load-balancing term in them, as in
 # LLaMA-Factory's trainers.
@@ -124,4 +129,4 @@ assert abs(dpo[0]["loss"] - math.log(2)) < 1e-6, dpo[0]
 assert abs(kto[0]["loss"] - 0.5) < 1e-6, kto[0]
 assert "rewards/accuracy" in rm[0] and math.isfinite(rm[0]["loss"]), rm[0]
 PY
-echo "PASS: MoE sft with aux loss, per-expert export, generate, LoRA, bf16, exact resume, dp2 ZeRO-2/3 and ep2 = one process, dpo/kto/rm, grpo with exact rollout logps, refusals"
+echo "PASS: MoE sft with aux loss, per-expert export, generate, LoRA, bf16, exact resume, dp2 ZeRO-2/3 and ep2 = one process, dpo/kto/rm, grpo and ppo with exact rollout logps, Megatron's router options, refusals"

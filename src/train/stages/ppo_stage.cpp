@@ -80,6 +80,9 @@ std::unique_ptr<DecoderModel> make_critic(const TrainConfig& c, const DecoderMod
                  "token ids)",
                  dir, critic->config().vocab_size, actor.config().vocab_size);
   if (!folder_has_value_head(dir)) zero_value_head(*critic);
+  // A mixture-of-experts critic learns from the value loss alone, as verl's (a token-classification
+  // model's output holds no router loss): no load-balancing term.
+  if (critic->config().is_moe()) critic->set_aux_loss_weight(0.0);
   return critic;
 }
 
