@@ -50,7 +50,7 @@ ImageInputs model_inputs(const std::vector<ProcessedImage>& images) {
 
 // Processes `paths` for the model of `model_dir` and writes their vision tokens into `messages`.
 ImageInputs attach_images(const std::string& model_dir, const Template& chat_template, std::vector<Message>& messages,
-                          const std::vector<std::string>& paths) {
+                          const std::vector<std::string>& paths, const ImagePixelBounds& bounds) {
   const ModelConfig config = load_model_config((std::filesystem::path(model_dir) / "config.json").string());
   FAB_USER_CHECK(config.vision.has_value(),
                  "--image: {} (model_type {}) has no vision tower; images need a vision-language model (qwen2_vl, "
@@ -73,7 +73,7 @@ ImageInputs attach_images(const std::string& model_dir, const Template& chat_tem
                  kImagePlaceholder, paths.size());
   const Qwen2VLImageConfig processor = image_processor_of(model_dir, *config.vision);
   std::vector<ProcessedImage> images;
-  for (const std::string& path : paths) images.push_back(qwen2_vl_load_image(path, ImagePixelBounds{}, processor));
+  for (const std::string& path : paths) images.push_back(qwen2_vl_load_image(path, bounds, processor));
   write_vision_tokens(messages, images, processor.merge_size);
   return model_inputs(images);
 }
@@ -82,13 +82,14 @@ ImageInputs attach_images(const std::string& model_dir, const Template& chat_tem
 
 GenerationPrompt generation_prompt(const Tokenizer& tokenizer, const std::string& model_dir,
                                    const std::string& template_name, std::vector<Message> messages,
-                                   const std::string& system, const std::vector<std::string>& images) {
+                                   const std::string& system, const std::vector<std::string>& images,
+                                   const ImagePixelBounds& bounds) {
   TokenizerEncoder encoder(tokenizer);
   TemplateOptions options;
   options.enable_thinking = false;
   const Template& spec = get_template(template_name);
   GenerationPrompt out;
-  if (!images.empty()) out.images = attach_images(model_dir, spec, messages, images);
+  if (!images.empty()) out.images = attach_images(model_dir, spec, messages, images, bounds);
   ChatTemplate chat(spec, encoder, options);
   messages.push_back({Role::assistant, ""});
   out.tokens = chat.encode_oneturn(messages, system, "").first;

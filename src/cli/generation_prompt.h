@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dataset/dataset.h"
+#include "image/qwen2_vl_processor.h"
 #include "models/decoder.h"
 #include "tokenizer/tokenizer.h"
 
@@ -19,12 +20,13 @@ struct GenerationPrompt {
 
 // `images` are files (JPEG, PNG, WebP), one per <image> placeholder of the messages in order; when
 // no message has a placeholder, one per image is put before the first user message's text. Each is
-// pre-resized as LLaMA-Factory does by default (image_min_pixels 32 * 32, image_max_pixels 768 * 768)
-// and processed as the model folder's preprocessor_config.json says; its placeholder becomes its
+// pre-resized as LLaMA-Factory does, within `bounds` (its image_min_pixels and image_max_pixels; by
+// default 32 * 32 and 768 * 768) and processed as the model folder's preprocessor_config.json says; its placeholder becomes its
 // vision tokens. UserErrors: images for a model without a vision tower, a template without an image
 // plugin, placeholders that do not match the images, an unreadable image.
 GenerationPrompt generation_prompt(const Tokenizer& tokenizer, const std::string& model_dir,
                                    const std::string& template_name, std::vector<Message> messages,
-                                   const std::string& system, const std::vector<std::string>& images = {});
+                                   const std::string& system, const std::vector<std::string>& images = {},
+                                   const ImagePixelBounds& bounds = {});
 
 }  // namespace fab

@@ -112,8 +112,18 @@ std::string stream_reply(DecoderModel& model, const Tokenizer& tokenizer, const 
   return tokenizer.decode(generated, true);
 }
 
-const std::set<std::string> kSamplingFlags = {"model", "adapter", "template", "system", "max-new-tokens",
-                                              "temperature", "top-p", "top-k", "seed", "device"};
+const std::set<std::string> kSamplingFlags = {"model",  "adapter", "template", "system", "max-new-tokens",
+                                              "temperature", "top-p", "top-k", "seed", "device",
+                                              "image-max-pixels", "image-min-pixels"};
+
+// --image-max-pixels / --image-min-pixels: the pre-resize bounds of LLaMA-Factory's image_max_pixels
+// and image_min_pixels (set them as the model was trained with; the defaults are LLaMA-Factory's).
+ImagePixelBounds pixel_bounds_from(const Args& args) {
+  ImagePixelBounds b;
+  b.max_pixels = args.get_integer("image-max-pixels", b.max_pixels, 1, int64_t(1) << 40);
+  b.min_pixels = args.get_integer("image-min-pixels", b.min_pixels, 1, b.max_pixels);
+  return b;
+}
 
 // --image A.jpg,B.png: the files, in order.
 std::vector<std::string> image_paths(const std::string& list) {
@@ -131,7 +141,8 @@ std::vector<std::string> image_paths(const std::string& list) {
 GenerationPrompt prompt_of(const Args& args, const Tokenizer& tokenizer, const std::string& text,
                            const std::string& system, const std::vector<std::string>& images) {
   if (args.has("template"))
-    return generation_prompt(tokenizer, args.get("model"), args.get("template"), {{Role::user, text}}, system, images);
+    return generation_prompt(tokenizer, args.get("model"), args.get("template"), {{Role::user, text}}, system, images,
+                             pixel_bounds_from(args));
   FAB_USER_CHECK(images.empty(), "images need --template (qwen2_vl), which writes their vision tokens into the prompt");
   return {tokenizer.encode(text, true), {}};
 }
@@ -212,6 +223,7 @@ int run_generate(int argc, char** argv) {
   FAB_USER_CHECK(args.has("model") && args.has("prompt") != args.has("prompts"),
                  "usage: fabrica generate --model DIR (--prompt TEXT [--image FILE[,FILE...]] | --prompts FILE.jsonl "
                  "--output OUT.jsonl [--batch N]) [--adapter PEFT_DIR] [--template NAME] [--system TEXT] [--bf16] "
+                 "[--image-max-pixels N --image-min-pixels N] "
                  "[--max-new-tokens N] [--temperature T --top-p P --top-k K --seed S] [--device cpu|cuda|auto]\n"
                  "example: fabrica generate --model saves/qwen3-sft --template qwen3_nothink --prompt 'Hi'\n"
                  "         fabrica generate --model saves/qwen2-vl --template qwen2_vl --image cat.jpg --prompt "
@@ -237,6 +249,7 @@ int run_chat(int argc, char** argv) {
   Args args(argc, argv, 2, kSamplingFlags, {});
   FAB_USER_CHECK(args.has("model") && args.has("template"),
                  "usage: fabrica chat --model DIR --template NAME [--system TEXT] [--max-new-tokens N] "
+                 "[--image-max-pixels N --image-min-pixels N] "
                  "[--temperature T --top-p P --top-k K --seed S] [--device cpu|cuda|auto]\n"
                  "example: fabrica chat --model saves/qwen3-sft --template qwen3_nothink   (/clear resets, "
                  "/image FILE attaches an image to the next message, an empty line or end of input quits)");
@@ -266,7 +279,8 @@ int run_chat(int argc, char** argv) {
     images.insert(images.end(), attached.begin(), attached.end());
     GenerationPrompt prompt;
     try {  // a bad image or placeholder costs this message, not the conversation
-      prompt = generation_prompt(tokenizer, dir, args.get("template"), history, args.get("system"), images);
+      prompt = generation_prompt(tokenizer, dir, args.get("template"), history, args.get("system"), images,
+                                 pixel_bounds_from(args));
     } catch (const UserError& e) {
       std::printf("error: %s (the message is dropped)\n", e.what());
       history.pop_back();

@@ -47,9 +47,14 @@ printf '{"prompt": "Who are they?", "images": ["%s"]}\n{"prompt": "Who are they?
   >gen-batch.log 2>&1 || { cat gen-batch.log; fail "generate --prompts with images"; }
 printf '/image %s\nWho are they?\n' "$image" | "$fabrica" chat --model out --template qwen2_vl --max-new-tokens 4 \
   >chat.log 2>&1 || { cat chat.log; fail "chat with /image"; }
-python3 - gen.jsonl gen-image.log chat.log <<'PY' || fail "generation with an image"
+# --image-max-pixels 12544 (LLaMA-Factory's image_max_pixels, 112 x 112) pre-resizes it smaller: fewer tokens.
+"$fabrica" generate --model out --template qwen2_vl --prompts prompts.jsonl --output small.jsonl --max-new-tokens 4 \
+  --image-max-pixels 12544 >gen-small.log 2>&1 || { cat gen-small.log; fail "generate --image-max-pixels"; }
+python3 - gen.jsonl gen-image.log chat.log small.jsonl <<'PY' || fail "generation with an image"
 import json, sys
 image, text = [json.loads(l) for l in open(sys.argv[1])]
+small = json.loads(open(sys.argv[4]).readline())
+assert text["prompt_tokens"] + 2 < small["prompt_tokens"] < image["prompt_tokens"], (small, image)
 assert image["prompt_tokens"] == text["prompt_tokens"] + 68, (image["prompt_tokens"], text["prompt_tokens"])
 single = open(sys.argv[2]).read()
 assert single == image["response"] + "\n", (single, image["response"])
@@ -68,6 +73,8 @@ generate_refused no-template "images need --template" --image "$image" --prompt 
 generate_refused two-placeholders "2 <image> placeholder(s) in the messages but 1 image(s)" \
   --template qwen2_vl --image "$image" --prompt "<image><image>Who?"
 generate_refused missing-image "nothere.jpg" --template qwen2_vl --image nothere.jpg --prompt "Who?"
+generate_refused pixel-bounds "image-min-pixels" --template qwen2_vl --image "$image" --prompt "Who?" \
+  --image-max-pixels 1000 --image-min-pixels 2000
 generate_refused text-template "template qwen takes no images" --template qwen --image "$image" --prompt "Who?"
 echo "ok: generate and chat with an image"
 
