@@ -321,7 +321,11 @@ std::shared_ptr<RouterLoss> DecoderModel::start_router_loss(const Tensor& ids, c
   if (!config_.is_moe()) return nullptr;
   const int64_t batch = ids.dim(0), seq = ids.dim(1);
   std::vector<float> mask;
-  if (layout.lengths.defined()) {
+  if (layout.token_mask.defined()) {
+    FAB_CHECK(layout.token_mask.dtype() == DType::f32 && layout.token_mask.numel() == batch * seq,
+              "token_mask must be ({}, {}) f32", batch, seq);
+    mask.assign(layout.token_mask.data<float>(), layout.token_mask.data<float>() + batch * seq);
+  } else if (layout.lengths.defined()) {
     FAB_CHECK(layout.lengths.dtype() == DType::i64 && layout.lengths.numel() == batch, "lengths must be ({}) i64",
               batch);
     mask.assign(size_t(batch * seq), 0.0f);
@@ -330,8 +334,10 @@ std::shared_ptr<RouterLoss> DecoderModel::start_router_loss(const Tensor& ids, c
   }
   RouterOptions options = router_options_;
   if (!with_grad) options.z_weight = 0;
-  return std::make_shared<RouterLoss>(config_.moe.num_experts, config_.moe.num_experts_per_tok, std::move(mask),
-                                      with_grad ? aux_loss_weight_ : 0.0, options, seq);
+  auto loss = std::make_shared<RouterLoss>(config_.moe.num_experts, config_.moe.num_experts_per_tok, std::move(mask),
+                                           with_grad ? aux_loss_weight_ : 0.0, options, seq);
+  loss->group = router_group_;
+  return loss;
 }
 
 void DecoderModel::finish_router_loss() {

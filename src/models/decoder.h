@@ -74,6 +74,9 @@ struct SequenceLayout {
   // is whole (labels shifted here, SequenceAttention).
   Tensor targets;
   std::shared_ptr<AttentionCore> attention;
+  // Context parallel: (B, T) f32, 1 for a real token of the share, 0 for padding (the row's own,
+  // and the shard's past the row's end). Overrides lengths for the MoE load-balancing statistics.
+  Tensor token_mask;
 };
 
 // A vision-language model's images for generation, as the processor emits them (and SequenceLayout
@@ -205,6 +208,9 @@ class DecoderModel {
   // (nn/moe_ops.h; default: transformers' loss, no z-loss, dropless). Passes that do not
   // back-propagate add no z-loss gradient; generation runs dropless.
   void set_router_options(const RouterOptions& options) { router_options_ = options; }
+  // Context parallel: the group whose ranks share each sequence; the router statistics of every
+  // pass are summed over it (RouterLoss::group). Null (default): each rank's rows are whole rows.
+  void set_router_group(Communicator* group) { router_group_ = group; }
   const RouterOptions& router_options() const { return router_options_; }
   const RouterStatistics& router_statistics() const { return router_statistics_; }
   // Expert parallel (nn/expert_exchange.h): the passes that back-propagate send each MoE
@@ -325,6 +331,7 @@ class DecoderModel {
   int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)
   double aux_loss_weight_ = 0;
   RouterOptions router_options_;
+  Communicator* router_group_ = nullptr;
   std::shared_ptr<RouterLoss> router_loss_;  // the running pass's (mixture-of-experts models)
   std::shared_ptr<ExpertExchange> expert_exchange_;
   RouterStatistics router_statistics_;

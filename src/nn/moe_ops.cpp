@@ -172,6 +172,7 @@ void add_router_statistics(RouterLoss& aux, const Routing& r, int64_t layer) {
       if (per_sequence) l.seq_picks[size_t(b * E + e)] += m;
     }
   }
+  if (aux.group) aux.sum_layer_over_group(l);
   double total = 0, most = 0;
   for (double p : l.picks) {
     total += p;
@@ -207,6 +208,20 @@ RouterLoss::Layer& RouterLoss::add_layer(int64_t layer, int64_t rows) {
     l.seq_prob_sum.assign(l.seq_picks.size(), 0.0);
   }
   return l;
+}
+
+void RouterLoss::sum_layer_over_group(Layer& l) const {
+  std::vector<double> sums = l.picks;
+  for (const std::vector<double>* v : {&l.prob_sum, &l.seq_picks, &l.seq_prob_sum, &l.seq_rows})
+    sums.insert(sums.end(), v->begin(), v->end());
+  sums.push_back(l.rows);
+  sums.push_back(l.z_sum);
+  group->all_reduce(sums.data(), int64_t(sums.size()), "router statistics").wait();
+  size_t at = 0;
+  for (std::vector<double>* v : {&l.picks, &l.prob_sum, &l.seq_picks, &l.seq_prob_sum, &l.seq_rows})
+    for (double& x : *v) x = sums[at++];
+  l.rows = sums[at++];
+  l.z_sum = sums[at];
 }
 
 void RouterLoss::finish() {

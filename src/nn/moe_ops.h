@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "comm/communicator.h"
 #include "nn/expert_exchange.h"
 
 namespace fab {
@@ -63,6 +64,9 @@ struct RouterLoss {
   double weight;                // d(objective)/d(balancing term)
   RouterOptions options;
   int64_t sequence_length;      // rows per sequence (per_sequence)
+  // Context parallel: the ranks sharing each sequence; every layer's sums are added over them in
+  // forward (one all-reduce), so the terms are those of the whole sequences. Null: this rank's rows.
+  Communicator* group = nullptr;
   std::map<int64_t, Layer> layers;               // by decoder layer
   std::vector<double> layer_load_max_over_mean;  // per MoE layer: max_e picks_e / mean_e picks_e
   bool finished = false;
@@ -72,6 +76,7 @@ struct RouterLoss {
 
   void finish();                                  // the last layer ran
   Layer& add_layer(int64_t layer, int64_t rows);  // a fresh layer's sums over its `rows` rows
+  void sum_layer_over_group(Layer& l) const;      // l's sums added over `group` (collective)
   double aux() const;     // transformers: the joined aux; else the mean over layers of each layer's
   double z_loss() const;  // mean over layers of mean_t logsumexp(z_t)^2
   double mask(int64_t row) const { return row_mask.empty() ? 1.0 : row_mask[size_t(row)]; }

@@ -291,6 +291,7 @@ PipelineMicroBatch ContextParallel::shard(const PipelineMicroBatch& whole, const
   out.ids = Tensor::zeros({batch, n}, DType::i64, MemoryCategory::activations);
   out.layout.positions = Tensor::zeros({batch, n}, DType::i64, MemoryCategory::activations);
   out.layout.targets = Tensor::empty({batch * n}, DType::i64, MemoryCategory::activations);
+  out.layout.token_mask = Tensor::empty({batch, n}, DType::f32, MemoryCategory::activations);
   Tensor doc;  // (batch, padded) document starts, padding its own document
   if (in.doc_start.defined()) doc = Tensor::empty({batch, padded}, DType::i32, MemoryCategory::activations);
   for (int64_t b = 0; b < batch; ++b) {
@@ -303,6 +304,8 @@ PipelineMicroBatch ContextParallel::shard(const PipelineMicroBatch& whole, const
       out.layout.positions.data<int64_t>()[at] =
           !real ? 0 : in.positions.defined() ? in.positions.data<int64_t>()[b * seq + t] : t;
       out.layout.targets.data<int64_t>()[at] = real ? targets.data<int64_t>()[b * seq + t] : -100;
+      const bool unpadded = real && (!in.lengths.defined() || t < in.lengths.data<int64_t>()[b]);
+      out.layout.token_mask.data<float>()[at] = unpadded ? 1.0f : 0.0f;
     }
   }
   out.labels = out.layout.targets.reshape({batch, n});

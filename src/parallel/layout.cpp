@@ -99,7 +99,7 @@ void check_context_parallel(const TrainConfig& c, const ModelConfig& m, const Pa
   };
   refuse(l.tp > 1, format("tensor_parallel_size {}", l.tp));
   refuse(l.pp > 1, format("pipeline_parallel_size {}", l.pp));
-  refuse(m.is_moe(), format("a mixture-of-experts model ({})", m.model_type));
+  refuse(c.expert_parallel_size > 1, format("expert_parallel_size {}", c.expert_parallel_size));
   refuse(m.vision.has_value(), format("a vision-language model ({})", m.model_type));
   refuse(c.stage != Stage::sft && c.stage != Stage::pt, format("stage {}", c.stage));
   refuse(!on_host, format("device {}", c.device));

@@ -56,6 +56,7 @@ ParallelModel::ParallelModel(std::unique_ptr<DecoderModel> model, DeviceMesh* me
     const ModelConfig& m = model_->config();
     cp_ = std::make_unique<ContextParallel>(mesh->group("cp"), parse_cp_comm(config.cp_comm_type),
                                             m.num_attention_heads, m.num_key_value_heads, m.head_dim);
+    if (m.is_moe()) model_->set_router_group(&cp_->group());  // router statistics of whole sequences
     data_ = &mesh->group("dp");
   }
   dp.device_group = mesh->device_group(reduced_over);

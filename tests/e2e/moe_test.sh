@@ -54,11 +54,15 @@ paste <(grep -o '"loss":[0-9.e-]*' out/metrics.jsonl | cut -d: -f2) <(grep -o '"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 dp="max_steps=3 save_steps=0 max_samples=12 shuffle=false per_device_train_batch_size=1"
 "$fabrica" train run.yaml $dp output_dir=dp1 gradient_accumulation_steps=4 > dp1.log 2>&1 || { cat dp1.log; fail "dp1"; }
-# The same with expert parallel: Megatron's expert_model_parallel_size=2 over the 2 workers.
-for run in "z2 zero_stage=2" "z3 zero_stage=3" "ep2 zero_stage=1 expert_model_parallel_size=2"; do
+# The same with expert parallel: Megatron's expert_model_parallel_size=2 over the 2 workers; and
+# with context parallel (each sample's tokens split over the 2 workers, the router statistics
+# summed over them, so the aux loss is the whole sequences').
+for run in "z2 zero_stage=2 gradient_accumulation_steps=2" "z3 zero_stage=3 gradient_accumulation_steps=2" \
+           "ep2 zero_stage=1 expert_model_parallel_size=2 gradient_accumulation_steps=2" \
+           "cp2 context_parallel_size=2 gradient_accumulation_steps=4"; do
   set -- $run
   name=dp2$1; shift
-  "$fabrica" train run.yaml $dp output_dir=$name gradient_accumulation_steps=2 nproc_per_node=2 "$@" \
+  "$fabrica" train run.yaml $dp output_dir=$name nproc_per_node=2 "$@" \
     > $name.log 2>&1 || { cat $name.log; fail "$name"; }
   for key in loss aux_loss; do
     paste <(grep -o "\"$key\":[0-9.e-]*" dp1/metrics.jsonl | cut -d: -f2) \

@@ -191,7 +191,9 @@ TEST(ParallelLayout, ContextParallelRefusesWhatIsNotBuilt) {
           "num_experts":4,"num_experts_per_tok":2,"num_hidden_layers":2,"num_attention_heads":4,
           "num_key_value_heads":2,"max_position_embeddings":64})",
       "config.json");
-  EXPECT_NE(error_of(config("context_parallel_size: 2\n"), moe, 2).find("with a mixture-of-experts model (qwen3_moe)"),
+  EXPECT_EQ(parallel_layout(config("context_parallel_size: 2\n"), moe, 2).cp, 2);  // MoE: the router statistics summed over cp
+  EXPECT_NE(error_of(config("context_parallel_size: 2\nexpert_parallel_size: 2\n"), moe, 4)
+                .find("context_parallel_size 2 with expert_parallel_size 2 is not implemented"),
             std::string::npos);
 }
 
