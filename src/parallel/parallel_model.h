@@ -41,6 +41,8 @@ class ParallelModel {
   // The data-parallel replicas, which draw different rows (dp ranks; under context parallel the cp
   // ranks of a replica share its rows, and its gradients are summed over dp x cp: data_parallel()).
   Communicator& data_group() { return data_ ? *data_ : dp_->group(); }
+  // Context parallel's sharding of whole rows over the cp ranks (null without context parallel).
+  const ContextParallel* context_parallel() const { return cp_.get(); }
   // Rank 0 of every group: writes the logs, metrics and the final model.
   bool is_main() const;
   int processes() const;  // every rank: data x context x tensor x pipeline

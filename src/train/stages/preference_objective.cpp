@@ -31,16 +31,31 @@ void check_has_targets(const std::vector<ResponseLogp>& logps, const std::vector
 }
 
 // Runs the model over `batch` and the per-row log-probabilities through `loss`, which returns the
-// loss and writes dL/d(row sum) for every row.
-double logp_forward(DecoderModel& model, const Batch& batch, bool with_grad,
+// loss and writes dL/d(row sum) for every row. Under context parallel (`cp`) each rank runs its
+// share of every row and the rows' sums and target counts are added over the cp group first: every
+// rank sees the whole rows' values (and the same loss), and back-propagates dL/d(row sum) through
+// its own tokens; the gradients' sum over cp is the whole rows' gradient.
+double logp_forward(DecoderModel& model, const Batch& batch, bool with_grad, const ContextParallel* cp,
                     const std::function<double(const std::vector<ResponseLogp>&, std::vector<float>&)>& loss) {
-  const Tensor targets = model.shifted_labels(batch.labels);
-  return model.forward_with_head(batch.ids, with_grad, [&](Tape& tape, const Var& hidden) {
-    SequenceLogps lp = sequence_logps(tape, hidden, model.lm_head(), targets, batch.ids.dim(0));
-    std::vector<ResponseLogp> rows(lp.sum.size());
-    for (size_t i = 0; i < rows.size(); ++i) rows[i] = {lp.sum[i], lp.count[i]};
-    return loss(rows, *lp.grad);
-  });
+  const Tensor whole_targets = model.shifted_labels(batch.labels);
+  PipelineMicroBatch part{batch.ids, batch.labels, {}};
+  if (cp) {
+    part.layout.lengths = batch.lengths;
+    part = cp->shard(part, whole_targets);
+  }
+  const Tensor& targets = cp ? part.layout.targets : whole_targets;
+  return model.forward_with_head(
+      part.ids, with_grad,
+      [&](Tape& tape, const Var& hidden) {
+        SequenceLogps lp = sequence_logps(tape, hidden, model.lm_head(), targets, part.ids.dim(0));
+        std::vector<double> sums(lp.sum);
+        sums.insert(sums.end(), lp.count.begin(), lp.count.end());
+        if (cp) cp->group().all_reduce(sums.data(), int64_t(sums.size()), "row log-probabilities").wait();
+        std::vector<ResponseLogp> rows(lp.sum.size());
+        for (size_t i = 0; i < rows.size(); ++i) rows[i] = {sums[i], int64_t(sums[rows.size() + i])};
+        return loss(rows, *lp.grad);
+      },
+      part.layout);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -58,7 +73,7 @@ class DpoObjective : public PreferenceObjective {
 
   void prepare(DecoderModel& model, Communicator& group) override {
     if (needs_reference(options_.loss) && !reference_)
-      reference_ = make_reference(model, data_, group, 2 * eval_batch_);
+      reference_ = make_reference(model, data_, group, 2 * eval_batch_, cp_);
   }
 
   std::vector<std::string> metric_names() const override {
@@ -77,7 +92,7 @@ class DpoObjective : public PreferenceObjective {
     const size_t n = items.size();
     std::vector<ResponseLogp> ref(2 * n);
     if (reference_) ref = reference_->of(model, split, rows, batch);
-    return logp_forward(model, batch, with_grad, [&](const std::vector<ResponseLogp>& lp, std::vector<float>& grad) {
+    return logp_forward(model, batch, with_grad, cp_, [&](const std::vector<ResponseLogp>& lp, std::vector<float>& grad) {
       check_has_targets(lp, rows, split);
       double loss = 0;
       for (size_t i = 0; i < n; ++i) {
@@ -115,7 +130,7 @@ class KtoObjective : public PreferenceObjective {
   }
 
   void prepare(DecoderModel& model, Communicator& group) override {
-    if (!reference_) reference_ = make_reference(model, data_, group, 2 * eval_batch_);
+    if (!reference_) reference_ = make_reference(model, data_, group, 2 * eval_batch_, cp_);
   }
 
   std::vector<std::string> metric_names() const override {
@@ -141,14 +156,14 @@ class KtoObjective : public PreferenceObjective {
     const Batch kl_batch = collate(data_.rows(split), kl_rows, data_.pad_id);
     const std::vector<ResponseLogp> ref = reference_->of(model, split, rows, batch);
     const std::vector<ResponseLogp> ref_kl = reference_->of(model, split, kl_rows, kl_batch);
-    const std::vector<ResponseLogp> policy_kl = batch_logps(model, kl_batch);
+    const std::vector<ResponseLogp> policy_kl = batch_logps(model, kl_batch, cp_);
     double kl_parts[2] = {0, 1};  // this rank's mean, one rank
     for (size_t i = 0; i < items.size(); ++i) kl_parts[0] += (policy_kl[i].sum - ref_kl[i].sum) / double(items.size());
     group.all_reduce(kl_parts, 2, "kto kl").wait();
     const double kl = std::max(0.0, kl_parts[0] / kl_parts[1]);
     metrics.add(4, kl);
     const std::vector<uint8_t>& desirable = data_.desirable(split);
-    return logp_forward(model, batch, with_grad, [&](const std::vector<ResponseLogp>& lp, std::vector<float>& grad) {
+    return logp_forward(model, batch, with_grad, cp_, [&](const std::vector<ResponseLogp>& lp, std::vector<float>& grad) {
       check_has_targets(lp, rows, split);
       double loss = 0;
       for (size_t i = 0; i < items.size(); ++i) {
@@ -215,9 +230,9 @@ class RewardObjective : public PreferenceObjective {
 
 }  // namespace
 
-std::vector<ResponseLogp> batch_logps(DecoderModel& model, const Batch& batch) {
+std::vector<ResponseLogp> batch_logps(DecoderModel& model, const Batch& batch, const ContextParallel* cp) {
   std::vector<ResponseLogp> out;
-  logp_forward(model, batch, false, [&](const std::vector<ResponseLogp>& rows, std::vector<float>&) {
+  logp_forward(model, batch, false, cp, [&](const std::vector<ResponseLogp>& rows, std::vector<float>&) {
     out = rows;
     return 0.0;
   });
@@ -232,7 +247,7 @@ std::vector<ResponseLogp> AdapterReference::of(DecoderModel& model, DataSplit, c
   model.set_adapters_enabled(false);
   std::vector<ResponseLogp> logps;
   try {
-    logps = batch_logps(model, batch);
+    logps = batch_logps(model, batch, cp_);
   } catch (...) {
     model.set_adapters_enabled(true);
     throw;
@@ -242,13 +257,13 @@ std::vector<ResponseLogp> AdapterReference::of(DecoderModel& model, DataSplit, c
 }
 
 std::unique_ptr<ReferenceLogps> make_reference(DecoderModel& model, const StageData& data, Communicator& group,
-                                               int64_t eval_batch_rows) {
-  if (model.lora().enabled()) return std::make_unique<AdapterReference>();
-  return std::make_unique<PrecomputedReference>(model, data, group, eval_batch_rows);
+                                               int64_t eval_batch_rows, const ContextParallel* cp) {
+  if (model.lora().enabled()) return std::make_unique<AdapterReference>(cp);
+  return std::make_unique<PrecomputedReference>(model, data, group, eval_batch_rows, cp);
 }
 
 PrecomputedReference::PrecomputedReference(DecoderModel& model, const StageData& data, Communicator& group,
-                                           int64_t eval_batch_rows) {
+                                           int64_t eval_batch_rows, const ContextParallel* cp) {
   for (DataSplit split : {DataSplit::train, DataSplit::eval}) {
     const TokenSequences& rows = data.rows(split);
     const int64_t n = rows.size(), ranks = group.size();
@@ -258,7 +273,8 @@ PrecomputedReference::PrecomputedReference(DecoderModel& model, const StageData&
       const int64_t first = (round * ranks + group.rank()) * eval_batch_rows;
       std::vector<int64_t> picked;
       for (int64_t i = first; i < std::min(n, first + eval_batch_rows); ++i) picked.push_back(i);
-      const std::vector<ResponseLogp> lp = batch_logps(model, collate(rows, picked.empty() ? std::vector<int64_t>{0} : picked, data.pad_id));
+      const std::vector<ResponseLogp> lp =
+          batch_logps(model, collate(rows, picked.empty() ? std::vector<int64_t>{0} : picked, data.pad_id), cp);
       for (size_t k = 0; k < picked.size(); ++k) {
         values[size_t(2 * picked[k])] = lp[k].sum;
         values[size_t(2 * picked[k] + 1)] = double(lp[k].tokens);

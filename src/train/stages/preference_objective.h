@@ -15,6 +15,7 @@
 #include "config/train_config.h"
 #include "dataset/token_sequences.h"
 #include "models/decoder.h"
+#include "parallel/context_parallel.h"
 #include "train/batch.h"
 #include "train/stages/preference_loss.h"
 #include "train/stages/stage.h"
@@ -53,7 +54,9 @@ class ReferenceLogps {
 class PrecomputedReference : public ReferenceLogps {
  public:
   // Collective: every rank of `group` calls it. `eval_batch_rows`: sequences per forward pass.
-  PrecomputedReference(DecoderModel& model, const StageData& data, Communicator& group, int64_t eval_batch_rows);
+  // `cp`: context parallel's sharding of the rows (null: whole rows on each rank).
+  PrecomputedReference(DecoderModel& model, const StageData& data, Communicator& group, int64_t eval_batch_rows,
+                       const ContextParallel* cp = nullptr);
   std::vector<ResponseLogp> of(DecoderModel& model, DataSplit split, const std::vector<int64_t>& rows,
                                const Batch& batch) override;
   int64_t bytes() const override;
@@ -66,16 +69,21 @@ class PrecomputedReference : public ReferenceLogps {
 // batch (TRL's null_ref_context; LLaMA-Factory's default with LoRA). No memory of its own.
 class AdapterReference : public ReferenceLogps {
  public:
+  explicit AdapterReference(const ContextParallel* cp = nullptr) : cp_(cp) {}
   std::vector<ResponseLogp> of(DecoderModel& model, DataSplit split, const std::vector<int64_t>& rows,
                                const Batch& batch) override;
+
+ private:
+  const ContextParallel* cp_;
 };
 
 // The reference of this model: adapters off under LoRA, else computed once now (collective).
 std::unique_ptr<ReferenceLogps> make_reference(DecoderModel& model, const StageData& data, Communicator& group,
-                                               int64_t eval_batch_rows);
+                                               int64_t eval_batch_rows, const ContextParallel* cp = nullptr);
 
-// The summed log-probabilities of every row of `batch` (no gradient).
-std::vector<ResponseLogp> batch_logps(DecoderModel& model, const Batch& batch);
+// The summed log-probabilities of every row of `batch` (no gradient); under context parallel (`cp`)
+// each rank runs its share of the rows and the sums are added over the cp group (collective).
+std::vector<ResponseLogp> batch_logps(DecoderModel& model, const Batch& batch, const ContextParallel* cp = nullptr);
 
 class PreferenceObjective {
  public:
@@ -84,6 +92,8 @@ class PreferenceObjective {
   // Run before the first step, on the starting weights (also when resuming: the reference is the
   // starting model, not the checkpoint's). Collective.
   virtual void prepare(DecoderModel&, Communicator&) {}
+  // Context parallel: each rank runs its share of every row (dpo and kto; null: whole rows).
+  void set_context_parallel(const ContextParallel* cp) { cp_ = cp; }
   // Forward (and backward when with_grad) of one micro-batch of items of `split`: accumulates the
   // gradient of loss_scale * (sum of the items' losses) and returns that sum. Collective (kto's KL
   // estimate spans the ranks).
@@ -94,6 +104,9 @@ class PreferenceObjective {
   virtual nlohmann::json metrics_json(const StageMetrics& metrics, const std::string& prefix) const;
   // Memory the stage holds besides the model (the reference log-probabilities).
   virtual nlohmann::json memory_json() const { return nlohmann::json::object(); }
+
+ protected:
+  const ContextParallel* cp_ = nullptr;
 };
 
 // dpo, kto or rm (`config.stage`). The sequences `data` points to must outlive the objective.

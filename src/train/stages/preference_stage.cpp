@@ -17,6 +17,7 @@ PreferenceStage::PreferenceStage(const StageContext& context, std::unique_ptr<Pr
 // reward trainers take only the logits (or values) of the model's output, never its aux_loss.
 void PreferenceStage::prepare() {
   if (c_.model.model().config().is_moe()) c_.model.model().set_aux_loss_weight(0.0);
+  objective_->set_context_parallel(c_.model.context_parallel());
   objective_->prepare(c_.model.model(), c_.model.data_group());
   c_.model.data_parallel().release_gathered_parameters();
 }
