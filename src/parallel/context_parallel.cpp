@@ -280,6 +280,14 @@ ContextParallel::ContextParallel(Communicator& group, CpComm comm, int64_t heads
 
 // Rows padded to a multiple of 2cp: padding follows every real token, so no real query sees it,
 // and it has no target.
+int64_t ContextParallel::local_index(int64_t seq, int64_t t) const {
+  const int cp = group_.size();
+  const int64_t padded = (seq + 2 * cp - 1) / (2 * cp) * (2 * cp);
+  const std::vector<int32_t> mine = cp_token_indices(padded, cp, group_.rank());
+  const auto at = std::find(mine.begin(), mine.end(), int32_t(t));
+  return at == mine.end() ? -1 : int64_t(at - mine.begin());
+}
+
 PipelineMicroBatch ContextParallel::shard(const PipelineMicroBatch& whole, const Tensor& targets) const {
   const int cp = group_.size();
   const int64_t batch = whole.ids.dim(0), seq = whole.ids.dim(1);

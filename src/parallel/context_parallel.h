@@ -40,6 +40,9 @@ class ContextParallel {
   // attention core over the group (layout.attention) that keeps each packed document apart.
   PipelineMicroBatch shard(const PipelineMicroBatch& whole, const Tensor& targets) const;
   Communicator& group() const { return group_; }
+  // Where token t of a row of `seq` tokens sits in this rank's share of it (shard's column), or
+  // -1 when another rank holds it.
+  int64_t local_index(int64_t seq, int64_t t) const;
   CpComm comm() const { return comm_; }
 
  private:

@@ -94,14 +94,15 @@ void check_context_parallel(const TrainConfig& c, const ModelConfig& m, const Pa
   if (l.cp == 1) return;
   const auto refuse = [&](bool bad, const std::string& what) {
     FAB_USER_CHECK(!bad, "context_parallel_size {} with {} is not implemented in Fabrica yet: context parallel runs "
-                         "pt, sft, dpo and kto on the CPU, data parallel (and ZeRO) around it",
+                         "pt, sft, dpo, kto and rm on the CPU, data parallel (and ZeRO) around it",
                    l.cp, what);
   };
   refuse(l.tp > 1, format("tensor_parallel_size {}", l.tp));
   refuse(l.pp > 1, format("pipeline_parallel_size {}", l.pp));
   refuse(c.expert_parallel_size > 1, format("expert_parallel_size {}", c.expert_parallel_size));
   refuse(m.vision.has_value(), format("a vision-language model ({})", m.model_type));
-  refuse(c.stage != Stage::sft && c.stage != Stage::pt && c.stage != Stage::dpo && c.stage != Stage::kto,
+  refuse(c.stage != Stage::sft && c.stage != Stage::pt && c.stage != Stage::dpo && c.stage != Stage::kto &&
+             c.stage != Stage::rm,
          format("stage {}", c.stage));
   refuse(!on_host, format("device {}", c.device));
   FAB_USER_CHECK(c.cutoff_len >= 2 * l.cp,

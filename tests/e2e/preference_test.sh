@@ -68,9 +68,9 @@ for name in dpo kto reward; do
   OMP_NUM_THREADS=1 "$fabrica" train $name.yaml $common output_dir=dp_$name per_device_train_batch_size=2 \
     nproc_per_node=2 >dp_$name.log 2>&1 || { cat dp_$name.log; fail "$name, 2 ranks"; }
   same_losses one_$name dp_$name
-  [ $name = reward ] && continue
-  # Context parallel: each row's tokens split over the 2 ranks, the rows' log-probabilities summed
-  # over them (the LoRA example: the adapters-off reference runs sharded too).
+  # Context parallel: each row's tokens split over the 2 ranks, the rows' log-probabilities (rm: the
+  # score at the last token, on the rank holding it) summed over them (the LoRA examples: the
+  # adapters-off reference runs sharded too).
   # shellcheck disable=SC2086
   OMP_NUM_THREADS=1 "$fabrica" train $name.yaml $common output_dir=cp_$name per_device_train_batch_size=4 \
     nproc_per_node=2 context_parallel_size=2 >cp_$name.log 2>&1 || { cat cp_$name.log; fail "$name, cp 2"; }
@@ -85,7 +85,7 @@ for run in "one_full" "cp_full nproc_per_node=2 context_parallel_size=2"; do
     >$1.log 2>&1 || { cat $1.log; fail "full dpo $1"; }
 done
 same_losses one_full cp_full
-echo "ok: dpo, kto and rm on 2 data-parallel ranks, dpo and kto on 2 context-parallel ranks (LoRA and full) = one process"
+echo "ok: dpo, kto and rm on 2 data-parallel ranks and on 2 context-parallel ranks (dpo: LoRA and full) = one process"
 
 # A reward model resumed from a checkpoint continues bit for bit (its value head is restored).
 rm_common="$every_run per_device_train_batch_size=2 bf16=false cutoff_len=64 learning_rate=1.0e-3 max_samples=16 \

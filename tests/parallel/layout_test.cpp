@@ -173,8 +173,7 @@ TEST(ParallelLayout, ContextParallelRefusesWhatIsNotBuilt) {
          "context_parallel_size 2 with tensor_parallel_size 2 is not implemented");
   expect("context_parallel_size: 2\npipeline_parallel_size: 2\n", 4,
          "context_parallel_size 2 with pipeline_parallel_size 2 is not implemented");
-  expect("context_parallel_size: 2\nstage: rm\n", 2, "context_parallel_size 2 with stage rm is not implemented");
-  EXPECT_EQ(parallel_layout(config("context_parallel_size: 2\nstage: dpo\n"), model(2), 2).cp, 2);  // and kto
+  EXPECT_EQ(parallel_layout(config("context_parallel_size: 2\nstage: dpo\n"), model(2), 2).cp, 2);  // kto, rm too
   expect("context_parallel_size: 2\nstage: grpo\nreward: exact_match\n", 2, "context_parallel_size 2 with stage grpo is not implemented");
   expect("context_parallel_size: 2\ndevice: cuda\n", 2, "context_parallel_size 2 with device cuda is not implemented");
   expect("context_parallel_size: 4\ncutoff_len: 7\n", 4, "cutoff_len 7 is shorter than 2 x context_parallel_size 4 = 8");

@@ -197,31 +197,48 @@ class RewardObjective : public PreferenceObjective {
   }
 
   // LLaMA-Factory's PairwiseTrainer: scores at attention_mask.sum() - 1, the last real token of a
-  // right-padded row; loss -log σ(s_chosen - s_rejected), the mean over pairs.
+  // right-padded row; loss -log σ(s_chosen - s_rejected), the mean over pairs. Under context
+  // parallel the rank holding a row's last token scores it, the scores are summed over cp (the
+  // others add 0), and that rank alone back-propagates the row's dL/d score.
   double step(DecoderModel& model, DataSplit split, const std::vector<int64_t>& items, float loss_scale,
               bool with_grad, StageMetrics& metrics, Communicator&) override {
     const std::vector<int64_t> rows = pair_rows(items);
     const TokenSequences& data = data_.rows(split);
     const Batch batch = collate(data, rows, data_.pad_id);
     const int64_t T = batch.ids.dim(1), n = int64_t(items.size());
-    std::vector<int64_t> last;
-    for (size_t r = 0; r < rows.size(); ++r) last.push_back(int64_t(r) * T + data.length(rows[r]) - 1);
-    return model.forward_with_head(batch.ids, with_grad, [&](Tape& tape, const Var& hidden) {
-      RowScores s = row_scores(tape, hidden, model.value_head(), last);
-      double loss = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const double chosen = s.value[size_t(i)], rejected = s.value[size_t(n + i)];
-        const RewardPairResult p = reward_pair_loss(chosen, rejected);
-        loss += p.loss;
-        (*s.grad)[size_t(i)] = float(loss_scale * p.d_chosen);
-        (*s.grad)[size_t(n + i)] = float(loss_scale * p.d_rejected);
-        metrics.add(0, chosen);
-        metrics.add(1, rejected);
-        metrics.add(2, chosen > rejected ? 1.0 : 0.0);
-        metrics.add(3, chosen - rejected);
-      }
-      return loss;
-    });
+    PipelineMicroBatch part{batch.ids, batch.labels, {}};
+    if (cp_) part = cp_->shard(part, model.shifted_labels(batch.labels));
+    const int64_t width = part.ids.dim(1);
+    std::vector<int64_t> last, scored;  // this rank's hidden rows read, and their sequences
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const int64_t t = data.length(rows[r]) - 1, at = cp_ ? cp_->local_index(T, t) : t;
+      if (at < 0) continue;
+      last.push_back(int64_t(r) * width + at);
+      scored.push_back(int64_t(r));
+    }
+    return model.forward_with_head(
+        part.ids, with_grad,
+        [&](Tape& tape, const Var& hidden) {
+          RowScores s = row_scores(tape, hidden, model.value_head(), last);
+          std::vector<double> score(rows.size(), 0.0), d(rows.size(), 0.0);
+          for (size_t k = 0; k < scored.size(); ++k) score[size_t(scored[k])] = s.value[k];
+          if (cp_) cp_->group().all_reduce(score.data(), int64_t(score.size()), "reward scores").wait();
+          double loss = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const double chosen = score[size_t(i)], rejected = score[size_t(n + i)];
+            const RewardPairResult p = reward_pair_loss(chosen, rejected);
+            loss += p.loss;
+            d[size_t(i)] = loss_scale * p.d_chosen;
+            d[size_t(n + i)] = loss_scale * p.d_rejected;
+            metrics.add(0, chosen);
+            metrics.add(1, rejected);
+            metrics.add(2, chosen > rejected ? 1.0 : 0.0);
+            metrics.add(3, chosen - rejected);
+          }
+          for (size_t k = 0; k < scored.size(); ++k) (*s.grad)[k] = float(d[size_t(scored[k])]);
+          return loss;
+        },
+        part.layout);
   }
 
  private:
