@@ -231,7 +231,7 @@ void Trainer::log_step(const StepRecord& r, double eval_loss) {
   nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
                       {"lr", r.lr},              {"grad_norm", r.grad_norm},
                       {"tokens_per_s", r.tokens_per_s}, {"mfu", mfu(r.tokens_per_s)}, {"epoch", sampler_->epochs_done()},
-                      {"skipped_steps", state_.skipped_steps()}};
+                      {"skipped_steps", state_.skipped_steps()}, {"timing_s/step", r.step_seconds}};
   j.update(parallel);
   j.update(stage);
   const Device device = model_->model().options().device;

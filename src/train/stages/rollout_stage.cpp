@@ -194,14 +194,15 @@ std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::
 }
 
 GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const RolloutSequence*>& rows,
-                              const GrpoLossOptions& options, int32_t pad_id, float scale, bool with_grad) {
+                              const GrpoLossOptions& options, int32_t pad_id, float scale, bool with_grad,
+                              RolloutLogpCheck* check) {
   const Batch batch = collate_rollouts(rows, pad_id);
   const Tensor targets = model.shifted_labels(batch.labels);
   const int64_t seq = batch.ids.dim(1);
   GrpoLossResult result;
   model.forward_with_head(batch.ids, with_grad, [&](Tape& tape, const Var& hidden) {
-    TokenLogps lp =
-        token_logps(tape, hidden, model.lm_head(), targets, false, options.temperature, kLogpChunkRows, head_gemm(model));
+    TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, check != nullptr, options.temperature,
+                                kLogpChunkRows, head_gemm(model));
     std::vector<ResponseTokens> tokens(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
       tokens[i].old_logp = rows[i]->old_logp;
@@ -210,8 +211,16 @@ GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const Rollo
       tokens[i].token_advantages = rows[i]->token_advantages;
       tokens[i].is_weight = rows[i]->is_weight;
       tokens[i].masked = options.mask_truncated_completions && rows[i]->truncated;
-      for (size_t k = 0; k < rows[i]->response.size(); ++k)
-        tokens[i].logp.push_back(lp.logp[size_t(response_row(int64_t(i), seq, *rows[i], k))]);
+      for (size_t k = 0; k < rows[i]->response.size(); ++k) {
+        const size_t row = size_t(response_row(int64_t(i), seq, *rows[i], k));
+        tokens[i].logp.push_back(lp.logp[row]);
+        if (!check) continue;
+        const double diff = std::fabs(rows[i]->rollout_logp[k] - lp.logp[row]);
+        check->entropy_sum += lp.entropy[row];
+        check->tokens += 1;
+        check->diff_sum += diff;
+        check->diff_max = std::max(check->diff_max, diff);
+      }
     }
     result = grpo_loss(tokens, options);
     for (size_t i = 0; i < rows.size(); ++i)
@@ -376,10 +385,17 @@ double RolloutStage::update(int64_t step, const std::vector<const RolloutSequenc
                             double* grad_norm) {
   ParallelModel& model = c_.model;
   GrpoLossResult r;
+  RolloutLogpCheck check;
   const double loss_sum = model.accumulate(1, [&](int64_t) {
-    r = grpo_minibatch(model_, rows, loss_options_, pad_id_, float(1.0 / double(group_.size())), true);
+    r = grpo_minibatch(model_, rows, loss_options_, pad_id_, float(1.0 / double(group_.size())), true,
+                       checking_rollout_logps_ ? &check : nullptr);
     return r.loss;
   });
+  if (checking_rollout_logps_) {  // as old_logps() reports them
+    means_.add(kEntropy, check.entropy_sum, check.tokens);
+    means_.add(kRolloutLogpDiff, check.diff_sum, check.tokens);
+    extremes_[4] = std::max(extremes_[4], check.diff_max);
+  }
   const UpdateResult u = c_.optimizer.apply(model, step, loss_sum, lr, actor_rule());
   *grad_norm = u.grad_norm;
   if (u.skipped) return NAN;
@@ -394,6 +410,22 @@ double RolloutStage::update(int64_t step, const std::vector<const RolloutSequenc
 size_t RolloutStage::per_mini_batch() const {
   return size_t(config_.num_generations) *
          size_t(config_.ppo_mini_batch_size > 0 ? config_.ppo_mini_batch_size : config_.per_device_train_batch_size);
+}
+
+bool RolloutStage::reuses_rollout_logps(const std::vector<RolloutSequence>& rollouts, size_t per_mini) const {
+  // (tensor and pipeline parallel keep the training kernels: their log-probabilities are not the
+  // rollout's bit for bit)
+  if (config_.ppo_epochs != 1 || rollouts.size() > per_mini || config_.logp_kernels != "rollout" ||
+      parse_rollout_is(config_.rollout_is) != RolloutIs::off || !model_.options().device.is_host() ||
+      model_.sharding().size() != 1 || !model_.is_whole())
+    return false;
+  return std::all_of(rollouts.begin(), rollouts.end(),
+                     [](const RolloutSequence& r) { return r.rollout_logp.size() == r.response.size(); });
+}
+
+void RolloutStage::take_rollout_logps(std::vector<RolloutSequence>& rollouts) {
+  for (RolloutSequence& r : rollouts) r.old_logp = r.rollout_logp;
+  means_.add(kTimeOld, 0.0);
 }
 
 void RolloutStage::old_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini) {
@@ -530,9 +562,14 @@ StepResult GrpoStage::step(int64_t step, double lr, Sampler& sampler) {
   std::vector<RolloutSequence> rollouts = config_.filter_groups ? filtered_roll_out(step, sampler) : roll_out(step, sampler);
   set_advantages(rollouts);
   const size_t per_mini = per_mini_batch();
-  old_logps(rollouts, per_mini);
+  checking_rollout_logps_ = reuses_rollout_logps(rollouts, per_mini);
+  if (checking_rollout_logps_)
+    take_rollout_logps(rollouts);
+  else
+    old_logps(rollouts, per_mini);
   if (loss_options_.kl_loss_coef != 0) reference_logps(rollouts, per_mini);
   out.loss = actor_updates(step, rollouts, per_mini, lr, &out.grad_norm);
+  checking_rollout_logps_ = false;
   out.tokens = count_tokens(rollouts);
   return out;
 }

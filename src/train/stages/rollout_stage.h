@@ -83,10 +83,19 @@ std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::
 // that temperature (verl, TRL), or 1 for greedy rollouts (temperature 0).
 double logp_temperature(const TrainConfig& config);
 
+// What an update's forward measures when the rollout's log-probabilities stand in for the old ones
+// (RolloutStage::reuses_rollout_logps): the entropy of its distributions and how far its
+// log-probabilities are from the rollout's.
+struct RolloutLogpCheck {
+  double entropy_sum = 0, tokens = 0, diff_sum = 0, diff_max = 0;
+};
+
 // Forward (and, with_grad, backward of scale * loss) of the GRPO loss of `rows`, the policy's
-// log-probabilities at options.temperature.
+// log-probabilities at options.temperature; with `check`, also the entropy and the difference of
+// those log-probabilities from the rows' rollout_logp.
 GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const RolloutSequence*>& rows,
-                              const GrpoLossOptions& options, int32_t pad_id, float scale, bool with_grad);
+                              const GrpoLossOptions& options, int32_t pad_id, float scale, bool with_grad,
+                              RolloutLogpCheck* check = nullptr);
 
 GrpoLossOptions grpo_loss_options(const TrainConfig& config);
 
@@ -131,6 +140,13 @@ class RolloutStage : public TrainingStage {
   // rollout engine's log-probabilities from them (rollout_logp_diff_mean, _max); with rollout_is,
   // the importance weights of the engine's against them. Collective with rollout_is_batch_normalize.
   void old_logps(std::vector<RolloutSequence>& rollouts, size_t per_mini);
+  // On-policy with the rollout kernels (one update per rollout batch: ppo_epochs 1, one mini-batch,
+  // logp_kernels rollout, no rollout_is, on the CPU, no tensor or pipeline parallel): the rollout engine's log-probabilities are the
+  // old ones bit for bit (the tests' rollout_logp_diff_max is 0), so they are taken as they are and
+  // the old_log_prob pass is skipped, as TRL skips it when num_iterations is 1. The update's forward,
+  // at the rollout's weights, then measures the entropy and rollout_logp_diff.
+  bool reuses_rollout_logps(const std::vector<RolloutSequence>& rollouts, size_t per_mini) const;
+  void take_rollout_logps(std::vector<RolloutSequence>& rollouts);
   // rollout_is: each response's weights and their metrics (rollout_corr/...), normalised over the
   // ranks with rollout_is_batch_normalize.
   void rollout_correction(std::vector<RolloutSequence>& rollouts);
@@ -160,6 +176,7 @@ class RolloutStage : public TrainingStage {
   StageMetrics means_;
   // This rank's max reward, max advantage, -min reward, -min advantage, max |rollout - old| log-prob.
   std::vector<double> extremes_;
+  bool checking_rollout_logps_ = false;  // this step's update measures entropy and rollout_logp_diff
 
  private:
   double update(int64_t step, const std::vector<const RolloutSequence*>& rows, double lr, double* grad_norm);
