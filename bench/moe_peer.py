@@ -17,10 +17,9 @@ Prints one JSON line, the keys of bench/torch_peer.py's plus "experts".
 """
 import argparse
 import json
-import math
+import os
 import resource
 import sys
-import time
 import warnings
 
 warnings.filterwarnings("ignore", message=".*Failed to initialize NumPy.*")
@@ -30,6 +29,9 @@ import torch
 IMPORT_RSS_MB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 import transformers  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_peer import time_steps  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS, HEADS, HEAD_DIM = 8192, 512, 4, 8, 64
 EXPERTS, TOP_K, EXPERT_WIDTH = 8, 2, 512
@@ -83,16 +85,10 @@ def main():
         opt.step()
         return loss.item()
 
-    for i in range(args.warmup):
-        step(i)
-    loss = float("nan")
-    t0 = time.perf_counter()
-    for i in range(args.warmup, total):
-        loss = step(i)
-    elapsed = time.perf_counter() - t0
-    if not math.isfinite(loss):
-        print(f"moe_peer: non-finite loss {loss}", file=sys.stderr)
+    timed = time_steps(step, args.warmup, total, "moe_peer")
+    if timed is None:
         return 1
+    loss, elapsed = timed
     print(json.dumps({
         "impl": "transformers",
         "torch": torch.__version__,

@@ -160,6 +160,22 @@ class Llama(nn.Module):
         return self.lm_head(self.norm(x))
 
 
+def time_steps(step, warmup, total, who):
+    """Runs step(i) for i < total, timing those from `warmup` on: (last loss, seconds), or None
+    (after saying so) when the last loss is not finite."""
+    for i in range(warmup):
+        step(i)
+    loss = float("nan")
+    t0 = time.perf_counter()
+    for i in range(warmup, total):
+        loss = step(i)
+    elapsed = time.perf_counter() - t0
+    if not math.isfinite(loss):
+        print(f"{who}: non-finite loss {loss}", file=sys.stderr)
+        return None
+    return loss, elapsed
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
@@ -219,18 +235,10 @@ def main():
         opt.step()
         return loss.item()
 
-    for i in range(args.warmup):
-        step(i)
-
-    loss = float("nan")
-    t0 = time.perf_counter()
-    for i in range(args.warmup, total):
-        loss = step(i)
-    elapsed = time.perf_counter() - t0
-
-    if not math.isfinite(loss):
-        print(f"torch_peer: non-finite loss {loss}", file=sys.stderr)
+    timed = time_steps(step, args.warmup, total, "torch_peer")
+    if timed is None:
         return 1
+    loss, elapsed = timed
 
     tokens = BATCH * SEQ * args.steps
     if args.ddp:
