@@ -562,7 +562,10 @@ StepResult GrpoStage::step(int64_t step, double lr, Sampler& sampler) {
   std::vector<RolloutSequence> rollouts = config_.filter_groups ? filtered_roll_out(step, sampler) : roll_out(step, sampler);
   set_advantages(rollouts);
   const size_t per_mini = per_mini_batch();
-  checking_rollout_logps_ = reuses_rollout_logps(rollouts, per_mini);
+  // Decided together: the old-log-prob pass is collective under ZeRO-3 (parameter gathers).
+  double pass[1] = {reuses_rollout_logps(rollouts, per_mini) ? 0.0 : 1.0};
+  group_.all_reduce(pass, 1, "old log-prob pass").wait();
+  checking_rollout_logps_ = pass[0] == 0;
   if (checking_rollout_logps_)
     take_rollout_logps(rollouts);
   else
