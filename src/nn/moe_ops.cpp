@@ -227,10 +227,14 @@ void RouterLoss::sum_layer_over_group(Layer& l) const {
 void RouterLoss::finish() {
   finished = true;
   joined_picks.assign(size_t(experts), 0.0);
+  joined_prob_sum.assign(size_t(experts), 0.0);
   joined_rows = 0;
   for (const auto& [index, l] : layers) {
     joined_rows += l.rows;
-    for (int64_t e = 0; e < experts; ++e) joined_picks[size_t(e)] += l.picks[size_t(e)];
+    for (int64_t e = 0; e < experts; ++e) {
+      joined_picks[size_t(e)] += l.picks[size_t(e)];
+      joined_prob_sum[size_t(e)] += l.prob_sum[size_t(e)];
+    }
   }
 }
 
@@ -247,17 +251,10 @@ double RouterLoss::layer_aux(const Layer& l) const {
 double RouterLoss::aux() const {
   if (layers.empty()) return 0.0;
   if (options.balancing == LoadBalancing::transformers) {
-    double rows = 0, sum = 0;
-    std::vector<double> picks(size_t(experts), 0.0), probs(size_t(experts), 0.0);
-    for (const auto& [index, l] : layers) {
-      rows += l.rows;
-      for (int64_t e = 0; e < experts; ++e) {
-        picks[size_t(e)] += l.picks[size_t(e)];
-        probs[size_t(e)] += l.prob_sum[size_t(e)];
-      }
-    }
-    if (rows <= 0) return 0.0;
-    for (int64_t e = 0; e < experts; ++e) sum += (picks[size_t(e)] / rows) * (probs[size_t(e)] / rows);
+    if (joined_rows <= 0) return 0.0;
+    double sum = 0;
+    for (int64_t e = 0; e < experts; ++e)
+      sum += (joined_picks[size_t(e)] / joined_rows) * (joined_prob_sum[size_t(e)] / joined_rows);
     return double(experts) * sum;
   }
   double sum = 0;

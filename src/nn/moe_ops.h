@@ -71,13 +71,13 @@ struct RouterLoss {
   std::vector<double> layer_load_max_over_mean;  // per MoE layer: max_e picks_e / mean_e picks_e
   bool finished = false;
 
-  std::vector<double> joined_picks;  // over every layer, set by finish() (transformers)
+  std::vector<double> joined_picks, joined_prob_sum;  // over every layer, set by finish() (transformers)
   double joined_rows = 0;
 
   void finish();                                  // the last layer ran
   Layer& add_layer(int64_t layer, int64_t rows);  // a fresh layer's sums over its `rows` rows
   void sum_layer_over_group(Layer& l) const;      // l's sums added over `group` (collective)
-  double aux() const;     // transformers: the joined aux; else the mean over layers of each layer's
+  double aux() const;     // after finish(): transformers' joined aux, else the mean over layers of each layer's
   double z_loss() const;  // mean over layers of mean_t logsumexp(z_t)^2
   double mask(int64_t row) const { return row_mask.empty() ? 1.0 : row_mask[size_t(row)]; }
   // dp[e] += scale * d(balancing term)/d p_e of row `row` of `layer`, every e (nothing for a
