@@ -104,6 +104,7 @@ bench: deps build
 	@bash bench/setup_peer.sh
 	@bash bench/run_bench.sh
 	@bash bench/moe_bench.sh
+	@bash bench/vlm_bench.sh
 	@bench/.venv/bin/python bench/grpo_speed_vs_trl.py --work build/grpo_speed_vs_trl
 	@bench/.venv/bin/python bench/grpo_speed_vs_trl.py --work build/grpo_speed_vs_trl_512 --hidden 512 --layers 4
 	@bash bench/rollout_bench.sh

@@ -14,17 +14,24 @@
 // 8 heads, 8 experts, top-2, moe_intermediate_size 512, the load-balancing loss at 0.001; batch
 // 4 x 256; its peer is bench/moe_peer.py, transformers' own Qwen3MoeForCausalLM) and --model
 // moe-dense the dense qwen3 of the same active parameters (intermediate_size 1024 = 2 x 512).
+// --model vlm --folder DIR trains the vision-language bench folder bench/vlm_peer.py make-model
+// wrote (Qwen2.5-VL, batch 4 x 512, one 448x448 image of 256 tokens a row), the tower and merger
+// frozen as LLaMA-Factory's defaults do (--train-tower: trained too). --images FILE,FILE,...
+// --folder DIR instead times the image pipeline (decode, LLaMA-Factory's pre-resize, smart_resize,
+// bicubic, normalise, patchify) over the files --repeat times and prints images/s.
 #include <omp.h>
 #include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/parallel_map.h"
 #include "core/rng.h"
 #include "kernels/cpu/fma_peak.h"
 #include "kernels/kernel_table.h"
@@ -35,10 +42,13 @@
 #include "parallel/layout.h"
 #include "parallel/pipeline_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "image/qwen2_vl_processor.h"
+#include "models/hf_model.h"
 #include "train/checkpoint.h"
 
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -57,7 +67,11 @@ struct Flags {
   int save_every = 0;  // > 0: a checkpoint every N timed steps into save_dir
   std::string save_dir;
   bool async_save = false;
-  std::string model = "standard";  // standard | moe | moe-dense
+  std::string model = "standard";  // standard | moe | moe-dense | vlm
+  std::string folder;  // vlm: the HF folder; --images: where preprocessor_config.json is
+  bool train_tower = false;
+  std::string images;  // comma-separated files: time the image pipeline
+  int repeat = 5;
 };
 
 Flags parse(int argc, char** argv) {
@@ -89,11 +103,16 @@ Flags parse(int argc, char** argv) {
     else if (a == "--save-dir") f.save_dir = next();
     else if (a == "--async-save") f.async_save = true;
     else if (a == "--model") f.model = next();
+    else if (a == "--folder") f.folder = next();
+    else if (a == "--train-tower") f.train_tower = true;
+    else if (a == "--images") f.images = next();
+    else if (a == "--repeat") f.repeat = std::stoi(next());
     else {
       std::fprintf(stderr, "usage: fabrica_bench [--precision fp32|bf16] [--warmup N] [--steps N] [--threads N] [--recompute]\n"
                            "                     [--data-parallel [--zero N] | --tensor-parallel [--sequence-parallel]]\n"
                            "                     [--pipeline CHUNKS [--layers N]] [--allreduce-mb N] [--fma-peak]\n"
-                           "                     [--save-every N --save-dir DIR [--async-save]] [--model standard|moe|moe-dense]\n");
+                           "                     [--save-every N --save-dir DIR [--async-save]] [--model standard|moe|moe-dense]\n"
+                           "                     [--model vlm --folder DIR [--train-tower]] [--images FILE,... --folder DIR [--repeat N]]\n");
       std::exit(2);
     }
   }
@@ -101,8 +120,12 @@ Flags parse(int argc, char** argv) {
     std::fprintf(stderr, "fabrica_bench: --precision must be fp32 or bf16\n");
     std::exit(2);
   }
-  if (f.model != "standard" && f.model != "moe" && f.model != "moe-dense") {
-    std::fprintf(stderr, "fabrica_bench: --model must be standard, moe or moe-dense\n");
+  if (f.model != "standard" && f.model != "moe" && f.model != "moe-dense" && f.model != "vlm") {
+    std::fprintf(stderr, "fabrica_bench: --model must be standard, moe, moe-dense or vlm\n");
+    std::exit(2);
+  }
+  if ((f.model == "vlm" || !f.images.empty()) && f.folder.empty()) {
+    std::fprintf(stderr, "fabrica_bench: --model vlm and --images need --folder\n");
     std::exit(2);
   }
   if (f.save_every > 0 && (f.save_dir.empty() || f.tensor_parallel)) {
@@ -199,6 +222,77 @@ int pipeline_bench(const Flags& flags, const fab::ModelConfig& cfg, int64_t seq,
   return 0;
 }
 
+// The image pipeline over --images, --repeat times after one warm-up pass: images/s.
+int images_bench(const Flags& flags) {
+  using namespace fab;
+  std::vector<std::string> files;
+  for (size_t at = 0; at <= flags.images.size();) {
+    const size_t comma = std::min(flags.images.find(',', at), flags.images.size());
+    if (comma > at) files.push_back(flags.images.substr(at, comma - at));
+    at = comma + 1;
+  }
+  const Qwen2VLImageConfig config = load_qwen2_vl_image_config(flags.folder + "/preprocessor_config.json");
+  const ImagePixelBounds bounds;  // LLaMA-Factory's defaults, as the peer's
+  auto pass = [&] {  // as the dataset's images are processed (dataset/multimodal.cpp): one per thread
+    int64_t patches = 0;
+    for (const ProcessedImage& image :
+         parallel_map(files.size(), [&](size_t i) { return qwen2_vl_load_image(files[i], bounds, config); }, 1))
+      patches += image.patches();
+    return patches;
+  };
+  pass();
+  const auto start = std::chrono::steady_clock::now();
+  int64_t patches = 0;
+  for (int r = 0; r < flags.repeat; ++r) patches += pass();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t images = int64_t(files.size()) * flags.repeat;
+  std::printf("{\"impl\":\"fabrica\",\"processor\":\"fabrica\",\"threads\":%d,\"images\":%lld,\"patches\":%lld,"
+              "\"images_per_s\":%.2f}\n",
+              flags.threads, (long long)images, (long long)patches, double(images) / seconds);
+  return 0;
+}
+
+// One bench micro-batch: ids, labels and, for the vision-language model, its images.
+struct BenchBatch {
+  fab::Tensor ids, labels;
+  fab::SequenceLayout layout;
+};
+
+// Random tokens, labels = ids (the text models').
+BenchBatch text_batch(fab::Rng& rng, int64_t batch, int64_t seq, int64_t vocab) {
+  using namespace fab;
+  Tensor ids = Tensor::empty({batch, seq}, DType::i64, MemoryCategory::activations);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = int64_t(rng.next_u64() % uint64_t(vocab));
+  return {ids, ids, {}};
+}
+
+// bench/vlm_peer.py's batch: each row vision_start, one image's pad tokens, vision_end, random
+// text below 8000; labels the ids with the image tokens -100; N(0, 1) pixel values.
+BenchBatch image_batch(fab::Rng& rng, const fab::ModelConfig& cfg, int64_t vision_end, int64_t batch, int64_t seq) {
+  using namespace fab;
+  const int64_t grid = 448 / cfg.vision->patch_size, merge = cfg.vision->spatial_merge_size;
+  const int64_t image_tokens = grid * grid / (merge * merge);
+  BenchBatch b = text_batch(rng, batch, seq, 8000);
+  b.labels = Tensor::empty({batch, seq}, DType::i64, MemoryCategory::activations);
+  for (int64_t r = 0; r < batch; ++r) {
+    int64_t* row = b.ids.data<int64_t>() + r * seq;
+    row[0] = cfg.vision_start_token_id;
+    for (int64_t t = 1; t <= image_tokens; ++t) row[t] = cfg.image_token_id;
+    row[image_tokens + 1] = vision_end;
+    for (int64_t t = 0; t < seq; ++t)
+      b.labels.data<int64_t>()[r * seq + t] = row[t] == cfg.image_token_id ? -100 : row[t];
+  }
+  const int64_t patches = batch * grid * grid;
+  b.layout.pixel_values = Tensor::empty({patches, cfg.vision->patch_values()}, DType::f32, MemoryCategory::activations);
+  for (int64_t i = 0; i < b.layout.pixel_values.numel(); ++i) b.layout.pixel_values.data<float>()[i] = float(rng.normal());
+  b.layout.image_grid_thw = Tensor::empty({batch, 3}, DType::i64, MemoryCategory::activations);
+  for (int64_t r = 0; r < batch; ++r) {
+    int64_t* thw = b.layout.image_grid_thw.data<int64_t>() + 3 * r;
+    thw[0] = 1, thw[1] = grid, thw[2] = grid;
+  }
+  return b;
+}
+
 // The standard bench model, or the MoE bench model and its dense equivalent (bench/moe_peer.py).
 fab::ModelConfig bench_model(const Flags& flags) {
   fab::ModelConfig cfg;
@@ -248,9 +342,20 @@ int main(int argc, char** argv) {
     return rc;
   }
 
-  const ModelConfig cfg = bench_model(flags);
+  if (!flags.images.empty()) {
+    const int rc = images_bench(flags);
+    world.reset();
+    leave_world();
+    return rc;
+  }
+
+  const bool vlm = flags.model == "vlm";
+  const ModelConfig cfg = vlm ? load_model_config(flags.folder + "/config.json") : bench_model(flags);
+  FAB_CHECK(!vlm || cfg.vision, "{}: not a vision-language folder", flags.folder);
+  const int64_t vision_end =
+      vlm ? nlohmann::json::parse(std::ifstream(flags.folder + "/config.json")).value("vision_end_token_id", int64_t(0)) : 0;
   const int64_t full_batch = flags.model == "standard" ? 8 : 4;
-  const int64_t seq = 256, batch = flags.data_parallel ? full_batch / world->size() : full_batch;  // per rank (tp: whole)
+  const int64_t seq = vlm ? 512 : 256, batch = flags.data_parallel ? full_batch / world->size() : full_batch;  // per rank (tp: whole)
   if (flags.pipeline_chunks > 0) {
     const int rc = pipeline_bench(flags, cfg, seq, *world);
     world.reset();
@@ -275,8 +380,15 @@ int main(int argc, char** argv) {
     options.lora.targets = lora_projection_names();
     options.trainable = [](const std::string&) { return false; };
   }
-  auto built = std::make_unique<DecoderModel>(cfg, options);
-  built->init_random(1234);
+  std::unique_ptr<DecoderModel> built;
+  if (vlm) {
+    if (!flags.train_tower)  // LLaMA-Factory's freeze_vision_tower and freeze_multi_modal_projector
+      options.trainable = [](const std::string& name) { return name.rfind("model.visual.", 0) != 0; };
+    built = load_model_folder(flags.folder, options);
+  } else {
+    built = std::make_unique<DecoderModel>(cfg, options);
+    built->init_random(1234);
+  }
   DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, {}, {}};
   if (tp) {
     dp_options.model_parallel_groups = {world.get()};
@@ -288,12 +400,9 @@ int main(int argc, char** argv) {
 
   // A fresh random batch every step, all made before timing (as the PyTorch peer does).
   Rng rng(42 + uint64_t(tp ? 0 : world->rank()));  // each rank its own share of the data (tp: the same)
-  std::vector<Tensor> batches;
-  for (int step = 0; step < flags.warmup + flags.steps; ++step) {
-    Tensor ids = Tensor::empty({batch, seq}, DType::i64, MemoryCategory::activations);
-    for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = int64_t(rng.next_u64() % cfg.vocab_size);
-    batches.push_back(ids);
-  }
+  std::vector<BenchBatch> batches;
+  for (int step = 0; step < flags.warmup + flags.steps; ++step)
+    batches.push_back(vlm ? image_batch(rng, cfg, vision_end, batch, seq) : text_batch(rng, batch, seq, cfg.vocab_size));
 
   double loss = 0, seconds = 0, drain_seconds = 0, save_seconds = 0;  // save: on the training thread
   int saves = 0;
@@ -314,12 +423,12 @@ int main(int argc, char** argv) {
       backend(DeviceKind::cpu).allocator().reset_peaks();
     }
     auto start = std::chrono::steady_clock::now();
-    const Tensor& ids = batches[size_t(step)];
-    double targets = double(DecoderModel::count_targets(ids));
+    const BenchBatch& b = batches[size_t(step)];
+    double targets = double(DecoderModel::count_targets(b.labels));
     dp_group.all_reduce(&targets, 1, "targets").wait();
     dp.begin_step(1);
     dp.begin_micro_batch(0);
-    loss = model.forward_backward(ids, ids, float(1.0 / targets)) / targets;
+    loss = model.forward_backward(b.ids, b.labels, float(1.0 / targets), b.layout) / targets;
     dp.finish_gradients();
     dp.clip_grad_norm(1.0);
     dp.optimizer_step(3e-4f);

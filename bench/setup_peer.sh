@@ -32,3 +32,10 @@ if ! "$venv/bin/python" -W ignore -c 'import sys, transformers; sys.exit(int(tra
   echo "setup_peer: installing transformers>=5 into $venv (PyPI; the MoE bench's peer)"
   "$venv/bin/python" -m pip install --quiet "transformers>=5"
 fi
+
+# The vision-language bench's peer: transformers' image processors (Pillow, and torchvision behind
+# transformers 5's default one).
+if ! "$venv/bin/python" -W ignore -c 'import PIL, torchvision' >/dev/null 2>&1; then
+  echo "setup_peer: installing pillow and torchvision into $venv (PyPI; the vision-language bench's peer)"
+  "$venv/bin/python" -m pip install --quiet pillow torchvision
+fi

@@ -147,18 +147,20 @@ ProcessedImage qwen2_vl_patchify(const Image& resized, const Qwen2VLImageConfig&
   out.pixel_values.resize(size_t(out.patches() * values));
   float* dst = out.pixel_values.data();
   // transformers: reshape (gt, t, c, gh/m, m, p, gw/m, m, p), transpose (0, 3, 6, 4, 7, 2, 1, 5, 8).
+  // The t copies of a channel's p x p block are the same image: written once, then copied.
   for (int64_t bh = 0; bh < grid_h / m; ++bh)
     for (int64_t bw = 0; bw < grid_w / m; ++bw)
       for (int64_t mh = 0; mh < m; ++mh)
         for (int64_t mw = 0; mw < m; ++mw) {
           const int64_t y0 = (bh * m + mh) * p, x0 = (bw * m + mw) * p;
-          for (int64_t c = 0; c < 3; ++c)
-            for (int64_t tt = 0; tt < t; ++tt)
-              for (int64_t py = 0; py < p; ++py)
-                for (int64_t px = 0; px < p; ++px) {
-                  const uint8_t v = resized.pixels[size_t(((y0 + py) * resized.width + x0 + px) * 3 + c)];
-                  *dst++ = lut[size_t(c)][v];
-                }
+          for (int64_t c = 0; c < 3; ++c) {
+            const float* block = dst;
+            for (int64_t py = 0; py < p; ++py) {
+              const uint8_t* src = &resized.pixels[size_t(((y0 + py) * resized.width + x0) * 3 + c)];
+              for (int64_t px = 0; px < p; ++px) *dst++ = lut[size_t(c)][src[px * 3]];
+            }
+            for (int64_t tt = 1; tt < t; ++tt, dst += p * p) std::copy_n(block, p * p, dst);
+          }
         }
   return out;
 }

@@ -137,15 +137,16 @@ void segment_attention_forward(const float* q, const float* k, const float* v, c
       head_block(k, width, begin, n, h, d, b.k.data());
       head_block(v, width, begin, n, h, d, b.v.data());
       gemm(b.q.data(), false, b.k.data(), true, b.scores.data(), n, n, d, false);
+      // Each row: exp((s - max s) scale) vectorised (the sampler's kernel), then normalised.
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < n; ++i) {
         float* row = b.scores.data() + i * n;
-        float top = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) top = std::max(top, row[j] *= scale);
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - top));
-        for (int64_t j = 0; j < n; ++j) row[j] = float(row[j] / sum);
-        lse[h * rows + begin + i] = float(top + std::log(sum));
+        float top = row[0];
+        for (int64_t j = 1; j < n; ++j) top = std::max(top, row[j]);
+        const double sum = cpu_kernels().sampling_weights(row, n, scale, row);
+        const float inverse = float(1.0 / sum);
+        for (int64_t j = 0; j < n; ++j) row[j] *= inverse;
+        lse[h * rows + begin + i] = float(double(top) * scale + std::log(sum));
       }
       gemm(b.scores.data(), false, b.v.data(), false, b.out.data(), n, d, n, false);
       for (int64_t i = 0; i < n; ++i) std::copy_n(b.out.data() + i * d, d, out + (begin + i) * width + h * d);
