@@ -390,9 +390,10 @@ Var DecoderModel::stage_forward(Tape& tape, int chunk, const Tensor& ids, const 
                     attention_of(layout, layout.doc_start, batch, seq), batch, seq);
 }
 
-double DecoderModel::stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale) {
+double DecoderModel::stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale,
+                                const SequenceLayout& layout) {
   FAB_CHECK(stage_.has_head, "stage_loss on a stage without the head");
-  const Tensor targets = shift_labels(labels, config_.vocab_size);
+  const Tensor targets = targets_of(labels, layout);
   enter_unit(tape, head_unit());
   const Var normed = rmsnorm(tape, hidden, sharding_->rows_weight(tape, final_norm_), float(config_.rms_norm_eps));
   const double loss = head_loss(tape, normed, targets, loss_scale);

@@ -119,6 +119,10 @@ class DecoderModel {
   DecoderModel(const ModelConfig& config, const DecoderOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
+  // The attention heads and K/V heads this rank computes: all of them, or under tensor parallel
+  // its slice (K/V heads replicated over groups of ranks when tp exceeds them).
+  int64_t local_heads() const { return heads_; }
+  int64_t local_kv_heads() const { return kv_heads_; }
   const DecoderOptions& options() const { return options_; }
   // The trainable parameters (all of them in full fine-tuning; LoRA's adapters and
   // modules_to_save; freeze's chosen layers): what gradients, the optimizer, data parallelism
@@ -226,8 +230,10 @@ class DecoderModel {
   // gradient the caller sets before tape.backward() unless it ends in stage_loss.
   Var stage_forward(Tape& tape, int chunk, const Tensor& ids, const Var& input, const SequenceLayout& layout = {});
   // The last stage: final norm, head and the loss of `hidden` (what the last chunk returned), as
-  // forward_backward: loss_scale * sum back-propagates, the unscaled sum is returned.
-  double stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale);
+  // forward_backward: loss_scale * sum back-propagates, the unscaled sum is returned. The targets
+  // are the labels shifted, or layout.targets (a context-parallel share's).
+  double stage_loss(Tape& tape, const Var& hidden, const Tensor& labels, float loss_scale,
+                    const SequenceLayout& layout = {});
   const PipelineStage& stage() const { return stage_; }
   bool is_whole() const { return !options_.stage.has_value(); }
 

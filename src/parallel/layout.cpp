@@ -94,11 +94,10 @@ void check_context_parallel(const TrainConfig& c, const ModelConfig& m, const Pa
   if (l.cp == 1) return;
   const auto refuse = [&](bool bad, const std::string& what) {
     FAB_USER_CHECK(!bad, "context_parallel_size {} with {} is not implemented in Fabrica yet: context parallel runs "
-                         "pt, sft, dpo, kto and rm on the CPU, data parallel (and ZeRO) around it",
+                         "pt, sft, dpo, kto and rm on the CPU, with tensor and pipeline parallel and data "
+                         "parallel (and ZeRO)",
                    l.cp, what);
   };
-  refuse(l.tp > 1, format("tensor_parallel_size {}", l.tp));
-  refuse(l.pp > 1, format("pipeline_parallel_size {}", l.pp));
   refuse(c.expert_parallel_size > 1, format("expert_parallel_size {}", c.expert_parallel_size));
   refuse(m.vision.has_value(), format("a vision-language model ({})", m.model_type));
   refuse(c.stage != Stage::sft && c.stage != Stage::pt && c.stage != Stage::dpo && c.stage != Stage::kto &&
@@ -109,11 +108,15 @@ void check_context_parallel(const TrainConfig& c, const ModelConfig& m, const Pa
                  "cutoff_len {} is shorter than 2 x context_parallel_size {} = {}: each row is split into 2cp chunks",
                  c.cutoff_len, l.cp, 2 * l.cp);
   if (l.cp_comm != "a2a") return;
-  FAB_USER_CHECK(m.num_attention_heads % l.cp == 0 &&
-                     (m.num_key_value_heads % l.cp == 0 || l.cp % m.num_key_value_heads == 0),
-                 "cp_comm_type a2a (Ulysses) with context_parallel_size {}: config.json's num_attention_heads {} must "
-                 "be divisible by it, and num_key_value_heads {} divisible by it or divide it (K/V heads replicated)",
-                 l.cp, m.num_attention_heads, m.num_key_value_heads);
+  // Ulysses splits the heads a rank computes: under tensor parallel its slice of them.
+  const int64_t heads = m.num_attention_heads / l.tp;
+  const int64_t kv_heads = m.num_key_value_heads % l.tp == 0 ? m.num_key_value_heads / l.tp : 1;
+  const std::string per_rank = l.tp > 1 ? format(" (per tensor-parallel rank of {})", l.tp) : "";
+  FAB_USER_CHECK(heads % l.cp == 0 && (kv_heads % l.cp == 0 || l.cp % kv_heads == 0),
+                 "cp_comm_type a2a (Ulysses) with context_parallel_size {}: the attention heads {}{} must be divisible "
+                 "by it, and the K/V heads {} divisible by it or divide it (K/V heads replicated); config.json has "
+                 "num_attention_heads {}, num_key_value_heads {}",
+                 l.cp, heads, per_rank, kv_heads, m.num_attention_heads, m.num_key_value_heads);
 }
 
 }  // namespace

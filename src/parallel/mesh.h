@@ -3,7 +3,7 @@
 // first (Megatron's "tp-cp-dp-pp": tensor-parallel peers are neighbouring ranks, so they share a
 // node). Every process group comes from mesh_groups(); groups are passed around explicitly as
 // Communicators, never held in global state, so two meshes can live side by side. tp, dp and pp
-// may each exceed 1 (parallelize.h applies them), and cp with data parallel only so far. Beside
+// may each exceed 1 (parallelize.h applies them), and cp beside them (parallel_model.h). Beside
 // the four dimensions, the mesh holds the group "cp-dp": the ranks of one tensor and pipeline
 // place, over which context parallel's gradients are summed and ZeRO shards (as Megatron does).
 #include <functional>

@@ -55,7 +55,7 @@ ParallelModel::ParallelModel(std::unique_ptr<DecoderModel> model, DeviceMesh* me
   if (sizes.cp > 1) {
     const ModelConfig& m = model_->config();
     cp_ = std::make_unique<ContextParallel>(mesh->group("cp"), parse_cp_comm(config.cp_comm_type),
-                                            m.num_attention_heads, m.num_key_value_heads, m.head_dim);
+                                            model_->local_heads(), model_->local_kv_heads(), m.head_dim);
     if (m.is_moe()) model_->set_router_group(&cp_->group());  // router statistics of whole sequences
     data_ = &mesh->group("dp");
   }
@@ -103,8 +103,8 @@ double ParallelModel::forward_backward(int64_t micro_batches, float scale,
   // labels, every stage their packing layout. Memory holds the step's ids beside the activations.
   dp_->begin_step(micro_batches);
   std::vector<MicroBatch> batches;
-  for (int64_t m = 0; m < micro_batches; ++m) batches.push_back(next(m));
-  return pipeline_->forward_backward(batches, scale, *dp_);
+  for (int64_t m = 0; m < micro_batches; ++m) batches.push_back(context_share(next(m)));
+  return sum_over_context(pipeline_->forward_backward(batches, scale, *dp_));
 }
 
 double ParallelModel::accumulate(int64_t micro_batches, const std::function<double(int64_t)>& body) {
@@ -119,9 +119,8 @@ double ParallelModel::accumulate(int64_t micro_batches, const std::function<doub
 }
 
 double ParallelModel::loss_sum(const MicroBatch& whole) {
-  if (pipeline_) return pipeline_->loss_sum(whole);
   const MicroBatch b = context_share(whole);
-  return sum_over_context(model_->loss_sum(b.ids, b.labels, b.layout));
+  return sum_over_context(pipeline_ ? pipeline_->loss_sum(b) : model_->loss_sum(b.ids, b.labels, b.layout));
 }
 
 MicroBatch ParallelModel::context_share(const MicroBatch& whole) const {

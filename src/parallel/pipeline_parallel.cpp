@@ -133,7 +133,7 @@ double PipelineParallel::forward_backward(const std::vector<PipelineMicroBatch>&
         // micro-batch's reduce-scatter of those gradients must land first.
         if (k == last_virtual) dp.begin_micro_batch(a.micro_batch);
         f.output = model_.stage_forward(f.tape, a.chunk, b.ids, f.input, b.layout);
-        if (k == last_virtual) loss += model_.stage_loss(f.tape, f.output, b.labels, loss_scale);
+        if (k == last_virtual) loss += model_.stage_loss(f.tape, f.output, b.labels, loss_scale, b.layout);
         busy += seconds_since(t0);
         break;
       }
@@ -205,7 +205,7 @@ double PipelineParallel::loss_sum(const PipelineMicroBatch& b) {
     }
     x = model_.stage_forward(none, chunk_of_virtual(shape_, k), b.ids, x, b.layout);
     if (k == count - 1) {
-      loss = model_.stage_loss(none, x, b.labels, 1.0f);
+      loss = model_.stage_loss(none, x, b.labels, 1.0f, b.layout);
     } else {
       stages_.isend(x->value.raw(), int64_t(x->value.bytes()), stage_of_virtual(shape_, k + 1), 2 * count + k + 1)
           .wait();

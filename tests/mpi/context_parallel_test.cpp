@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -217,6 +218,46 @@ TEST(ContextParallelTraining, Bf16FollowsOneProcess) {
 TEST(ContextParallelTraining, WithDataParallelAndZero) {
   expect_training_matches("llama", kLlama, 2, "cp_comm_type: p2p\nzero_stage: 2\n", true);
   expect_training_matches("qwen3", kQwen3, 2, "cp_comm_type: a2a\nzero_stage: 3\n", false);
+}
+
+// 10 steps at the layout `layout_keys` asks for (dp 1 at 4 ranks) against one process with the
+// same batch: the losses within 1e-5 relative.
+void expect_layout_matches(const std::string& name, const char* json, const std::string& keys,
+                           const std::string& layout_keys) {
+  const std::string folder = model_folder(name, json);
+  const TrainConfig alone = test::train_config(folder, test::fresh_scratch_dir("cp-layout-one"), 2, "", keys);
+  const auto reference = test::single_process_losses(alone.max_steps, [&] {
+    LocalCommunicator one;
+    return test::train_at_layout(alone, one, 48);
+  });
+  const TrainConfig c = test::train_config(folder, test::fresh_scratch_dir("cp-layout"), 2, "", keys + layout_keys);
+  test::expect_same_losses(test::train_at_layout(c, test::world(), 48), reference, name + " " + layout_keys);
+}
+
+// cp 2 x tp 2 at 4 ranks: tensor parallel inside context parallel, each rank attending with its
+// slice of the heads over its share of the tokens (sequence parallel too), the head's vocabulary
+// split over tp; against one process with the same batch.
+TEST(ContextParallelTraining, WithTensorParallel) {
+  if (test::world().size() != 4) GTEST_SKIP() << "cp 2 x tp 2 runs at 4 ranks";
+  const std::tuple<const char*, const char*, const char*> cases[] = {
+      {"llama", kLlama, "cp_comm_type: p2p\n"},
+      {"qwen3", kQwen3, "cp_comm_type: a2a\nsequence_parallel: true\n"},
+      {"llama", kLlama, "cp_comm_type: all_gather\nzero_stage: 2\n"}};
+  for (const auto& [name, json, extra] : cases)
+    expect_layout_matches(name, json, "max_steps: 10\n",
+                          std::string("context_parallel_size: 2\ntensor_parallel_size: 2\n") + extra);
+}
+
+// cp 2 x pp 2 at 4 ranks: each stage's micro-batches are the same shares of the rows on its cp
+// ranks, the last stage's loss summed over them; qwen3's tied embedding spans the stages.
+TEST(ContextParallelTraining, WithPipelineParallel) {
+  if (test::world().size() != 4) GTEST_SKIP() << "cp 2 x pp 2 runs at 4 ranks";
+  const std::tuple<const char*, const char*, const char*> cases[] = {
+      {"llama", kLlama, "cp_comm_type: p2p\n"},
+      {"qwen3", kQwen3, "cp_comm_type: a2a\nzero_stage: 1\n"}};
+  for (const auto& [name, json, extra] : cases)
+    expect_layout_matches(name, json, "max_steps: 10\ngradient_accumulation_steps: 2\n",
+                          std::string("context_parallel_size: 2\npipeline_parallel_size: 2\n") + extra);
 }
 
 // A cp run saved at step 5 resumes with the uninterrupted run's losses, bit for bit; its

@@ -169,10 +169,11 @@ TEST(ParallelLayout, ContextParallelRefusesWhatIsNotBuilt) {
     EXPECT_NE(e.find(words), std::string::npos) << yaml << " -> " << e;
   };
   expect("context_parallel_size: 2\n", 3, "3 ranks is not a multiple of tensor_parallel_size 1 x context_parallel_size 2");
-  expect("context_parallel_size: 2\ntensor_parallel_size: 2\n", 4,
-         "context_parallel_size 2 with tensor_parallel_size 2 is not implemented");
-  expect("context_parallel_size: 2\npipeline_parallel_size: 2\n", 4,
-         "context_parallel_size 2 with pipeline_parallel_size 2 is not implemented");
+  const ParallelLayout with_tp = parallel_layout(config("context_parallel_size: 2\ntensor_parallel_size: 2\n"), model(2), 8);
+  EXPECT_EQ(with_tp.tp, 2);
+  EXPECT_EQ(with_tp.cp, 2);
+  EXPECT_EQ(with_tp.dp, 2);
+  EXPECT_EQ(parallel_layout(config("context_parallel_size: 2\npipeline_parallel_size: 2\n"), model(2), 4).pp, 2);
   EXPECT_EQ(parallel_layout(config("context_parallel_size: 2\nstage: dpo\n"), model(2), 2).cp, 2);  // kto, rm too
   expect("context_parallel_size: 2\nstage: grpo\nreward: exact_match\n", 2, "context_parallel_size 2 with stage grpo is not implemented");
   expect("context_parallel_size: 2\ndevice: cuda\n", 2, "context_parallel_size 2 with device cuda is not implemented");
@@ -183,7 +184,15 @@ TEST(ParallelLayout, ContextParallelRefusesWhatIsNotBuilt) {
           "num_attention_heads":6,"num_key_value_heads":3,"max_position_embeddings":64})",
       "config.json");
   EXPECT_NE(error_of(config("context_parallel_size: 4\ncp_comm_type: a2a\n"), three_heads, 4)
-                .find("cp_comm_type a2a (Ulysses) with context_parallel_size 4: config.json's num_attention_heads 6"),
+                .find("cp_comm_type a2a (Ulysses) with context_parallel_size 4: the attention heads 6 must be divisible"),
+            std::string::npos);
+  // Under tensor parallel Ulysses splits each rank's slice: 6 heads / tp 2 = 3, not divisible by cp 2.
+  const ModelConfig six_heads = parse_model_config(
+      R"({"model_type":"llama","vocab_size":64,"hidden_size":48,"intermediate_size":48,"num_hidden_layers":2,
+          "num_attention_heads":6,"num_key_value_heads":2,"max_position_embeddings":64})",
+      "config.json");
+  EXPECT_NE(error_of(config("context_parallel_size: 2\ncp_comm_type: a2a\ntensor_parallel_size: 2\n"), six_heads, 4)
+                .find("the attention heads 3 (per tensor-parallel rank of 2) must be divisible"),
             std::string::npos);
   EXPECT_EQ(parallel_layout(config("context_parallel_size: 4\ncp_comm_type: p2p\n"), three_heads, 4).cp, 4);
   const ModelConfig moe = parse_model_config(
