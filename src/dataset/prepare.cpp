@@ -63,8 +63,9 @@ struct TokenizedItems {
   TokenizedDataset data;
   int64_t rows_per_item = 1;
   std::vector<uint8_t> desirable = {};  // kto: one per item
-  std::vector<ExampleImages> images = {};  // image datasets: one per item
+  std::vector<ExampleImages> images = {};  // image datasets: one per row
   std::vector<std::string> image_files = {};  // and the files they came from
+  std::vector<size_t> sources = {};  // dpo, rm: the example of each item
   size_t items() const { return data.samples.size() / size_t(rows_per_item); }
 };
 
@@ -73,6 +74,7 @@ TokenizedItems pairwise_items(PairwiseDataset pairs) {
   for (PairwiseSample& p : pairs.samples) {
     out.data.samples.push_back(std::move(p.chosen));
     out.data.samples.push_back(std::move(p.rejected));
+    out.sources.push_back(p.source);
   }
   return out;
 }
@@ -109,21 +111,24 @@ TokenSequences to_sequences(const TokenizedItems& items, const std::vector<size_
   TokenSequencesBuilder b;
   const size_t k = size_t(items.rows_per_item);
   for (size_t i : pick) {
-    for (size_t r = 0; r < k; ++r) b.add(items.data.samples[i * k + r].input_ids, items.data.samples[i * k + r].labels);
+    for (size_t r = 0; r < k; ++r) {
+      b.add(items.data.samples[i * k + r].input_ids, items.data.samples[i * k + r].labels);
+      if (!items.images.empty()) images->push_back(items.images[i * k + r]);
+    }
     if (!items.desirable.empty()) tags->push_back(items.desirable[i]);
-    if (!items.images.empty()) images->push_back(items.images[i]);
   }
   return b.finish();
 }
 
-// Image datasets: stage sft without packing for now, and the model folder's preprocessor_config.json.
+// Image datasets: stages sft, dpo and rm without packing for now, and the model folder's
+// preprocessor_config.json.
 ImageProcessing image_processing(const TrainConfig& c) {
   FAB_USER_CHECK(c.stage != Stage::pt,
                  "dataset {}: it has images, and stage pt does not train on images: LLaMA-Factory's pretraining "
                  "preprocessing keeps only the text and drops them (use stage sft)",
                  c.dataset);
-  FAB_USER_CHECK(c.stage == Stage::sft, "dataset {}: it has images, which stage {} does not take yet (sft does)",
-                 c.dataset, c.stage);
+  FAB_USER_CHECK(c.stage == Stage::sft || c.stage == Stage::dpo || c.stage == Stage::rm,
+                 "dataset {}: it has images, which stage {} does not take yet (sft, dpo and rm do)", c.dataset, c.stage);
   FAB_USER_CHECK(!c.packing && !c.neat_packing, "dataset {}: packing and neat_packing are not supported with images yet",
                  c.dataset);
   const fs::path path = fs::path(c.model_name_or_path) / "preprocessor_config.json";
@@ -139,20 +144,29 @@ ImageProcessing image_processing(const TrainConfig& c) {
   return processing;
 }
 
-// One entry per sample (the supervised examples, in order), each checked to keep its image tokens.
-std::vector<ExampleImages> images_of_samples(const TrainConfig& c, const std::vector<Example>& examples,
-                                             std::vector<ExampleImages> images, const TokenizedDataset& data,
-                                             const ChatTemplate& chat, int64_t merge_size) {
+// One entry per row: each item's example's images (a pair's chosen and rejected rows both carry
+// them, as LLaMA-Factory's pairwise collator does), each row checked to keep its image tokens.
+std::vector<ExampleImages> images_of_rows(const TrainConfig& c, const std::vector<Example>& examples,
+                                          const std::vector<ExampleImages>& images, const TokenizedItems& items,
+                                          const ChatTemplate& chat, int64_t merge_size) {
   const int32_t image_pad = chat.encoder().token_to_id("<|image_pad|>");
   FAB_USER_CHECK(image_pad >= 0, "template {}: the tokenizer has no <|image_pad|> token (a Qwen2-VL tokenizer has)",
                  chat.spec().name);
+  std::vector<size_t> sources = items.sources;  // sft: the supervised examples, in order
+  if (sources.empty())
+    for (size_t e = 0; e < examples.size(); ++e)
+      if (is_supervised_example(examples[e])) sources.push_back(e);
+  const size_t k = size_t(items.rows_per_item);
+  FAB_CHECK(sources.size() * k == items.data.samples.size(), "{} rows but {} image lists of {} rows",
+            items.data.samples.size(), sources.size(), k);
   std::vector<ExampleImages> out;
-  for (size_t e = 0; e < examples.size(); ++e) {
-    if (!is_supervised_example(examples[e])) continue;
-    check_image_tokens(data.samples[out.size()], images[e], image_pad, merge_size, examples[e], c.cutoff_len);
-    out.push_back(std::move(images[e]));
-  }
-  FAB_CHECK(out.size() == data.samples.size(), "{} samples but {} image lists", data.samples.size(), out.size());
+  for (size_t item = 0; item < sources.size(); ++item)
+    for (size_t r = 0; r < k; ++r) {
+      const Example& example = examples[sources[item]];
+      check_image_tokens(items.data.samples[item * k + r], images[sources[item]], image_pad, merge_size, example,
+                         c.cutoff_len);
+      out.push_back(images[sources[item]]);
+    }
   return out;
 }
 
@@ -194,8 +208,7 @@ TokenizedItems load_and_tokenize(const TrainConfig& c, const std::string& names,
   }
   TokenizedItems items = tokenize(c, loaded.examples, chat);
   if (!images.empty()) {
-    items.images = images_of_samples(c, loaded.examples, std::move(images), items.data, chat,
-                                     processing.processor.merge_size);
+    items.images = images_of_rows(c, loaded.examples, images, items, chat, processing.processor.merge_size);
     for (const Example& example : loaded.examples)
       items.image_files.insert(items.image_files.end(), example.images.begin(), example.images.end());
   }

@@ -18,7 +18,7 @@ namespace fab {
 // pt and sft: one sequence per sample. dpo and rm: two per pair, chosen then rejected. kto: two
 // per example, its completion then the mismatched completion of the KL term, and whether it is
 // desirable (its kto_tag) in train_desirable / eval_desirable.
-// Image datasets (stage sft, no packing): train_images / eval_images hold each sequence's images
+// Image datasets (stages sft, dpo and rm, no packing): train_images / eval_images hold each sequence's images
 // ({pixel_values, grid_thw} in <|image_pad|> order, the model's preprocessor_config.json applied),
 // one entry per sequence; both are empty for text data.
 struct PreparedData {

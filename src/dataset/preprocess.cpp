@@ -304,11 +304,13 @@ PairwiseDataset preprocess_pairwise(const std::vector<Example>& examples, const 
     return std::pair{std::move(sample), truncated};
   });
   PairwiseDataset out;
-  for (auto& [sample, truncated] : outcomes) {
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    auto& [sample, truncated] = outcomes[i];
     if (!sample) {
       ++out.stats.skipped;
       continue;
     }
+    sample->source = i;
     out.stats.truncated += truncated ? 1 : 0;
     out.stats.tokens += static_cast<int64_t>(sample->chosen.input_ids.size() + sample->rejected.input_ids.size());
     out.samples.push_back(std::move(*sample));

@@ -81,6 +81,7 @@ TokenizedDataset preprocess_pretrain(const std::vector<Example>& examples, const
 struct PairwiseSample {
   TokenizedSample chosen;
   TokenizedSample rejected;
+  size_t source = 0;  // the index of its example
 };
 
 struct PairwiseDataset {

@@ -39,6 +39,8 @@ double logp_forward(DecoderModel& model, const Batch& batch, bool with_grad, con
                     const std::function<double(const std::vector<ResponseLogp>&, std::vector<float>&)>& loss) {
   const Tensor whole_targets = model.shifted_labels(batch.labels);
   PipelineMicroBatch part{batch.ids, batch.labels, {}};
+  part.layout.pixel_values = batch.pixel_values;
+  part.layout.image_grid_thw = batch.image_grid_thw;
   if (cp) {
     part.layout.lengths = batch.lengths;
     part = cp->shard(part, whole_targets);
@@ -88,7 +90,7 @@ class DpoObjective : public PreferenceObjective {
   double step(DecoderModel& model, DataSplit split, const std::vector<int64_t>& items, float loss_scale,
               bool with_grad, StageMetrics& metrics, Communicator&) override {
     const std::vector<int64_t> rows = pair_rows(items);
-    const Batch batch = collate(data_.rows(split), rows, data_.pad_id);
+    const Batch batch = data_.batch(split, rows);
     const size_t n = items.size();
     std::vector<ResponseLogp> ref(2 * n);
     if (reference_) ref = reference_->of(model, split, rows, batch);
@@ -204,9 +206,11 @@ class RewardObjective : public PreferenceObjective {
               bool with_grad, StageMetrics& metrics, Communicator&) override {
     const std::vector<int64_t> rows = pair_rows(items);
     const TokenSequences& data = data_.rows(split);
-    const Batch batch = collate(data, rows, data_.pad_id);
+    const Batch batch = data_.batch(split, rows);
     const int64_t T = batch.ids.dim(1), n = int64_t(items.size());
     PipelineMicroBatch part{batch.ids, batch.labels, {}};
+    part.layout.pixel_values = batch.pixel_values;
+    part.layout.image_grid_thw = batch.image_grid_thw;
     if (cp_) part = cp_->shard(part, model.shifted_labels(batch.labels));
     const int64_t width = part.ids.dim(1);
     std::vector<int64_t> last, scored;  // this rank's hidden rows read, and their sequences
@@ -291,7 +295,7 @@ PrecomputedReference::PrecomputedReference(DecoderModel& model, const StageData&
       std::vector<int64_t> picked;
       for (int64_t i = first; i < std::min(n, first + eval_batch_rows); ++i) picked.push_back(i);
       const std::vector<ResponseLogp> lp =
-          batch_logps(model, collate(rows, picked.empty() ? std::vector<int64_t>{0} : picked, data.pad_id), cp);
+          batch_logps(model, data.batch(split, picked.empty() ? std::vector<int64_t>{0} : picked), cp);
       for (size_t k = 0; k < picked.size(); ++k) {
         values[size_t(2 * picked[k])] = lp[k].sum;
         values[size_t(2 * picked[k] + 1)] = double(lp[k].tokens);

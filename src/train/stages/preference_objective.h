@@ -30,7 +30,19 @@ struct StageData {
   const std::vector<uint8_t>* train_desirable = nullptr;  // kto
   const std::vector<uint8_t>* eval_desirable = nullptr;
   int32_t pad_id = 0;
+  // A vision-language model's dpo / rm data: each sequence's images (empty: text only).
+  const std::vector<SequenceImages>* train_images = nullptr;
+  const std::vector<SequenceImages>* eval_images = nullptr;
   const TokenSequences& rows(DataSplit s) const { return s == DataSplit::train ? *train : *eval; }
+  const std::vector<SequenceImages>& images(DataSplit s) const {
+    static const std::vector<SequenceImages> none;
+    const std::vector<SequenceImages>* images = s == DataSplit::train ? train_images : eval_images;
+    return images ? *images : none;
+  }
+  // Sequences `indices` of split `s` as one batch, their images with them.
+  Batch batch(DataSplit s, const std::vector<int64_t>& indices) const {
+    return collate(rows(s), indices, pad_id, false, images(s));
+  }
   const std::vector<uint8_t>& desirable(DataSplit s) const {
     return s == DataSplit::train ? *train_desirable : *eval_desirable;
   }

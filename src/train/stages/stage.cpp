@@ -16,7 +16,8 @@ std::unique_ptr<TrainingStage> make_training_stage(const StageContext& c) {
     case Stage::dpo:
     case Stage::kto: {
       const TrainData& d = c.data;
-      const StageData data{&d.train, &d.eval, &d.train_desirable, &d.eval_desirable, d.pad_id};
+      const StageData data{&d.train,  &d.eval,         &d.train_desirable, &d.eval_desirable,
+                           d.pad_id, &d.train_images, &d.eval_images};
       return std::make_unique<PreferenceStage>(c, make_preference_objective(c.config, data));
     }
     case Stage::grpo:
