@@ -44,7 +44,7 @@ namespace {
 
 // Appends the packed sequences of samples [first, last) to `out`.
 void pack_group(const TokenSequences& samples, int64_t first, int64_t last, const PackingOptions& options,
-                TokenSequencesBuilder* out, PackingStats* stats) {
+                TokenSequencesBuilder* out, PackingStats* stats, std::vector<std::vector<int64_t>>* sources) {
   std::vector<int64_t> lengths, index;
   for (int64_t i = first; i < last; ++i) {
     const int64_t n = samples.length(i);
@@ -55,8 +55,10 @@ void pack_group(const TokenSequences& samples, int64_t first, int64_t last, cons
   }
   std::vector<int32_t> labels;
   for (const std::vector<int64_t>& bin : greedy_knapsack(lengths, options.capacity)) {
+    if (sources) sources->emplace_back();
     for (size_t k = 0; k < bin.size(); ++k) {
       const int64_t i = index[size_t(bin[k])], begin = samples.offsets[size_t(i)];
+      if (sources) sources->back().push_back(i);
       labels.assign(samples.labels.begin() + begin, samples.labels.begin() + begin + samples.length(i));
       if (k > 0) labels[0] = kIgnoreIndex;  // not predicted from the previous sample's last token
       out->add_to_sequence(samples.tokens.subspan(size_t(begin), size_t(samples.length(i))), labels);
@@ -67,7 +69,8 @@ void pack_group(const TokenSequences& samples, int64_t first, int64_t last, cons
 
 }  // namespace
 
-TokenSequences pack_samples(const TokenSequences& samples, const PackingOptions& options, PackingStats* stats) {
+TokenSequences pack_samples(const TokenSequences& samples, const PackingOptions& options, PackingStats* stats,
+                            std::vector<std::vector<int64_t>>* sources) {
   FAB_CHECK(!samples.packed(), "samples are packed already");
   FAB_USER_CHECK(options.capacity > 0, "packing needs a positive capacity, got {}", options.capacity);
   FAB_CHECK(options.group_size > 0, "packing group size must be positive, got {}", options.group_size);
@@ -75,7 +78,7 @@ TokenSequences pack_samples(const TokenSequences& samples, const PackingOptions&
   TokenSequencesBuilder out;
   for (int64_t first = 0; first < samples.size(); first += options.group_size)
     pack_group(samples, first, std::min(samples.size(), first + options.group_size), options, &out,
-               stats ? stats : &local);
+               stats ? stats : &local, sources);
   return out.finish();
 }
 

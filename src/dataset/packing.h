@@ -35,8 +35,9 @@ struct PackingStats {
 // Packs an unpacked TokenSequences (one sample per sequence). Each sample keeps its labels except
 // that the first label of every sample after the first in a sequence becomes -100: the model
 // would otherwise learn to predict a sample's first token from the end of the previous one.
-// Empty samples are left out (they hold no token to train on). Deterministic.
+// Empty samples are left out (they hold no token to train on). Deterministic. `sources`
+// (optional) receives each packed sequence's samples, by index, in their order inside it.
 TokenSequences pack_samples(const TokenSequences& samples, const PackingOptions& options,
-                            PackingStats* stats = nullptr);
+                            PackingStats* stats = nullptr, std::vector<std::vector<int64_t>>* sources = nullptr);
 
 }  // namespace fab

@@ -120,8 +120,7 @@ TokenSequences to_sequences(const TokenizedItems& items, const std::vector<size_
   return b.finish();
 }
 
-// Image datasets: stages sft, dpo and rm without packing for now, and the model folder's
-// preprocessor_config.json.
+// Image datasets: stages sft (packing too), dpo and rm, and the model folder's preprocessor_config.json.
 ImageProcessing image_processing(const TrainConfig& c) {
   FAB_USER_CHECK(c.stage != Stage::pt,
                  "dataset {}: it has images, and stage pt does not train on images: LLaMA-Factory's pretraining "
@@ -129,8 +128,6 @@ ImageProcessing image_processing(const TrainConfig& c) {
                  c.dataset);
   FAB_USER_CHECK(c.stage == Stage::sft || c.stage == Stage::dpo || c.stage == Stage::rm,
                  "dataset {}: it has images, which stage {} does not take yet (sft, dpo and rm do)", c.dataset, c.stage);
-  FAB_USER_CHECK(!c.packing && !c.neat_packing, "dataset {}: packing and neat_packing are not supported with images yet",
-                 c.dataset);
   const fs::path path = fs::path(c.model_name_or_path) / "preprocessor_config.json";
   FAB_USER_CHECK(fs::is_regular_file(path),
                  "dataset {}: it has images, which need the model's preprocessor_config.json; {} does not exist",
@@ -167,6 +164,17 @@ std::vector<ExampleImages> images_of_rows(const TrainConfig& c, const std::vecto
                          c.cutoff_len);
       out.push_back(images[sources[item]]);
     }
+  return out;
+}
+
+// Each packed sequence's images: its samples' images in their order inside it (empty: text data).
+std::vector<ExampleImages> packed_images(std::vector<ExampleImages> per_sample,
+                                         const std::vector<std::vector<int64_t>>& sources) {
+  if (per_sample.empty()) return {};
+  std::vector<ExampleImages> out(sources.size());
+  for (size_t s = 0; s < sources.size(); ++s)
+    for (int64_t sample : sources[s])
+      for (ProcessedImage& image : per_sample[size_t(sample)]) out[s].push_back(std::move(image));
   return out;
 }
 
@@ -335,9 +343,12 @@ PreparedData prepare_data(const TrainConfig& config, const Tokenizer& tokenizer,
   }
   if (c.packing && c.stage == Stage::sft) {  // (pt packs while tokenising)
     PackingStats packing;
-    out.train = pack_samples(out.train, {c.cutoff_len}, &packing);
-    out.eval = pack_samples(out.eval, {c.cutoff_len});
+    std::vector<std::vector<int64_t>> train_sources, eval_sources;
+    out.train = pack_samples(out.train, {c.cutoff_len}, &packing, &train_sources);
+    out.eval = pack_samples(out.eval, {c.cutoff_len}, nullptr, &eval_sources);
     out.stats.skipped += packing.dropped;  // train samples longer than the lowered cutoff_len
+    out.train_images = packed_images(std::move(out.train_images), train_sources);
+    out.eval_images = packed_images(std::move(out.eval_images), eval_sources);
   }
   save_cache(cache, out, image_files, c);
   return out;

@@ -266,13 +266,9 @@ Var DecoderModel::merge_images(Tape& tape, const Tensor& ids, const Var& embedde
 
 std::shared_ptr<const RopeTable> DecoderModel::mrope_of(const Tensor& ids, const SequenceLayout& layout) const {
   if (!vision_ || !layout.image_grid_thw.defined()) return nullptr;
-  FAB_USER_CHECK(!layout.positions.defined() && !layout.doc_start.defined(),
-                 "packing with images is not implemented in Fabrica yet: set packing: false (and neat_packing: false) "
-                 "for {}",
-                 config_.model_type);
   const RopeFrequencies freq = rope_frequencies(config_.head_dim, config_.rope_theta, config_.rope_scaling);
-  return std::make_shared<const RopeTable>(mrope_table(
-      config_, freq.inv_freq, freq.attention_scaling, mrope_positions(config_, ids, layout.image_grid_thw)));
+  return std::make_shared<const RopeTable>(mrope_table(config_, freq.inv_freq, freq.attention_scaling,
+                                                       mrope_positions(config_, ids, layout.image_grid_thw, layout.positions)));
 }
 
 // Under tensor parallel, this rank's heads and intermediate features only: q/k/v and gate/up are

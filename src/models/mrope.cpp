@@ -8,7 +8,8 @@
 
 namespace fab {
 
-std::vector<int64_t> mrope_positions(const ModelConfig& c, const Tensor& ids, const Tensor& grid_thw) {
+std::vector<int64_t> mrope_positions(const ModelConfig& c, const Tensor& ids, const Tensor& grid_thw,
+                                     const Tensor& sample_positions) {
   FAB_CHECK(c.vision.has_value(), "M-RoPE positions of a model without a vision tower");
   const int64_t batch = ids.dim(0), seq = ids.dim(1), rows = batch * seq, s = c.vision->spatial_merge_size;
   const int64_t images = grid_thw.defined() ? grid_thw.dim(0) : 0;
@@ -17,7 +18,9 @@ std::vector<int64_t> mrope_positions(const ModelConfig& c, const Tensor& ids, co
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t* row = ids.data<int64_t>() + b * seq;
     int64_t next = 0;  // the next text position: the largest so far + 1
+    const int64_t* starts = sample_positions.defined() ? sample_positions.data<int64_t>() + b * seq : nullptr;
     for (int64_t t = 0; t < seq;) {
+      if (starts && starts[t] == 0) next = 0;  // a packed sample begins
       if (row[t] != c.image_token_id) {
         for (int64_t axis = 0; axis < 3; ++axis) out[size_t(axis * rows + b * seq + t)] = next;
         ++next, ++t;

@@ -15,8 +15,11 @@ namespace fab {
 // order, row after row: text tokens count up from where the previous part ended (the largest
 // position so far + 1); an image's (t, h / s, w / s) merged tokens sit at that start + (t, h, w)
 // index. A row without images gets 0..T-1 on all three. A UserError when the image tokens do not
-// match the images (count, or a run of image tokens shorter or longer than its image).
-std::vector<int64_t> mrope_positions(const ModelConfig& c, const Tensor& ids, const Tensor& grid_thw);
+// match the images (count, or a run of image tokens shorter or longer than its image). Packed rows
+// (`sample_positions` (B, T) i64 defined: each token's position inside its sample, 0 where a
+// sample begins): every sample counts from 0 again, as it would alone.
+std::vector<int64_t> mrope_positions(const ModelConfig& c, const Tensor& ids, const Tensor& grid_thw,
+                                     const Tensor& sample_positions = {});
 
 // The cos/sin of each token for its own three positions: (rows, head_dim / 2), pair j turned by
 // the position of its section. Use with positions 0..rows-1.

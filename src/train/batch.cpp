@@ -82,8 +82,6 @@ Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, i
   }
   if (images.empty()) return batch;
   FAB_CHECK(int64_t(images.size()) == data.size(), "{} image entries for {} sequences", images.size(), data.size());
-  FAB_USER_CHECK(!data.packed(), "packing with images is not implemented in Fabrica yet: set packing: false and "
-                 "neat_packing: false");
   attach_images(batch, images, indices);
   return batch;
 }

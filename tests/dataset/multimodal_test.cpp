@@ -107,6 +107,40 @@ TEST(MultimodalData, PreparedDataCarriesEachSequencesImages) {
   EXPECT_TRUE(found);
 }
 
+// packing: a packed sequence carries its samples' images in their order inside it, so each run of
+// image tokens meets its own image (mllm_demo's three files give three grids).
+TEST(MultimodalData, PackedSequencesCarryTheirSamplesImagesInOrder) {
+  FAB_REQUIRE_SHARED_DATA();
+  const Tokenizer& tokenizer = test::shared_loaded_tokenizer("qwen3").tokenizer;
+  TrainConfig c = image_sft_config(llamafactory_dir(), model_folder("mm_packed_model"));
+  c.packing = true;
+  c.cutoff_len = 600;  // the 6 samples (1025 tokens) need several sequences
+  c.val_size = 0;
+  const PreparedData data = prepare_data(c, tokenizer, test::fresh_dir("mm_packed_cache"));
+  ASSERT_TRUE(data.train.packed());
+  ASSERT_GT(data.train.size(), 1);
+  ASSERT_EQ(int64_t(data.train_images.size()), data.train.size());
+  const int32_t image_pad = tokenizer.token_to_id("<|image_pad|>");
+  const int64_t merge = load_qwen2_vl_image_config(kPreprocessorConfig.string()).merge_size;
+  int64_t images = 0;
+  std::set<int64_t> sizes;
+  for (int64_t s = 0; s < data.train.size(); ++s) {
+    const auto ids = data.train.tokens.subspan(size_t(data.train.offsets[size_t(s)]), size_t(data.train.length(s)));
+    std::vector<int64_t> runs;  // lengths of the runs of image tokens, in order
+    for (size_t t = 0; t < ids.size(); ++t)
+      if (ids[t] == image_pad) (t > 0 && ids[t - 1] == image_pad) ? ++runs.back() : (runs.push_back(1), 0);
+    const auto& mine = data.train_images[size_t(s)];
+    ASSERT_EQ(runs.size(), mine.size()) << "sequence " << s;
+    for (size_t k = 0; k < runs.size(); ++k) {
+      EXPECT_EQ(runs[k], mine[k].tokens(merge)) << "sequence " << s << " image " << k;
+      sizes.insert(runs[k]);
+    }
+    images += int64_t(mine.size());
+  }
+  EXPECT_EQ(images, 8);
+  EXPECT_GE(sizes.size(), 2u);  // images of different sizes: a swap would show
+}
+
 // A dataset folder with one sharegpt dataset "bad" of the given records, and an image a.png.
 std::string dataset_with(const std::string& name, const std::string& records, const std::string& columns) {
   const std::string dir = test::fresh_dir(name);
@@ -149,8 +183,6 @@ TEST(MultimodalData, BadImageRecordsAreUserErrorsNamingTheRecord) {
   EXPECT_NE(error.find("record 0: the record has images, but template qwen3 takes none"), std::string::npos) << error;
   error = prepare_error(dir, [](TrainConfig& c) { c.cutoff_len = 20; });
   EXPECT_NE(error.find("record 0: cutoff_len 20 cuts the record's image tokens"), std::string::npos) << error;
-  error = prepare_error(dir, [](TrainConfig& c) { c.packing = true; });
-  EXPECT_NE(error.find("packing and neat_packing are not supported with images yet"), std::string::npos) << error;
   error = prepare_error(dir, [](TrainConfig& c) { c.model_name_or_path = test::fresh_dir("mm_no_config"); });
   EXPECT_NE(error.find("preprocessor_config.json"), std::string::npos) << error;
   std::ofstream(fs::path(dir) / "a.png", std::ios::trunc) << "\x89PNG\r\n\x1a\n broken";

@@ -5,8 +5,8 @@
 # the saved folder reloaded by `fabrica generate` (text, and with an image through --image, a
 # --prompts line's "images" and chat's /image) and trained on; freeze_vision_tower:
 # false changes the tower's weights, the default leaves them as they were; LoRA on the tower and
-# the language model, merged by export. The refusals: an image token in text without images,
-# packing, a preprocessor_config.json whose patches are not the tower's.
+# the language model, merged by export; neat_packing equal to unpacked. The refusals: an image
+# token in text without images, a preprocessor_config.json whose patches are not the tower's.
 # Usage: vlm_train_test.sh FABRICA_BINARY SHARED_DIR
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -31,6 +31,20 @@ assert len(losses) == 3 and all(math.isfinite(x) for x in losses), losses
 assert all(b < a for a, b in zip(losses, losses[1:])), "not falling"
 PY
 echo "ok: trained: $(grep '^finetuning' train.log)"
+
+# neat_packing packs the 6 samples into one row of 1025 tokens, each sample attending to itself with
+# its M-RoPE positions counted from 0 as alone: the first step's loss is the unpacked one's.
+"$fabrica" train run.yaml output_dir=neat neat_packing=true max_steps=1 >neat.log 2>&1 || { cat neat.log; fail "neat_packing"; }
+grep -q "1 train sequences packed from 6 samples" neat.log || { cat neat.log; fail "neat_packing counts"; }
+"$fabrica" train run.yaml output_dir=packed packing=true max_steps=1 >packed.log 2>&1 || { cat packed.log; fail "packing"; }
+python3 - out/metrics.jsonl neat/metrics.jsonl packed/metrics.jsonl <<'PY' || fail "packed losses"
+import json, math, sys
+first = [json.loads(open(p).readline())["loss"] for p in sys.argv[1:]]
+print("  step 1 loss: unpacked %.6f, neat_packing %.6f, packing %.6f" % tuple(first))
+assert abs(first[1] - first[0]) < 1e-5 * first[0], first
+assert math.isfinite(first[2]), first
+PY
+echo "ok: neat_packing with images = unpacked; packing runs"
 
 "$fabrica" generate --model out --template qwen2_vl --prompt "Who are you?" --max-new-tokens 4 >generate.log 2>&1 \
   || { cat generate.log; fail "generate on the trained folder"; }
@@ -147,7 +161,6 @@ JSON
 echo '[{"messages": [{"role": "user", "content": "<|image_pad|>what is it?"}, {"role": "assistant", "content": "a cat"}]}]' \
   > text/t.json
 refused pad "holds the image token 151655" dataset=t dataset_dir=text
-refused packing "packing and neat_packing are not supported with images" packing=true
 refused pt "stage pt does not train on images" stage=pt
 cp -r model patch7 && sed -i 's/"patch_size": 14/"patch_size": 7/' patch7/config.json
 refused mismatch "the model's vision_config has patch_size 7" model_name_or_path=patch7

@@ -113,17 +113,6 @@ TEST_P(VisionLanguageTraining, LoraTrainsTheAdaptersOfTowerAndLanguageModel) {
   EXPECT_LT(trainer.history().back().loss, trainer.history().front().loss);
 }
 
-TEST_P(VisionLanguageTraining, RefusesPackingWithImages) {
-  const SafetensorsFile ref = SafetensorsFile::open(kFixture + "/" + GetParam() + "_reference.safetensors");
-  TrainData data = fixture_data(ref);
-  TokenSequencesBuilder packed;
-  packed.add_to_sequence(std::vector<int32_t>{1, 2, 3}, std::vector<int32_t>{1, 2, 3});
-  packed.end_sequence();
-  packed.add_to_sequence(std::vector<int32_t>{4, 5}, std::vector<int32_t>{4, 5});
-  packed.end_sequence();
-  EXPECT_THROW(collate(packed.finish(), {0, 1}, 0, false, data.train_images), UserError);
-}
-
 INSTANTIATE_TEST_SUITE_P(Qwen, VisionLanguageTraining, ::testing::Values("qwen2_vl", "qwen2_5_vl"));
 
 }  // namespace
