@@ -113,8 +113,15 @@ DecoderModel::DecoderModel(const ModelConfig& config, const DecoderOptions& opti
 // on the CPU in fp32, fully trained, under data parallel / ZeRO; the rest is refused by name.
 void DecoderModel::check_moe_support() const {
   const std::string what = config_.model_type + " (a mixture-of-experts model)";
-  FAB_USER_CHECK(tp_size() == 1, "{}: tensor_parallel_size {} is not implemented for mixture-of-experts models yet",
+  // Tensor parallel slices attention (and a shared expert); every tp rank routes all the rows
+  // through whole experts, which sequence parallel's share of the rows would break.
+  FAB_USER_CHECK(tp_size() == 1 || !sharding_->sequence_parallel(),
+                 "{}: tensor_parallel_size {} with sequence_parallel is not implemented for mixture-of-experts models "
+                 "yet (set sequence_parallel: false)",
                  what, tp_size());
+  FAB_USER_CHECK(config_.moe.shared_expert_intermediate_size % tp_size() == 0,
+                 "{}: shared_expert_intermediate_size {} is not divisible by tensor_parallel_size {}", what,
+                 config_.moe.shared_expert_intermediate_size, tp_size());
   FAB_USER_CHECK(is_whole(), "{}: pipeline_parallel_size > 1 is not implemented for mixture-of-experts models yet",
                  what);
   FAB_USER_CHECK(options_.device.is_host(),

@@ -32,11 +32,16 @@ Var DenseMlp::forward(Tape& tape, const LayerContext& ctx, const Var& h) const {
   return project(tape, ctx, swiglu(tape, gate_and_up, intermediate), down, down_lora, Split::row);
 }
 
+// Under tensor parallel (without sequence parallel) every rank holds all the rows and the whole
+// router and experts, and computes them alike; only the shared expert is split (a dense MLP's
+// column/row pair), and its one-output gate is whole.
 Var MoeMlp::forward(Tape& tape, const LayerContext& ctx, const Var& h) const {
   const Var logits = linear(tape, h, router);
   Var out = moe_experts(tape, h, logits, experts, shape, ctx.router_loss, ctx.experts);
   if (!shared_expert) return out;
-  const Var gate = project(tape, ctx, h, shared_expert_gate, shared_expert_gate_lora, Split::column);
+  const Var gate = ctx.sharding->size() == 1
+                       ? project(tape, ctx, h, shared_expert_gate, shared_expert_gate_lora, Split::column)
+                       : linear(tape, h, shared_expert_gate);
   const Var shared = sigmoid_gate(tape, gate, shared_expert->forward(tape, ctx, h));
   return add(tape, out, shared);
 }

@@ -89,17 +89,18 @@ struct ParamSpec {
   int64_t ends_layer = -1;  // the decoder layer whose last base parameter this is (its adapters follow)
 };
 
-// A mixture-of-experts layer's tensors, whole on every rank: the router, every expert's gate and
-// up packed into one block and their down matrices into another (either layout), then qwen2_moe's
-// shared expert (gate and up packed) and its gate.
+// A mixture-of-experts layer's tensors: the router, every expert's gate and up packed into one
+// block and their down matrices into another (either layout), whole on every rank; then qwen2_moe's
+// shared expert (gate and up packed), sliced under tensor parallel as a dense MLP is, and its gate
+// (one output), whole.
 void add_moe_specs(const MoeLayerNames& n, std::vector<ParamSpec>& out) {
   out.push_back({n.router.name, n.router.shape, -1});
   for (const std::vector<NamedShape>* block : {&n.gate_up, &n.down})
     for (size_t j = 0; j < block->size(); ++j) out.push_back({(*block)[j].name, (*block)[j].shape, -1, j > 0});
   if (!n.has_shared_expert()) return;
-  out.push_back({n.shared_gate_up[0].name, n.shared_gate_up[0].shape, -1});
-  out.push_back({n.shared_gate_up[1].name, n.shared_gate_up[1].shape, -1, true});
-  out.push_back({n.shared_down.name, n.shared_down.shape, -1});
+  out.push_back({n.shared_gate_up[0].name, n.shared_gate_up[0].shape, 0});
+  out.push_back({n.shared_gate_up[1].name, n.shared_gate_up[1].shape, 0, true});
+  out.push_back({n.shared_down.name, n.shared_down.shape, 1});
   out.push_back({n.shared_expert_gate.name, n.shared_expert_gate.shape, -1});
 }
 
@@ -394,7 +395,7 @@ std::unique_ptr<MlpBlock> DecoderModel::make_moe_mlp(int64_t i) const {
     mlp->shared_expert = std::make_unique<DenseMlp>();
     mlp->shared_expert->gate_up = make_linear(names(n.shared_gate_up), {});
     mlp->shared_expert->down = make_linear({n.shared_down.name}, {});
-    mlp->shared_expert->intermediate = S;
+    mlp->shared_expert->intermediate = S / tp_size();
     mlp->shared_expert->gate_up_lora = adapters_of(p + "mlp.shared_expert.", {{"gate_proj", S}, {"up_proj", S}});
     mlp->shared_expert->down_lora = adapters_of(p + "mlp.shared_expert.", {{"down_proj", config_.hidden_size}});
     mlp->shared_expert_gate = make_linear({n.shared_expert_gate.name}, {});

@@ -230,7 +230,9 @@ Plan make_plan(const PlanProblem& p, const ClusterSpec& c, const PlanConstraints
   for (int64_t tp : divisors(devices, devices)) {
     if (!allowed(fixed.tp, tp)) continue;
     if (tp > 1 && p.model.is_moe()) {
-      plan.pruned.push_back({int(tp), 0, 1, -1, "tensor parallel is not implemented for mixture-of-experts models"});
+      plan.pruned.push_back({int(tp), 0, 1, -1,
+                             "tensor parallel with sequence parallel (which the planner turns on with tp) is not "
+                             "implemented for mixture-of-experts models"});
       continue;
     }
     const std::string tp_problem = tensor_parallel_problem(p, c, fixed, int(tp), legality);

@@ -3,7 +3,8 @@
 # moe_aux_loss_coef: metrics.jsonl reports aux_loss and moe_load_max_over_mean apart from the loss,
 # the output folder holds per-expert tensors (transformers 5's save_pretrained layout) and
 # `generate` runs on it; LoRA writes a PEFT adapter; bf16 follows fp32; a resumed run ends on the
-# same weights; 2 data-parallel workers under ZeRO-2 and ZeRO-3, and 2 expert-parallel workers, take the one-process steps to 1e-5; dpo, kto and
+# same weights; 2 data-parallel workers under ZeRO-2 and ZeRO-3, 2 expert-parallel, 2 context-parallel
+# and 2 tensor-parallel workers take the one-process steps to 1e-5; dpo, kto and
 # rm from LLaMA-Factory's examples, grpo with exact rollout log-probabilities; what MoE does not run
 # with yet is refused. Megatron's router options (seq_aux_loss, z-loss, capacity) give the same
 # steps on one process and on 2 workers.
@@ -54,12 +55,14 @@ paste <(grep -o '"loss":[0-9.e-]*' out/metrics.jsonl | cut -d: -f2) <(grep -o '"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 dp="max_steps=3 save_steps=0 max_samples=12 shuffle=false per_device_train_batch_size=1"
 "$fabrica" train run.yaml $dp output_dir=dp1 gradient_accumulation_steps=4 > dp1.log 2>&1 || { cat dp1.log; fail "dp1"; }
-# The same with expert parallel: Megatron's expert_model_parallel_size=2 over the 2 workers; and
-# with context parallel (each sample's tokens split over the 2 workers, the router statistics
-# summed over them, so the aux loss is the whole sequences').
+# The same with expert parallel: Megatron's expert_model_parallel_size=2 over the 2 workers; with
+# context parallel (each sample's tokens split over the 2 workers, the router statistics summed
+# over them, so the aux loss is the whole sequences'); and with tensor parallel (attention sliced,
+# the experts whole on both workers).
 for run in "z2 zero_stage=2 gradient_accumulation_steps=2" "z3 zero_stage=3 gradient_accumulation_steps=2" \
            "ep2 zero_stage=1 expert_model_parallel_size=2 gradient_accumulation_steps=2" \
-           "cp2 context_parallel_size=2 gradient_accumulation_steps=4"; do
+           "cp2 context_parallel_size=2 gradient_accumulation_steps=4" \
+           "tp2 tensor_parallel_size=2 gradient_accumulation_steps=4"; do
   set -- $run
   name=dp2$1; shift
   "$fabrica" train run.yaml $dp output_dir=$name nproc_per_node=2 "$@" \
@@ -92,6 +95,8 @@ refused() {  # refused LOGNAME "expected text" overrides...
 refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" expert_model_parallel_size=2
 refused gal "global_aux_loss is not implemented" moe_router_load_balancing_type=global_aux_loss
 refused bias "moe_router_enable_expert_bias" moe_router_enable_expert_bias=true
+refused tpsp "with sequence_parallel is not implemented for mixture-of-experts" nproc_per_node=2 \
+  tensor_parallel_size=2 sequence_parallel=true
 # GRPO: the rollout engine runs the MoE layers with the training forward's kernels, so the
 # training forward's log-probabilities are the rollout's exactly (fp32 and bf16), and every token
 # is routed to the same experts in both; with logp_kernels training they differ.

@@ -163,6 +163,20 @@ TEST(ExpertParallel, MixtralReproducesOneProcess) {
   expect_expert_parallel_reproduces("ep_mixtral", kMixtral, "");
 }
 
+// Tensor parallel 2 (at 4 ranks: dp2 x tp2) on each family: attention and qwen2_moe's shared expert
+// sliced, the experts whole on every tp rank and computed alike, against one process.
+TEST(MoeTensorParallel, EachFamilyReproducesOneProcess) {
+  Communicator& w = test::world();
+  if (w.size() % 2) GTEST_SKIP() << "tensor parallel 2 needs an even world";
+  for (const auto& [name, json] : {std::pair{"tp_qwen3_moe", kQwen3Moe}, {"tp_qwen2_moe", kQwen2Moe}, {"tp_mixtral", kMixtral}}) {
+    const std::string model = test::model_folder(name, json);
+    const int dp = w.size() / 2;
+    const std::vector<double> reference = one_process(moe_config(model, std::string(name) + "_alone", 2 * dp, ""));
+    const TrainConfig c = moe_config(model, std::string(name) + "_tp2", 2, "tensor_parallel_size: 2\nzero_stage: 1\n");
+    test::expect_same_losses(test::train_at_layout(c, w, 48), reference, std::string(name) + " tp2");
+  }
+}
+
 // The expert-parallel layout is not in a checkpoint (every rank holds every expert): saved at ep2,
 // the run resumes at ep1 (the same ranks, plain data parallel) and, at 4 ranks, at ep4, and its
 // steps repeat the uninterrupted run's losses.
