@@ -65,7 +65,7 @@ struct TokenizedItems {
   std::vector<uint8_t> desirable = {};  // kto: one per item
   std::vector<ExampleImages> images = {};  // image datasets: one per row
   std::vector<std::string> image_files = {};  // and the files they came from
-  std::vector<size_t> sources = {};  // dpo, rm: the example of each item
+  std::vector<size_t> sources = {};  // dpo, rm, grpo: the example of each item
   size_t items() const { return data.samples.size() / size_t(rows_per_item); }
 };
 
@@ -93,8 +93,12 @@ TokenizedItems tokenize(const TrainConfig& c, const std::vector<Example>& exampl
   if (c.stage == Stage::pt) return {preprocess_pretrain(examples, chat, PretrainOptions{c.cutoff_len, true, 1000})};
   if (c.stage == Stage::dpo || c.stage == Stage::rm) return pairwise_items(preprocess_pairwise(examples, chat, c.cutoff_len));
   if (c.stage == Stage::kto) return feedback_items(preprocess_feedback(examples, chat, c.cutoff_len));
-  if (is_rollout(c.stage))
-    return {preprocess_prompts(examples, chat, PromptOptions{c.cutoff_len, c.truncation, stage_name(c.stage)})};
+  if (is_rollout(c.stage)) {
+    TokenizedItems items;
+    items.data = preprocess_prompts(examples, chat, PromptOptions{c.cutoff_len, c.truncation, stage_name(c.stage)},
+                                    &items.sources);
+    return items;
+  }
   return {preprocess_supervised(examples, chat, SupervisedOptions{c.cutoff_len, c.train_on_prompt, c.mask_history})};
 }
 
@@ -120,14 +124,16 @@ TokenSequences to_sequences(const TokenizedItems& items, const std::vector<size_
   return b.finish();
 }
 
-// Image datasets: stages sft (packing too), dpo and rm, and the model folder's preprocessor_config.json.
+// Image datasets: stages sft (packing too), dpo, rm and grpo, and the model folder's
+// preprocessor_config.json.
 ImageProcessing image_processing(const TrainConfig& c) {
   FAB_USER_CHECK(c.stage != Stage::pt,
                  "dataset {}: it has images, and stage pt does not train on images: LLaMA-Factory's pretraining "
                  "preprocessing keeps only the text and drops them (use stage sft)",
                  c.dataset);
-  FAB_USER_CHECK(c.stage == Stage::sft || c.stage == Stage::dpo || c.stage == Stage::rm,
-                 "dataset {}: it has images, which stage {} does not take yet (sft, dpo and rm do)", c.dataset, c.stage);
+  FAB_USER_CHECK(c.stage == Stage::sft || c.stage == Stage::dpo || c.stage == Stage::rm || c.stage == Stage::grpo,
+                 "dataset {}: it has images, which stage {} does not take yet (sft, dpo, rm and grpo do)", c.dataset,
+                 c.stage);
   const fs::path path = fs::path(c.model_name_or_path) / "preprocessor_config.json";
   FAB_USER_CHECK(fs::is_regular_file(path),
                  "dataset {}: it has images, which need the model's preprocessor_config.json; {} does not exist",

@@ -431,7 +431,7 @@ PromptOutcome prompt_outcome(const ChatTemplate& chat, const Example& example, c
 }  // namespace
 
 TokenizedDataset preprocess_prompts(const std::vector<Example>& examples, const ChatTemplate& chat,
-                                    const PromptOptions& options) {
+                                    const PromptOptions& options, std::vector<size_t>* sources) {
   check_cutoff(options.cutoff_len);
   FAB_USER_CHECK(options.truncation == "error" || options.truncation == "left" || options.truncation == "middle",
                  "truncation \"{}\" must be error, left or middle", options.truncation);
@@ -452,6 +452,7 @@ TokenizedDataset preprocess_prompts(const std::vector<Example>& examples, const 
     }
     out.stats.truncated += o.truncated ? 1 : 0;
     out.samples.push_back(std::move(o.sample));
+    if (sources) sources->push_back(i);
     count(&out.stats, out.samples.back());
   }
   if (too_long > 0 && options.truncation == "error") {

@@ -110,8 +110,9 @@ struct PromptOptions {
   std::string stage = "grpo";        // for messages
 };
 
+// `sources` (optional) receives the index of each kept prompt's example.
 TokenizedDataset preprocess_prompts(const std::vector<Example>& examples, const ChatTemplate& chat,
-                                    const PromptOptions& options);
+                                    const PromptOptions& options, std::vector<size_t>* sources = nullptr);
 
 // KTO (processor/feedback.py FeedbackDatasetProcessor): each example's prompt + its response,
 // and prompt + a mismatched response for the KL estimate: the response of the example before it

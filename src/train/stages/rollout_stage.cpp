@@ -116,11 +116,13 @@ RolloutEnvironment rollout_environment(const TrainConfig& c, const Tokenizer& to
   return env;
 }
 
-std::vector<RolloutPrompt> rollout_prompts(const TokenSequences& rows, const RolloutEnvironment& env) {
+std::vector<RolloutPrompt> rollout_prompts(const TokenSequences& rows, const RolloutEnvironment& env,
+                                           const std::vector<SequenceImages>& images) {
   std::vector<RolloutPrompt> out;
   for (int64_t i = 0; i < rows.size(); ++i) {
     const int64_t begin = rows.offsets[size_t(i)], end = rows.offsets[size_t(i) + 1];
     RolloutPrompt p;
+    if (!images.empty()) p.images = images[size_t(i)];
     std::vector<int32_t> answer;
     for (int64_t t = begin; t < end; ++t) {
       if (rows.labels[size_t(t)] == -100 && answer.empty()) p.ids.push_back(rows.tokens[size_t(t)]);
@@ -156,14 +158,25 @@ void check_rollout_context(const TrainConfig& c, int64_t context, const TokenSeq
 Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t pad_id) {
   TokenSequencesBuilder builder;
   std::vector<int64_t> index;
+  std::vector<SequenceImages> images;
+  bool any_images = false;
   for (const RolloutSequence* r : rows) {
     std::vector<int32_t> ids = r->prompt, labels(r->prompt.size(), -100);
     ids.insert(ids.end(), r->response.begin(), r->response.end());
     labels.insert(labels.end(), r->response.begin(), r->response.end());
     index.push_back(builder.size());
     builder.add(ids, labels);
+    images.push_back(r->images);
+    any_images |= r->images.pixel_values.defined();
   }
-  return collate(builder.finish(), index, pad_id);
+  return collate(builder.finish(), index, pad_id, false, any_images ? images : std::vector<SequenceImages>{});
+}
+
+SequenceLayout rollout_layout(const Batch& batch) {
+  SequenceLayout layout;
+  layout.pixel_values = batch.pixel_values;
+  layout.image_grid_thw = batch.image_grid_thw;
+  return layout;
 }
 
 namespace {
@@ -179,17 +192,20 @@ std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::
   const Tensor targets = model.shifted_labels(batch.labels);
   const int64_t seq = batch.ids.dim(1);
   std::vector<std::vector<double>> out(rows.size());
-  model.forward_with_head(batch.ids, false, [&](Tape& tape, const Var& hidden) {
-    const TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, entropy_sum != nullptr, temperature,
-                                      kLogpChunkRows, head_gemm(model));
-    for (size_t i = 0; i < rows.size(); ++i)
-      for (size_t k = 0; k < rows[i]->response.size(); ++k) {
-        const size_t row = size_t(response_row(int64_t(i), seq, *rows[i], k));
-        out[i].push_back(lp.logp[row]);
-        if (entropy_sum) *entropy_sum += lp.entropy[row];
-      }
-    return 0.0;
-  });
+  model.forward_with_head(
+      batch.ids, false,
+      [&](Tape& tape, const Var& hidden) {
+        const TokenLogps lp = token_logps(tape, hidden, model.lm_head(), targets, entropy_sum != nullptr, temperature,
+                                          kLogpChunkRows, head_gemm(model));
+        for (size_t i = 0; i < rows.size(); ++i)
+          for (size_t k = 0; k < rows[i]->response.size(); ++k) {
+            const size_t row = size_t(response_row(int64_t(i), seq, *rows[i], k));
+            out[i].push_back(lp.logp[row]);
+            if (entropy_sum) *entropy_sum += lp.entropy[row];
+          }
+        return 0.0;
+      },
+      rollout_layout(batch));
   return out;
 }
 
@@ -227,7 +243,7 @@ GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const Rollo
       for (size_t k = 0; k < rows[i]->response.size(); ++k)
         (*lp.grad)[size_t(response_row(int64_t(i), seq, *rows[i], k))] = float(scale * result.d_logp[i][k]);
     return result.loss;
-  });
+  }, rollout_layout(batch));
   return result;
 }
 
@@ -262,7 +278,7 @@ RolloutStage::RolloutStage(const StageContext& context)
       config_(context.config),
       model_(context.model.model()),
       group_(context.model.data_group()),
-      prompts_(rollout_prompts(context.data.train, context.data.rollout)),
+      prompts_(rollout_prompts(context.data.train, context.data.rollout, context.data.train_images)),
       env_(context.data.rollout),
       pad_id_(context.data.pad_id),
       loss_options_(grpo_loss_options(config_)),
@@ -290,8 +306,11 @@ std::vector<RolloutSequence> RolloutStage::roll_out(int64_t step, Sampler& sampl
   // The first draw keeps the seeds of a run without filter_groups; later ones hash the draw in.
   const uint64_t seed = draw == 0 ? uint64_t(config_.seed) : rollout_seed(uint64_t(config_.seed), -1, draw, -1);
   std::vector<RolloutRequest> requests;
-  for (int64_t p : prompts)
-    for (int64_t j = 0; j < n; ++j) requests.push_back({prompts_[size_t(p)].ids, rollout_seed(seed, step, p, j)});
+  for (int64_t p : prompts) {
+    const RolloutPrompt& prompt = prompts_[size_t(p)];
+    const ImageInputs images{prompt.images.pixel_values, prompt.images.grid_thw};
+    for (int64_t j = 0; j < n; ++j) requests.push_back({prompt.ids, rollout_seed(seed, step, p, j), images});
+  }
   SamplingOptions sampling;
   sampling.max_new_tokens = config_.max_new_tokens;
   sampling.temperature = config_.temperature;
@@ -309,6 +328,7 @@ std::vector<RolloutSequence> RolloutStage::roll_out(int64_t step, Sampler& sampl
   for (size_t i = 0; i < requests.size(); ++i) {
     const RolloutPrompt& p = prompts_[size_t(prompts[i / size_t(n)])];
     rollouts[i].prompt = p.ids;
+    rollouts[i].images = p.images;
     rollouts[i].response = outputs[i].tokens;
     rollouts[i].rollout_logp = outputs[i].logp;
     rollouts[i].truncated = !outputs[i].stopped;

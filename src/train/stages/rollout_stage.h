@@ -38,10 +38,13 @@ RolloutEnvironment rollout_environment(const TrainConfig& config, const Tokenize
 struct RolloutPrompt {
   std::vector<int32_t> ids;
   std::string answer;
+  SequenceImages images;  // a vision-language model's prompt images (undefined: text only)
 };
 
-// Sequence i of supervised data: its prompt is the tokens before the first target.
-std::vector<RolloutPrompt> rollout_prompts(const TokenSequences& rows, const RolloutEnvironment& env);
+// Sequence i of supervised data: its prompt is the tokens before the first target; `images`
+// (empty: text data) holds each sequence's images.
+std::vector<RolloutPrompt> rollout_prompts(const TokenSequences& rows, const RolloutEnvironment& env,
+                                           const std::vector<SequenceImages>& images = {});
 
 // The most tokens of any prompt of `rows` (the tokens before its first target).
 int64_t longest_prompt(const TokenSequences& rows);
@@ -55,6 +58,7 @@ void check_rollout_context(const TrainConfig& config, int64_t context, const Tok
 // One sampled response with what the loss needs of it.
 struct RolloutSequence {
   std::vector<int32_t> prompt, response;
+  SequenceImages images;  // the prompt's (undefined: text only); every forward of the row takes them
   std::vector<double> old_logp, ref_logp;  // per response token
   std::vector<double> rollout_logp;        // per response token, as the rollout engine sampled it
   std::vector<double> is_weight;           // rollout_is: per response token, the importance weight (else empty)
@@ -70,8 +74,10 @@ struct RolloutSequence {
 // sequence i: (i, P - 1 + k), P the prompt's length.
 int64_t response_row(int64_t i, int64_t seq, const RolloutSequence& r, size_t k);
 
-// (B, T) ids and labels of prompt + response, the prompt's labels -100.
+// (B, T) ids and labels of prompt + response, the prompt's labels -100, and the rows' images.
 Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t pad_id);
+// What a forward of collate_rollouts' batch is given beside its ids: the images.
+SequenceLayout rollout_layout(const Batch& batch);
 
 // Per response token log-probabilities under `model` at `temperature` (of softmax(logits /
 // temperature); no gradient); `entropy_sum` (optional) adds each response token's entropy of that
