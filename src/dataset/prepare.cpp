@@ -124,16 +124,17 @@ TokenSequences to_sequences(const TokenizedItems& items, const std::vector<size_
   return b.finish();
 }
 
-// Image datasets: stages sft (packing too), dpo, rm and grpo, and the model folder's
+// Image datasets: every stage but pt (refused above) and kto, and the model folder's
 // preprocessor_config.json.
 ImageProcessing image_processing(const TrainConfig& c) {
   FAB_USER_CHECK(c.stage != Stage::pt,
                  "dataset {}: it has images, and stage pt does not train on images: LLaMA-Factory's pretraining "
                  "preprocessing keeps only the text and drops them (use stage sft)",
                  c.dataset);
-  FAB_USER_CHECK(c.stage == Stage::sft || c.stage == Stage::dpo || c.stage == Stage::rm || c.stage == Stage::grpo,
-                 "dataset {}: it has images, which stage {} does not take yet (sft, dpo, rm and grpo do)", c.dataset,
-                 c.stage);
+  FAB_USER_CHECK(c.stage != Stage::kto,
+                 "dataset {}: it has images, which stage kto does not take yet (sft, dpo, rm, grpo and ppo do): its KL "
+                 "rows pair a prompt with another example's answer",
+                 c.dataset);
   const fs::path path = fs::path(c.model_name_or_path) / "preprocessor_config.json";
   FAB_USER_CHECK(fs::is_regular_file(path),
                  "dataset {}: it has images, which need the model's preprocessor_config.json; {} does not exist",

@@ -86,18 +86,28 @@ std::unique_ptr<DecoderModel> make_critic(const TrainConfig& c, const DecoderMod
   return critic;
 }
 
+// A vision-language critic sees the rows' images as the actor does; a text critic reads their
+// image tokens as tokens.
+SequenceLayout critic_layout(const DecoderModel& critic, const Batch& batch) {
+  return critic.vision_tower() ? rollout_layout(batch) : SequenceLayout{};
+}
+
 std::vector<std::vector<double>> response_values(DecoderModel& critic, const std::vector<const RolloutSequence*>& rows,
                                                  int32_t pad_id) {
   const Batch batch = collate_rollouts(rows, pad_id);
   std::vector<std::vector<double>> out(rows.size());
-  critic.forward_with_head(batch.ids, false, [&](Tape& tape, const Var& hidden) {
-    const RowScores s = row_scores(tape, hidden, critic.value_head(), response_rows(rows, batch.ids.dim(1)));
-    size_t at = 0;
-    for (size_t i = 0; i < rows.size(); ++i)
-      out[i].assign(s.value.begin() + std::ptrdiff_t(at), s.value.begin() + std::ptrdiff_t(at + rows[i]->response.size())),
-          at += rows[i]->response.size();
-    return 0.0;
-  });
+  critic.forward_with_head(
+      batch.ids, false,
+      [&](Tape& tape, const Var& hidden) {
+        const RowScores s = row_scores(tape, hidden, critic.value_head(), response_rows(rows, batch.ids.dim(1)));
+        size_t at = 0;
+        for (size_t i = 0; i < rows.size(); ++i)
+          out[i].assign(s.value.begin() + std::ptrdiff_t(at),
+                        s.value.begin() + std::ptrdiff_t(at + rows[i]->response.size())),
+              at += rows[i]->response.size();
+        return 0.0;
+      },
+      critic_layout(critic, batch));
   return out;
 }
 
@@ -120,7 +130,7 @@ ValueLossResult value_minibatch(DecoderModel& critic, const std::vector<const Ro
     for (size_t i = 0; i < rows.size(); ++i)
       for (double d : result.d_vpred[i]) (*s.grad)[at++] = float(scale * d);
     return result.vf_loss;
-  });
+  }, critic_layout(critic, batch));
   return result;
 }
 
