@@ -31,7 +31,12 @@ void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int 
   base_names_.push_back(name);
   const bool trainable = !options_.trainable || options_.trainable(name) || name.rfind("v_head.", 0) == 0;
   if (!trainable) {
-    FAB_CHECK(tp_size() == 1, "frozen parameter {} under tensor parallel", name);
+    // Under tensor parallel a frozen parameter is one every rank holds whole (a vision tower's);
+    // frozen slices are not built.
+    FAB_USER_CHECK(tp_size() == 1 || split_dim < 0,
+                   "tensor_parallel_size {} with {} frozen is not implemented in Fabrica yet (finetuning_type freeze, "
+                   "or freeze_language_model, freezes tensor-parallel slices; train it, or use tensor_parallel_size 1)",
+                   tp_size(), name);
     // Matrices (and fused experts' (E, out, in) blocks) only feed GEMMs: bf16 is all they need.
     // Not a mixture-of-experts router's (…gate.weight), which routes in fp32.
     const bool matrix = full_shape.size() >= 2 && name != "model.embed_tokens.weight" && !name.ends_with(".gate.weight");
@@ -167,14 +172,19 @@ void DecoderModel::register_parameters() {
                  "tensor_parallel_size {} must divide num_attention_heads {} and intermediate_size {}, and divide "
                  "or be a multiple of num_key_value_heads {}",
                  tp, H, I, KV);
-  FAB_USER_CHECK(tp == 1 || (!options_.trainable && !options_.lora.enabled()),
-                 "tensor_parallel_size {} with finetuning_type lora or freeze is not implemented in Fabrica yet", tp);
+  FAB_USER_CHECK(tp == 1 || !options_.lora.enabled(),
+                 "tensor_parallel_size {} with finetuning_type lora is not implemented in Fabrica yet", tp);
   FAB_USER_CHECK(is_whole() || !options_.lora.enabled(),
                  "pipeline_parallel_size > 1 with finetuning_type lora is not implemented in Fabrica yet");
   if (c.vision) {
     FAB_USER_CHECK(!c.is_moe(), "a vision-language model with a mixture of experts ({} with num_experts {}) is not "
                    "implemented in Fabrica yet", c.model_type, c.moe.num_experts);
-    FAB_USER_CHECK(tp == 1, "tensor_parallel_size {} with {} is not implemented in Fabrica yet", tp, c.model_type);
+    // Tensor parallel slices the language model; the tower is whole on every rank (sequence
+    // parallel, which gives each rank a share of the rows the features go into, is not built).
+    FAB_USER_CHECK(tp == 1 || !sharding_->sequence_parallel(),
+                   "tensor_parallel_size {} with sequence_parallel and {} is not implemented in Fabrica yet (set "
+                   "sequence_parallel: false)",
+                   tp, c.model_type);
     FAB_USER_CHECK(is_whole(), "pipeline_parallel_size > 1 with {} is not implemented in Fabrica yet", c.model_type);
   }
   check_lora_targets();

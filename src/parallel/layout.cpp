@@ -212,6 +212,16 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
                  "finetuning_type {} with tensor_parallel_size {} is not implemented in Fabrica yet: tensor parallel "
                  "trains every parameter (finetuning_type full)",
                  c.finetuning_type, l.tp);
+  // A mixture of experts and a vision tower are whole on every tp rank, which holds all the rows:
+  // sequence parallel's share of them is not built for either.
+  FAB_USER_CHECK(l.tp == 1 || !l.sequence_parallel || (!m.is_moe() && !m.vision),
+                 "sequence_parallel with tensor_parallel_size {} and {} is not implemented in Fabrica yet (set "
+                 "sequence_parallel: false)",
+                 l.tp, m.vision ? "a vision-language model" : "a mixture-of-experts model");
+  FAB_USER_CHECK(l.tp == 1 || !m.vision || !c.freeze_language_model,
+                 "freeze_language_model with tensor_parallel_size {} is not implemented in Fabrica yet: frozen "
+                 "tensor-parallel slices",
+                 l.tp);
   return l;
 }
 

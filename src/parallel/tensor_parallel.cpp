@@ -316,6 +316,9 @@ std::vector<NamedTensor> gather_full_tensors(const DecoderModel& model, Communic
   const Tensor& flat = grads ? params.grads() : params.values();
   const int ranks = group.size(), rank = group.rank();
   std::vector<NamedTensor> out;
+  if (!grads)  // frozen parameters (a vision tower's): whole on every rank, fp32 or bf16
+    for (const auto& [p, buffer] : model.base_parameters())
+      if (buffer != &params) out.push_back({p->name, buffer->values_f32(*p)});
   for (size_t i = 0; i < params.params().size(); ++i) {
     const ParamInfo& p = params.params()[i];
     const ShardSpec& s = model.shard(i);

@@ -85,8 +85,9 @@ class TensorParallel final : public Sharding {
 };
 
 // Every parameter of a tensor-parallel model whole, as Hugging Face names and shapes it: the
-// slices of every rank gathered (padding dropped). Collective over the group; every rank gets
-// them. `grads`: the gradients instead of the weights.
+// slices of every rank gathered (padding dropped), and the frozen parameters (whole on every
+// rank). Collective over the group; every rank gets them. `grads`: the trainable parameters'
+// gradients instead of the weights.
 std::vector<NamedTensor> gather_full_tensors(const DecoderModel& model, Communicator& group, bool grads = false);
 
 // Flat-buffer ranges [first, second) of parameters this rank leaves out of the gradient norm: those

@@ -95,7 +95,7 @@ refused() {  # refused LOGNAME "expected text" overrides...
 refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" expert_model_parallel_size=2
 refused gal "global_aux_loss is not implemented" moe_router_load_balancing_type=global_aux_loss
 refused bias "moe_router_enable_expert_bias" moe_router_enable_expert_bias=true
-refused tpsp "with sequence_parallel is not implemented for mixture-of-experts" nproc_per_node=2 \
+refused tpsp "sequence_parallel with tensor_parallel_size 2 and a mixture-of-experts model is not implemented" nproc_per_node=2 \
   tensor_parallel_size=2 sequence_parallel=true
 # GRPO: the rollout engine runs the MoE layers with the training forward's kernels, so the
 # training forward's log-probabilities are the rollout's exactly (fp32 and bf16), and every token
