@@ -15,23 +15,11 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-fabrica="${FABRICA_BENCH:-build/fabrica_bench}"
-args=(--warmup "${BENCH_WARMUP:-2}" --steps "${BENCH_STEPS:-5}" --threads "${BENCH_THREADS:-2}")
-rounds="${BENCH_ROUNDS:-3}"
-peer_py="bench/.venv/bin/python"
-[ -x "$fabrica" ] || { echo "moe_bench: $fabrica not found (build it first: make bench)" >&2; exit 1; }
-bash bench/setup_peer.sh
+source bench/rounds.sh
+bench_setup moe_bench 2 5
 
 results="$(mktemp)"
-trap 'rm -f "$results"' EXIT
-# run_one LABEL CMD...: keeps the last JSON line of CMD's stdout, tagged with LABEL.
-run_one() {
-  local label="$1"; shift
-  echo "moe_bench: round $round: $label"
-  local out
-  out="$("$@")" || { echo "moe_bench: $label failed" >&2; exit 1; }
-  printf '%s\n' "$out" | grep '^{' | tail -n 1 | sed "s/^{/{\"label\":\"$label\",/" >>"$results"
-}
+trap 'rm -f "$results" "$results.stderr"' EXIT
 for round in $(seq 1 "$rounds"); do
   run_one "fabrica moe" "$fabrica" --model moe "${args[@]}"
   run_one "transformers moe grouped_mm" "$peer_py" bench/moe_peer.py --experts grouped_mm "${args[@]}"

@@ -20,13 +20,8 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-fabrica="${FABRICA_BENCH:-build/fabrica_bench}"
-threads="${BENCH_THREADS:-2}"
-args=(--warmup "${BENCH_WARMUP:-1}" --steps "${BENCH_STEPS:-4}" --threads "$threads")
-rounds="${BENCH_ROUNDS:-3}"
-peer_py="bench/.venv/bin/python"
-[ -x "$fabrica" ] || { echo "vlm_bench: $fabrica not found (build it first: make bench)" >&2; exit 1; }
-bash bench/setup_peer.sh
+source bench/rounds.sh
+bench_setup vlm_bench 1 4
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -37,13 +32,6 @@ for f in "${LF_DATA:-$root/../shared/data/llamafactory}"/mllm_demo_data/*.jpg; d
 image_list="$(IFS=,; echo "${images[*]}")"
 
 results="$work/results.jsonl"
-run_one() {  # LABEL CMD...: keeps the last JSON line of CMD's stdout, tagged with LABEL
-  local label="$1"; shift
-  echo "vlm_bench: round $round: $label"
-  local out
-  out="$("$@" 2>/dev/null)" || { echo "vlm_bench: $label failed" >&2; exit 1; }
-  printf '%s\n' "$out" | grep '^{' | tail -n 1 | sed "s/^{/{\"label\":\"$label\",/" >>"$results"
-}
 for round in $(seq 1 "$rounds"); do
   run_one "fabrica frozen tower" "$fabrica" --model vlm --folder "$work/model" "${args[@]}"
   run_one "transformers frozen tower" "$peer_py" bench/vlm_peer.py train --folder "$work/model" "${args[@]}"

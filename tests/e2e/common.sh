@@ -75,6 +75,17 @@ tiny_model() {
 JSON
 }
 
+# tiny_vlm_model DIR: the tiny qwen2_vl of tests/reference/vlm/qwen2_vl_scratch (config.json only,
+# trained from scratch) with the real Qwen tokenizer, whose vision tokens are Qwen2-VL's, and
+# Qwen2-VL's preprocessor_config.json.
+tiny_vlm_model() {
+  local repo
+  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  mkdir -p "$1"
+  cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" "$1/"
+  cp "$repo/tests/reference/image/preprocessor_config.json" "$repo/tests/reference/vlm/qwen2_vl_scratch/config.json" "$1/"
+}
+
 # sft_config: the keys every script's run.yaml shares (sft of the tiny model on LLaMA-Factory's
 # identity and alpaca_en_demo samples); each script appends its own.
 sft_config() {

@@ -14,13 +14,10 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
-repo=$(cd "$(dirname "$0")/../.." && pwd)
 e2e_workdir
 
-mkdir model data
-cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" model/
-cp "$repo/tests/reference/image/preprocessor_config.json" model/
-cp "$repo/tests/reference/vlm/qwen2_vl_scratch/config.json" model/
+mkdir data
+tiny_vlm_model model
 cp "$shared"/data/llamafactory/mllm_demo_data/1.jpg "$shared"/data/llamafactory/mllm_demo_data/2.jpg data/
 python3 - <<'PY'
 import json

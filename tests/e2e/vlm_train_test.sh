@@ -11,13 +11,9 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 e2e_begin "$@"
-repo=$(cd "$(dirname "$0")/../.." && pwd)
 e2e_workdir
 
-mkdir model
-cp "$shared/data/tokenizers/qwen3/tokenizer.json" "$shared/data/tokenizers/qwen3/tokenizer_config.json" model/
-cp "$repo/tests/reference/image/preprocessor_config.json" model/
-cp "$repo/tests/reference/vlm/qwen2_vl_scratch/config.json" model/
+tiny_vlm_model model
 # One batch of all 6 samples (8 images): every step sees the same data, so the loss must fall.
 { mllm_config; printf 'per_device_train_batch_size: 6\nlearning_rate: 1.0e-3\nlogging_steps: 1\nmax_steps: 3\n'; } > run.yaml
 
