@@ -86,4 +86,11 @@ Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, i
   return batch;
 }
 
+SequenceLayout image_layout(const Batch& batch) {
+  SequenceLayout layout;
+  layout.pixel_values = batch.pixel_values;
+  layout.image_grid_thw = batch.image_grid_thw;
+  return layout;
+}
+
 }  // namespace fab

@@ -5,6 +5,7 @@
 
 #include "core/tensor.h"
 #include "dataset/token_sequences.h"
+#include "models/decoder.h"
 
 namespace fab {
 
@@ -32,5 +33,9 @@ struct Batch {
 // images: empty (text only) or one entry per sequence of `data`, whose images the batch carries.
 Batch collate(const TokenSequences& data, const std::vector<int64_t>& indices, int32_t pad_id,
               bool document_mask = false, const std::vector<SequenceImages>& images = {});
+
+// A forward's layout carrying `batch`'s images and nothing else (the stages that read no packing
+// layout: preference, rollouts, the critic).
+SequenceLayout image_layout(const Batch& batch);
 
 }  // namespace fab

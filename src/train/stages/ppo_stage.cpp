@@ -89,7 +89,7 @@ std::unique_ptr<DecoderModel> make_critic(const TrainConfig& c, const DecoderMod
 // A vision-language critic sees the rows' images as the actor does; a text critic reads their
 // image tokens as tokens.
 SequenceLayout critic_layout(const DecoderModel& critic, const Batch& batch) {
-  return critic.vision_tower() ? rollout_layout(batch) : SequenceLayout{};
+  return critic.vision_tower() ? image_layout(batch) : SequenceLayout{};
 }
 
 std::vector<std::vector<double>> response_values(DecoderModel& critic, const std::vector<const RolloutSequence*>& rows,

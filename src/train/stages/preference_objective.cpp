@@ -38,9 +38,7 @@ void check_has_targets(const std::vector<ResponseLogp>& logps, const std::vector
 double logp_forward(DecoderModel& model, const Batch& batch, bool with_grad, const ContextParallel* cp,
                     const std::function<double(const std::vector<ResponseLogp>&, std::vector<float>&)>& loss) {
   const Tensor whole_targets = model.shifted_labels(batch.labels);
-  PipelineMicroBatch part{batch.ids, batch.labels, {}};
-  part.layout.pixel_values = batch.pixel_values;
-  part.layout.image_grid_thw = batch.image_grid_thw;
+  PipelineMicroBatch part{batch.ids, batch.labels, image_layout(batch)};
   if (cp) {
     part.layout.lengths = batch.lengths;
     part = cp->shard(part, whole_targets);
@@ -208,9 +206,7 @@ class RewardObjective : public PreferenceObjective {
     const TokenSequences& data = data_.rows(split);
     const Batch batch = data_.batch(split, rows);
     const int64_t T = batch.ids.dim(1), n = int64_t(items.size());
-    PipelineMicroBatch part{batch.ids, batch.labels, {}};
-    part.layout.pixel_values = batch.pixel_values;
-    part.layout.image_grid_thw = batch.image_grid_thw;
+    PipelineMicroBatch part{batch.ids, batch.labels, image_layout(batch)};
     if (cp_) part = cp_->shard(part, model.shifted_labels(batch.labels));
     const int64_t width = part.ids.dim(1);
     std::vector<int64_t> last, scored;  // this rank's hidden rows read, and their sequences

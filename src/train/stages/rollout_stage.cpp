@@ -172,13 +172,6 @@ Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t 
   return collate(builder.finish(), index, pad_id, false, any_images ? images : std::vector<SequenceImages>{});
 }
 
-SequenceLayout rollout_layout(const Batch& batch) {
-  SequenceLayout layout;
-  layout.pixel_values = batch.pixel_values;
-  layout.image_grid_thw = batch.image_grid_thw;
-  return layout;
-}
-
 namespace {
 
 // The head's forward GEMM: generation's where the model runs the rollout kernels.
@@ -205,7 +198,7 @@ std::vector<std::vector<double>> response_logps(DecoderModel& model, const std::
           }
         return 0.0;
       },
-      rollout_layout(batch));
+      image_layout(batch));
   return out;
 }
 
@@ -243,7 +236,7 @@ GrpoLossResult grpo_minibatch(DecoderModel& model, const std::vector<const Rollo
       for (size_t k = 0; k < rows[i]->response.size(); ++k)
         (*lp.grad)[size_t(response_row(int64_t(i), seq, *rows[i], k))] = float(scale * result.d_logp[i][k]);
     return result.loss;
-  }, rollout_layout(batch));
+  }, image_layout(batch));
   return result;
 }
 

@@ -76,8 +76,6 @@ int64_t response_row(int64_t i, int64_t seq, const RolloutSequence& r, size_t k)
 
 // (B, T) ids and labels of prompt + response, the prompt's labels -100, and the rows' images.
 Batch collate_rollouts(const std::vector<const RolloutSequence*>& rows, int32_t pad_id);
-// What a forward of collate_rollouts' batch is given beside its ids: the images.
-SequenceLayout rollout_layout(const Batch& batch);
 
 // Per response token log-probabilities under `model` at `temperature` (of softmax(logits /
 // temperature); no gradient); `entropy_sum` (optional) adds each response token's entropy of that
