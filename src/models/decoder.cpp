@@ -306,7 +306,7 @@ Var DecoderModel::run_layers(Tape& tape, size_t first, size_t last, Var x, const
   Sharding& sharding = rollout_kernels_ && sharding_ == &single_device_ ? decoding_ : *sharding_;
   LayerContext ctx = context(std::move(attention), pass_positions, batch * seq, sharding, std::move(rope));
   ctx.router_loss = router_loss_;
-  if (tape.recording()) ctx.experts = expert_exchange_;
+  ctx.experts = expert_exchange_;
   for (size_t i = first; i < last; ++i) {
     const DecoderLayer& l = layers_[i];
     auto body = [&l, ctx](Tape& t, const Var& in) { return l.forward(t, ctx, in); };
@@ -374,6 +374,10 @@ double DecoderModel::head_loss(Tape& tape, const Var& hidden, const Tensor& targ
 void DecoderModel::check_whole(const char* what) const {
   FAB_USER_CHECK(tp_size() == 1, "{} with tensor_parallel_size {} is not implemented: run it on the saved model folder",
                  what, tp_size());
+  FAB_USER_CHECK(options_.experts.ranks == 1,
+                 "{} with expert_parallel_size {} is not implemented in Fabrica yet (each rank holds a share of the "
+                 "experts): run it on the saved model folder",
+                 what, options_.experts.ranks);
   FAB_CHECK(is_whole(), "{} needs the whole model, not a pipeline stage", what);
 }
 

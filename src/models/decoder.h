@@ -3,7 +3,9 @@
 // Face names and live in a ParamBuffer; parallelism wraps this model from outside.
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +54,8 @@ struct DecoderOptions {
   std::function<bool(const std::string&)> trainable;
   LoraOptions lora;  // adapters on the chosen projections (rank 0: none); they always train
   std::optional<PipelineStage> stage = std::nullopt;  // empty: the whole model
+  // Expert parallel: the experts this rank holds (and computes for its expert-parallel group).
+  ExpertShare experts;
 };
 
 // Rows that hold several samples back to back (packing, neat_packing): each token's RoPE position
@@ -217,10 +221,10 @@ class DecoderModel {
   void set_router_group(Communicator* group) { router_group_ = group; }
   const RouterOptions& router_options() const { return router_options_; }
   const RouterStatistics& router_statistics() const { return router_statistics_; }
-  // Expert parallel (nn/expert_exchange.h): the passes that back-propagate send each MoE
-  // layer's routed rows to the ranks of the exchange's group computing their experts; every rank
-  // still holds every expert, so passes without gradients (evaluation, generation) compute all of
-  // them here. Null (the default): every expert here.
+  // Expert parallel (nn/expert_exchange.h): every pass but generation sends each MoE layer's
+  // routed rows to the ranks of the exchange's group holding their experts (options().experts),
+  // so the ranks of a group run the same number of passes. Generation needs every expert here.
+  // Null (the default): every expert here.
   void set_expert_exchange(std::shared_ptr<ExpertExchange> exchange) { expert_exchange_ = std::move(exchange); }
 
   // Pipeline stages (options().stage set): the forward of model chunk `chunk` for one
@@ -246,6 +250,13 @@ class DecoderModel {
   // How parameter i (of params().params()) is sliced under tensor parallel; split_dim -1 when
   // this rank holds it whole.
   const ShardSpec& shard(size_t i) const { return shards_[i]; }
+  // The slice of a held base parameter: shard() for a trainable one; for a frozen one, a fused
+  // experts block's rows of this rank's experts (expert parallel), else whole.
+  ShardSpec held_slice(const ParamInfo& p, const ParamBuffer& buffer) const;
+  // Expert parallel: the experts this rank holds, and whether `name` is a Hugging Face tensor of a
+  // per-expert layout that another rank holds (not here).
+  const ExpertShare& experts() const { return options_.experts; }
+  bool held_elsewhere(const std::string& name) const { return experts_elsewhere_.count(name) != 0; }
   // The split of the parameters: SingleDevice, or tensor parallel's.
   Sharding& sharding() const { return *sharding_; }
 
@@ -257,6 +268,7 @@ class DecoderModel {
   void add_parameter(const std::string& name, Shape full_shape, int split_dim, bool packed = false, int replicas = 1);
   int tp_size() const { return sharding_->size(); }
   void add_trainable_whole(const std::string& name, Shape shape);  // a trainable parameter no rank splits
+  ShardSpec held_slice(const std::string& name, const Shape& full_shape) const;
   // `targets`' adapters among the projections `outs` (name, output width) of input width `in`.
   void add_adapters(const std::string& prefix, int64_t in, const std::vector<std::pair<std::string, int64_t>>& outs,
                     const std::vector<std::string>& targets);
@@ -332,6 +344,8 @@ class DecoderModel {
   int num_units_ = 0;  // embedding, layers and head this stage holds
   ModelHooks* hooks_ = nullptr;
   std::vector<ShardSpec> shards_;  // one per parameter
+  std::map<std::string, Shape> expert_blocks_;  // expert parallel: the fused experts blocks, by name (whole shape)
+  std::set<std::string> experts_elsewhere_;     // expert parallel: other ranks' per-expert tensors
   // This rank's share: heads, kv heads, intermediate features; its vocabulary slice starts at vocab_begin_.
   int64_t heads_ = 0, kv_heads_ = 0, intermediate_ = 0, vocab_begin_ = 0;
   int kv_replicas_ = 1;  // ranks that share each K/V head (tp > num_key_value_heads)

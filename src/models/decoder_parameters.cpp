@@ -40,12 +40,16 @@ void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int 
     // Matrices (and fused experts' (E, out, in) blocks) only feed GEMMs: bf16 is all they need.
     // Not a mixture-of-experts router's (…gate.weight), which routes in fp32.
     const bool matrix = full_shape.size() >= 2 && name != "model.embed_tokens.weight" && !name.ends_with(".gate.weight");
-    (matrix && options_.precision == Precision::bf16 ? frozen_bf16_ : frozen_).add(name, std::move(full_shape), packed);
+    (matrix && options_.precision == Precision::bf16 ? frozen_bf16_ : frozen_)
+        .add(name, held_slice(name, full_shape).local_shape(), packed);
     return;
   }
   ShardSpec s{tp_size() > 1 ? split_dim : -1, full_shape, 0, 0, replicas};
   Shape local = full_shape;
-  if (s.split_dim >= 0) {
+  if (expert_blocks_.count(name)) {
+    s = held_slice(name, full_shape);
+    local = s.local_shape();
+  } else if (s.split_dim >= 0) {
     const int64_t n = full_shape[size_t(s.split_dim)], parts = tp_size() / replicas;
     s.length = (n + parts - 1) / parts;
     s.begin = s.length * (sharding_->rank() / replicas);
@@ -56,6 +60,17 @@ void DecoderModel::add_parameter(const std::string& name, Shape full_shape, int 
   params_.add(name, local, packed);
   shards_.push_back(s);
   unit_of_param_.push_back(registering_unit_);
+}
+
+ShardSpec DecoderModel::held_slice(const std::string& name, const Shape& full_shape) const {
+  if (!expert_blocks_.count(name)) return ShardSpec{-1, full_shape, 0, full_shape[0], 1};
+  const int64_t E = config_.moe.num_experts;
+  return ShardSpec{0, full_shape, options_.experts.first(E), options_.experts.count(E), 1, true};
+}
+
+ShardSpec DecoderModel::held_slice(const ParamInfo& p, const ParamBuffer& buffer) const {
+  if (&buffer == &params_) return shards_[params_.index(p.name)];
+  return held_slice(p.name, expert_blocks_.count(p.name) ? expert_blocks_.at(p.name) : p.shape);
 }
 
 void DecoderModel::add_trainable_whole(const std::string& name, Shape shape) {
@@ -92,16 +107,27 @@ struct ParamSpec {
   bool starts_unit = false;
   int replicas = 1;
   int64_t ends_layer = -1;  // the decoder layer whose last base parameter this is (its adapters follow)
+  // Mixture-of-experts tensors under expert parallel: a per-expert tensor's expert (a rank holds
+  // only its experts'), or a fused (E, out, in) block (a rank holds its experts' rows of it).
+  int64_t expert = -1;
+  bool experts_block = false;
 };
 
 // A mixture-of-experts layer's tensors: the router, every expert's gate and up packed into one
-// block and their down matrices into another (either layout), whole on every rank; then qwen2_moe's
-// shared expert (gate and up packed), sliced under tensor parallel as a dense MLP is, and its gate
-// (one output), whole.
+// block and their down matrices into another (either layout), whole on every tensor-parallel rank
+// (split over the expert-parallel ranks); then qwen2_moe's shared expert (gate and up packed),
+// sliced under tensor parallel as a dense MLP is, and its gate (one output), whole.
 void add_moe_specs(const MoeLayerNames& n, std::vector<ParamSpec>& out) {
   out.push_back({n.router.name, n.router.shape, -1});
-  for (const std::vector<NamedShape>* block : {&n.gate_up, &n.down})
-    for (size_t j = 0; j < block->size(); ++j) out.push_back({(*block)[j].name, (*block)[j].shape, -1, j > 0});
+  for (const std::vector<NamedShape>* block : {&n.gate_up, &n.down}) {
+    const size_t per_expert = block == &n.gate_up ? 2 : 1;  // [gate_e, up_e] or down_e
+    for (size_t j = 0; j < block->size(); ++j) {
+      ParamSpec spec{(*block)[j].name, (*block)[j].shape, -1, j > 0};
+      if (block->size() == 1) spec.experts_block = true;
+      else spec.expert = int64_t(j / per_expert);
+      out.push_back(spec);
+    }
+  }
   if (!n.has_shared_expert()) return;
   out.push_back({n.shared_gate_up[0].name, n.shared_gate_up[0].shape, 0});
   out.push_back({n.shared_gate_up[1].name, n.shared_gate_up[1].shape, 0, true});
@@ -196,15 +222,25 @@ void DecoderModel::register_parameters() {
   const std::vector<ParamSpec> specs = parameter_specs(c, stage_, options_.value_head, kv_replicas_);
   num_units_ = int(std::count_if(specs.begin(), specs.end(), [](const ParamSpec& p) { return p.starts_unit; }));
   registering_unit_ = -1;
+  bool skipped_previous = false;
   for (const ParamSpec& p : specs) {
     if (p.starts_unit) ++registering_unit_;
-    add_parameter(p.name, p.shape, p.split_dim, p.packed_after_previous, p.replicas);
-    // The embedding and the head hold the same vocabulary slice (a last stage may hold only the head).
-    const bool vocabulary = p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight";
-    if (vocabulary && tp > 1) vocab_begin_ = shards_.back().begin;
-    if (options_.lora.enabled() && c.vision && is_vision_parameter(p.name) &&
-        ends_with(p.name, vision_block_end(*c.vision)))
-      add_vision_adapters(p.name.substr(0, p.name.size() - vision_block_end(*c.vision).size()));
+    // Expert parallel: another rank's expert (the next held one starts a block of its own). It may
+    // be its layer's last tensor: the layer's adapters follow all the same.
+    if (p.expert >= 0 && !options_.experts.holds(p.expert, c.moe.num_experts)) {
+      experts_elsewhere_.insert(p.name);
+      skipped_previous = true;
+    } else {
+      if (p.experts_block && options_.experts.ranks > 1) expert_blocks_.emplace(p.name, p.shape);
+      add_parameter(p.name, p.shape, p.split_dim, p.packed_after_previous && !skipped_previous, p.replicas);
+      skipped_previous = false;
+      // The embedding and the head hold the same vocabulary slice (a last stage may hold only the head).
+      const bool vocabulary = p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight";
+      if (vocabulary && tp > 1) vocab_begin_ = shards_.back().begin;
+      if (options_.lora.enabled() && c.vision && is_vision_parameter(p.name) &&
+          ends_with(p.name, vision_block_end(*c.vision)))
+        add_vision_adapters(p.name.substr(0, p.name.size() - vision_block_end(*c.vision).size()));
+    }
     if (p.ends_layer >= 0 && options_.lora.enabled()) add_layer_adapters(p.ends_layer);
   }
 }
@@ -387,15 +423,16 @@ void DecoderModel::bind_layer(int64_t i) {
 std::unique_ptr<MlpBlock> DecoderModel::make_moe_mlp(int64_t i) const {
   const MoeConfig& m = config_.moe;
   const MoeLayerNames n = moe_layer_names(config_, i);
-  auto names = [](const std::vector<NamedShape>& block) {
+  auto names = [this](const std::vector<NamedShape>& block) {  // those this rank holds (expert parallel)
     std::vector<std::string> out;
-    for (const NamedShape& t : block) out.push_back(t.name);
+    for (const NamedShape& t : block)
+      if (!held_elsewhere(t.name)) out.push_back(t.name);
     return out;
   };
   auto mlp = std::make_unique<MoeMlp>();
   mlp->router = make_linear({n.router.name}, {});
   mlp->router.weight_bf16 = Tensor();  // the router in fp32 in bf16 mode too (Megatron's moe_router_dtype fp32)
-  const ParamBuffer &gate_up = buffer_of(n.gate_up[0].name), &down = buffer_of(n.down[0].name);
+  const ParamBuffer &gate_up = buffer_of(names(n.gate_up)[0]), &down = buffer_of(names(n.down)[0]);
   mlp->experts = {gate_up.fused(names(n.gate_up)), down.fused(names(n.down)), gate_up.bf16_fused(names(n.gate_up)),
                   down.bf16_fused(names(n.down))};
   mlp->shape = {m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.norm_topk_prob, i};
@@ -434,13 +471,13 @@ void DecoderModel::init_random(uint64_t seed) {
   for (const ParamSpec& p : parameter_specs(config_, whole, options_.value_head, kv_replicas_)) {
     const bool held = params_.contains(p.name) || frozen_.contains(p.name) || frozen_bf16_.contains(p.name);
     ParamBuffer* buffer = held ? &buffer_of(p.name) : nullptr;
-    const bool sliced = buffer == &params_;
-    const ShardSpec s = sliced ? shards_[params_.index(p.name)] : ShardSpec{-1, p.shape, 0, p.shape[0], 1};
+    const ShardSpec s = held ? held_slice(buffer->info(p.name), *buffer) : ShardSpec{-1, p.shape, 0, p.shape[0], 1};
     const bool is_norm = p.name.find("norm.weight") != std::string::npos ||
                          p.name.find("norm1.weight") != std::string::npos ||
                          p.name.find("norm2.weight") != std::string::npos || p.name.find("ln_q.weight") != std::string::npos;
     const bool is_bias = p.name.size() > 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
-    const int64_t full = shape_numel(p.shape), cols = p.shape.size() > 1 ? p.shape[1] : 1;
+    // Split rows are the first dimension's (a fused experts block's: whole experts).
+    const int64_t full = shape_numel(p.shape), cols = p.shape.size() > 1 ? full / p.shape[0] : 1;
     std::vector<float> w(held ? size_t(buffer->info(p.name).numel()) : 0);
     for (int64_t i = 0; i < full; ++i) {
       const float value = is_norm ? 1.0f : is_bias ? 0.0f : float(rng.normal() * config_.initializer_range);

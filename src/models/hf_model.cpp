@@ -21,7 +21,8 @@ namespace {
 // This rank's slice of a whole HF tensor (rows or columns [begin, begin + length), those past the
 // tensor's end left as they are, zero: the padding of a vocabulary tensor parallel does not divide).
 void copy_slice(const Tensor& full, const ShardSpec& s, float* dst) {
-  const int64_t rows = s.full_shape[0], cols = s.full_shape.size() > 1 ? s.full_shape[1] : 1;
+  // Rows are the first dimension's: a fused experts block (E, out, in) is E rows of out * in.
+  const int64_t rows = s.full_shape[0], cols = full.numel() / rows;
   const float* src = full.data<float>();
   if (s.split_dim == 0) {
     const int64_t n = std::clamp<int64_t>(rows - s.begin, 0, s.length);
@@ -115,10 +116,8 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
     known.insert(p->name);
     // LLaMA-Factory keeps the value head beside the weights (value_head.safetensors), TRL in them.
     if (is_value_head(p->name) && !weights.contains(p->name)) continue;
-    // Trainable parameters may be this rank's slice (tensor parallel); frozen ones are whole.
-    const bool sliceable = buffer == &model.params();
-    const ShardSpec s = sliceable ? model.shard(size_t(p - model.params().params().data()))
-                                  : ShardSpec{-1, p->shape, 0, p->shape[0], 1};
+    // This rank's slice (tensor parallel; a fused experts block's experts under expert parallel).
+    const ShardSpec s = model.held_slice(*p, *buffer);
     const std::string stored = stored_name(model.config(), weights, p->name);
     FAB_USER_CHECK(weights.contains(stored), "missing tensor \"{}\" {} in the model weights", stored,
                    shape_str(s.full_shape));
@@ -138,7 +137,9 @@ void load_weights(DecoderModel& model, const HfWeights& weights) {
   for (const std::string& name : weights.names()) {
     const bool tied_head = name == "lm_head.weight" && model.config().tie_word_embeddings;
     // A pipeline stage holds only its part of the model's tensors.
-    FAB_USER_CHECK(known.count(internal_name(model.config(), name)) || tied_head || !model.is_whole(), "{}: unexpected tensor \"{}\" for a {} model",
+    const std::string internal = internal_name(model.config(), name);
+    FAB_USER_CHECK(known.count(internal) || tied_head || !model.is_whole() || model.held_elsewhere(internal),
+                   "{}: unexpected tensor \"{}\" for a {} model",
                    weights.file_of(name).path(), name, model.config().model_type);
   }
   model.weights_changed();

@@ -21,6 +21,27 @@ struct ShardSpec {
   int64_t begin = 0;  // first row / column of this rank's slice
   int64_t length = 0;  // rows / columns of the slice (padding included)
   int replicas = 1;
+  // Expert parallel: a fused (E, out, in) experts block split along the experts (split_dim 0) over
+  // the expert-parallel group, not the tensor-parallel one.
+  bool over_experts = false;
+  // The shape of the slice this rank holds.
+  Shape local_shape() const {
+    Shape local = full_shape;
+    if (split_dim >= 0) local[size_t(split_dim)] = length;
+    return local;
+  }
+};
+
+// Expert parallel's split of a mixture-of-experts model's experts (Megatron's expert parallel):
+// rank `rank` of `ranks` holds experts [rank E / ranks, (rank + 1) E / ranks) of every MoE layer,
+// and only those. ranks 1: every expert.
+struct ExpertShare {
+  int ranks = 1, rank = 0;
+  int64_t count(int64_t experts) const { return experts / ranks; }
+  int64_t first(int64_t experts) const { return rank * count(experts); }
+  bool holds(int64_t expert, int64_t experts) const {
+    return expert >= first(experts) && expert < first(experts) + count(experts);
+  }
 };
 
 // The decoder calls these where Megatron's split needs communication. Each is a differentiable

@@ -121,30 +121,30 @@ const void* row_at(const Tensor& t, int64_t row, int64_t width) {
 // The GEMM operands of a pass: fp32 tensors as they are, or their bf16 copies in bf16 mode.
 Tensor gemm_input(const Tensor& x, bool bf16) { return bf16 ? to_bf16(x, MemoryCategory::activations) : x; }
 
-// f(begin, n, e) for each local expert l that has rows: its packed rows [begin, begin + n) and
-// its index e = first_expert + l in the weights.
+// f(begin, n, e) for each local expert e (its index in this rank's weights) that has rows: its
+// packed rows [begin, begin + n).
 template <typename F>
-void for_each_expert(const ExpertRoute& route, int64_t first_expert, F f) {
-  for (size_t l = 0; l + 1 < route.first.size(); ++l) {
-    const int64_t begin = route.first[l], n = route.first[l + 1] - begin;
-    if (n > 0) f(begin, n, first_expert + int64_t(l));
+void for_each_expert(const ExpertRoute& route, F f) {
+  for (size_t e = 0; e + 1 < route.first.size(); ++e) {
+    const int64_t begin = route.first[e], n = route.first[e + 1] - begin;
+    if (n > 0) f(begin, n, int64_t(e));
   }
 }
 
 // Per local expert over its packed rows of x (M, C), with its weights: g = x W_gu^T (M, 2I),
 // a = silu(gate) * up (M, I), y = a W_d^T (M, C). Returns a as the down GEMM took it (bf16 in
 // bf16 mode), for the weight gradient.
-Tensor run_experts(const KernelTable& kt, const ExpertRoute& route, int64_t first_expert, const Tensor& gate_up,
+Tensor run_experts(const KernelTable& kt, const ExpertRoute& route, const Tensor& gate_up,
                    const Tensor& down, const Tensor& x, Tensor& g, Tensor& y, int64_t C, int64_t I) {
   const DType dt = x.dtype();
   Tensor a = host_activation({g.dim(0), I});
-  for_each_expert(route, first_expert, [&](int64_t begin, int64_t n, int64_t e) {
+  for_each_expert(route, [&](int64_t begin, int64_t n, int64_t e) {
     kt.matmul({row_at(x, begin, C), row_at(gate_up, e * 2 * I, C), g.data<float>() + begin * 2 * I, n, 2 * I, C,
                false, true, false, dt});
     kt.swiglu_forward(g.data<float>() + begin * 2 * I, n, I, a.data<float>() + begin * I);
   });
   const Tensor a_in = gemm_input(a, dt == DType::bf16);
-  for_each_expert(route, first_expert, [&](int64_t begin, int64_t n, int64_t e) {
+  for_each_expert(route, [&](int64_t begin, int64_t n, int64_t e) {
     kt.matmul({row_at(a_in, begin, I), row_at(down, e * C, I), y.data<float>() + begin * C, n, C, I, false, true,
                false, dt});
   });
@@ -304,6 +304,10 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights
   FAB_CHECK(h->value.device().is_host(), "the mixture-of-experts layer runs on the CPU");
   const int64_t N = rows_of(h->value), C = h->value.dim(-1), E = s.experts, k = s.top_k, I = s.intermediate;
   if (!exchange) exchange = std::make_shared<ExpertExchange>(E, nullptr);
+  FAB_CHECK(w.gate_up->value.numel() == exchange->local_experts() * 2 * I * C &&
+                w.down->value.numel() == exchange->local_experts() * C * I,
+            "the experts' weights hold {} elements, not those of the {} experts this rank computes",
+            w.gate_up->value.numel(), exchange->local_experts());
   const KernelTable& kt = kernels_for(h->value);
   auto routing = std::make_shared<Routing>(route(logits->value.data<float>(), N, s, aux ? aux->options : RouterOptions{},
                                                        aux ? aux->row_mask : std::vector<float>{}));
@@ -325,7 +329,7 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights
   Tensor g = host_activation({M, 2 * I}), y = host_activation({M, C});
   const Tensor& gate_up = bf16 ? w.gate_up_bf16 : w.gate_up->value;
   const Tensor& down = bf16 ? w.down_bf16 : w.down->value;
-  const Tensor a = run_experts(kt, r.exchange, exchange->first_expert(), gate_up, down, x, g, y, C, I);
+  const Tensor a = run_experts(kt, r.exchange, gate_up, down, x, g, y, C, I);
   const Tensor ys = exchange->combine(r.exchange, y.data<float>(), C);  // (N k, C) this rank's rows' outputs
   // out_t = sum over t's experts (in expert order, as transformers' index_add_) of w_{t,j} ys_row
   Var out = make_var(host_activation({N, C}));
@@ -372,7 +376,7 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights
     // a = swiglu(g):  dg = swiglu'(g) da;   g = x W_gu^T:  dx = dg W_gu,  dW_gu += dg^T x.
     // (In bf16 mode dy and dg are rounded to bf16 before their GEMMs, as a dense linear's dy is.)
     const bool weights_train = w.gate_up->requires_grad && w.down->requires_grad;
-    for_each_expert(r.exchange, exchange->first_expert(), [&](int64_t begin, int64_t n, int64_t e) {
+    for_each_expert(r.exchange, [&](int64_t begin, int64_t n, int64_t e) {
       kt.matmul({row_at(dy, begin, C), row_at(down, e * C, I), da.data<float>() + begin * I, n, I, C, false, false,
                  false, dt});
       if (weights_train)
@@ -382,7 +386,7 @@ Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights
                          dg.data<float>() + begin * 2 * I, false);
     });
     const Tensor dg_in = gemm_input(dg, w.bf16());
-    for_each_expert(r.exchange, exchange->first_expert(), [&](int64_t begin, int64_t n, int64_t e) {
+    for_each_expert(r.exchange, [&](int64_t begin, int64_t n, int64_t e) {
       if (weights_train)
         kt.matmul({row_at(dg_in, begin, 2 * I), row_at(x, begin, C), grad_of(w.gate_up).data<float>() + e * 2 * I * C,
                    2 * I, C, n, true, false, true, dt});

@@ -90,8 +90,9 @@ struct RouterLoss {
   double layer_aux(const Layer& l) const;  // per_layer / per_sequence: one layer's term
 };
 
-// Every expert's weights, packed: gate_up (E * 2I, C) holds expert e's [gate; up] at rows
-// [2Ie, 2I(e+1)), down (E * C, I) its down matrix at rows [Ce, C(e+1)). In bf16 mode also their
+// The experts' weights a rank holds (all E, or its E / ep under expert parallel), packed: gate_up
+// (E * 2I, C) holds expert e's [gate; up] at rows [2Ie, 2I(e+1)), down (E * C, I) its down matrix
+// at rows [Ce, C(e+1)). In bf16 mode also their
 // bf16 copies: the experts' GEMMs then take bf16 inputs (the rows, the SwiGLU activations and the
 // gradients rounded to bf16) with fp32 accumulation and output, as a dense layer's linears do.
 struct ExpertWeights {
@@ -105,8 +106,8 @@ struct ExpertWeights {
 // the row's output is the sum over its experts of weight * output.
 // `aux` (may be null) collects the pass's router statistics. Under expert parallel, `exchange`
 // (nn/expert_exchange.h) sends the rows to the ranks computing their experts and brings the
-// outputs back, forward and backward; this rank computes (and writes the gradients of) only
-// experts [first_expert, first_expert + local_experts) of gate_up and down. Null: every expert here.
+// outputs back, forward and backward; `weights` then hold only this rank's experts
+// [first_expert, first_expert + local_experts), local expert l at block l. Null: every expert here.
 Var moe_experts(Tape& tape, const Var& h, const Var& logits, const ExpertWeights& weights, const MoeShape& shape,
                 const std::shared_ptr<RouterLoss>& aux, std::shared_ptr<ExpertExchange> exchange = nullptr);
 

@@ -38,7 +38,8 @@ DataParallel::DataParallel(DecoderModel& model, Communicator& group, const DataP
   const int stage = options_.zero_stage;
   if (stage >= 2) {
     int64_t shard = 0;
-    for (const Bucket& b : buckets_) shard = std::max(shard, b.shard_offset + b.own_end - b.own_begin);
+    for (const Bucket& b : buckets_)
+      for (const Piece& piece : b.pieces) shard = std::max(shard, piece.shard_offset + piece.own_end - piece.own_begin);
     shard_grads_ = Tensor::zeros({std::max<int64_t>(shard, 1)}, DType::f32, MemoryCategory::gradients,
                                  params_.device());
     memory().decommit(params_.grads().raw(), params_.grads().bytes());
@@ -57,8 +58,10 @@ DataParallel::DataParallel(DecoderModel& model, Communicator& group, const DataP
 
 DataParallel::~DataParallel() {
   model_.set_hooks(nullptr);
-  for (CommHandle& h : gathering_) h.wait();
-  for (Bucket& b : buckets_) b.pending.wait();
+  for (auto& unit : gathering_)
+    for (CommHandle& h : unit) h.wait();
+  for (Bucket& b : buckets_)
+    for (Piece& piece : b.pieces) piece.pending.wait();
 }
 
 const KernelTable& DataParallel::kernels() const { return backend(params_.device().kind).kernels(); }
@@ -77,7 +80,7 @@ void DataParallel::commit_gradients(int unit) {
 // Units in backward order (head, last layer, ..., embedding), cut into buckets of at least
 // bucket_bytes; consecutive units are neighbours in the flat buffers, so a bucket is one range.
 void DataParallel::make_buckets() {
-  const int units = model_.num_units(), ranks = group_.size(), rank = group_.rank();
+  const int units = model_.num_units();
   bucket_of_unit_.assign(size_t(units), 0);
   int64_t shard = 0;
   for (int u = units - 1; u >= 0;) {
@@ -88,28 +91,51 @@ void DataParallel::make_buckets() {
       bucket_of_unit_[size_t(u)] = int(buckets_.size());
       b.closing_unit = u--;
     } while (u >= 0 && options_.zero_stage < 3 && (b.end - b.begin) * int64_t(sizeof(float)) < options_.bucket_bytes);
-    const auto [first, last] = chunk_range(b.end - b.begin, ranks, rank);
-    b.own_begin = b.begin + first;
-    b.own_end = b.begin + last;
-    b.shard_offset = shard;
-    shard += last - first;
+    b.pieces = make_pieces(b.begin, b.end, shard);
     buckets_.push_back(std::move(b));
   }
+}
+
+std::vector<DataParallel::Piece> DataParallel::make_pieces(int64_t begin, int64_t end, int64_t& shard) {
+  std::vector<Piece> pieces;
+  auto add = [&](int64_t first, int64_t last, bool experts) {
+    if (first >= last) return;
+    Piece piece;
+    piece.begin = first;
+    piece.end = last;
+    piece.experts = experts;
+    piece.group = experts ? options_.expert_data_group : &buffers_;
+    const auto [a, b] = chunk_range(last - first, piece.group->size(), piece.group->rank());
+    piece.own_begin = first + a;
+    piece.own_end = first + b;
+    piece.shard_offset = shard;
+    shard += b - a;
+    pieces.push_back(std::move(piece));
+  };
+  int64_t at = begin;
+  for (const auto& [first, last] : options_.expert_ranges) {  // ascending, disjoint
+    const int64_t from = std::clamp(first, at, end), to = std::clamp(last, at, end);
+    add(at, from, false);
+    add(from, to, true);
+    at = std::max(at, to);
+  }
+  add(at, end, false);
+  return pieces;
 }
 
 // The pieces of parameters inside this rank's chunks, for the optimizer.
 std::vector<OptimizerSegment> DataParallel::shard_segments(bool grads_in_shard) const {
   std::vector<OptimizerSegment> segments;
   const auto& infos = params_.params();
-  for (const Bucket& b : buckets_) {
-    for (size_t i = 0; i < infos.size(); ++i) {
-      const int64_t first = std::max(b.own_begin, infos[i].offset);
-      const int64_t last = std::min(b.own_end, infos[i].offset + infos[i].numel());
-      if (first >= last) continue;
-      const int64_t grad_offset = grads_in_shard ? b.shard_offset + (first - b.own_begin) : first;
-      segments.push_back({i, first - infos[i].offset, last - first, grad_offset});
-    }
-  }
+  for (const Bucket& b : buckets_)
+    for (const Piece& piece : b.pieces)
+      for (size_t i = 0; i < infos.size(); ++i) {
+        const int64_t first = std::max(piece.own_begin, infos[i].offset);
+        const int64_t last = std::min(piece.own_end, infos[i].offset + infos[i].numel());
+        if (first >= last) continue;
+        const int64_t grad_offset = grads_in_shard ? piece.shard_offset + (first - piece.own_begin) : first;
+        segments.push_back({i, first - infos[i].offset, last - first, grad_offset});
+      }
   // Parameter order, as a single process walks them (the checkpoint format does not depend on it).
   std::sort(segments.begin(), segments.end(), [](const OptimizerSegment& a, const OptimizerSegment& b) {
     return a.param != b.param ? a.param < b.param : a.begin < b.begin;
@@ -133,24 +159,27 @@ void DataParallel::begin_micro_batch(int64_t index) {
 }
 
 void DataParallel::launch_gradient_bucket(Bucket& b) {
-  float* g = params_.grads().data<float>() + b.begin;
-  const std::string what = format("gradients of parameters [{}, {})", b.begin, b.end);
-  if (options_.zero_stage >= 2) {
-    b.pending = buffers_.reduce_scatter(g, b.end - b.begin, what);
-    b.needs_retire = true;
-  } else if (micro_ + 1 == micro_batches_) {
-    b.pending = buffers_.all_reduce(g, b.end - b.begin, what);
+  const bool last_micro_batch = micro_ + 1 == micro_batches_;
+  for (Piece& piece : b.pieces) {
+    float* g = params_.grads().data<float>() + piece.begin;
+    const std::string what = format("gradients of parameters [{}, {})", piece.begin, piece.end);
+    if (options_.zero_stage >= 2)
+      piece.pending = piece.group->reduce_scatter(g, piece.end - piece.begin, what);
+    else if (last_micro_batch)
+      piece.pending = piece.group->all_reduce(g, piece.end - piece.begin, what);
   }
+  b.needs_retire = options_.zero_stage >= 2;
 }
 
 // Stage >= 2: adds this rank's reduced chunk to the shard accumulator and drops the bucket's
 // full-size gradient pages.
 void DataParallel::retire(Bucket& b) {
-  b.pending.wait();
+  for (Piece& piece : b.pieces) piece.pending.wait();
   if (!b.needs_retire) return;
   b.needs_retire = false;
-  kernels().accumulate(params_.grads().data<float>() + b.own_begin, shard_grads_.data<float>() + b.shard_offset,
-                       b.own_end - b.own_begin);
+  for (const Piece& piece : b.pieces)
+    kernels().accumulate(params_.grads().data<float>() + piece.own_begin,
+                         shard_grads_.data<float>() + piece.shard_offset, piece.own_end - piece.own_begin);
   memory().decommit(params_.grads().data<float>() + b.begin, size_t(b.end - b.begin) * sizeof(float));
 }
 
@@ -184,9 +213,22 @@ double DataParallel::clip_grad_norm(double max_norm) {
     for (Communicator* mp : options_.model_parallel_groups)
       mp->all_reduce(squares, 1, "gradient norm over the model-parallel group").wait();
   };
-  if (options_.zero_stage == 0 && !model_parallel) return fab::clip_grad_norm(params_, max_norm);
+  const bool experts = !options_.expert_ranges.empty();
+  if (options_.zero_stage == 0 && !model_parallel && !experts) return fab::clip_grad_norm(params_, max_norm);
   if (options_.zero_stage == 0) {  // every rank of the data-parallel group holds the same sums
-    double squares = sum_squares(params_.grads().data<float>(), 0, params_.numel());
+    const float* grads = params_.grads().data<float>();
+    double squares = 0;
+    if (!experts) {
+      squares = sum_squares(grads, 0, params_.numel());
+    } else {  // the experts held here, then those the rest of the expert-parallel group holds
+      double expert_squares = 0;
+      for (const Bucket& b : buckets_)
+        for (const Piece& piece : b.pieces)
+          (piece.experts ? expert_squares : squares) +=
+              sum_squares(grads + piece.begin, piece.begin, piece.end);
+      options_.expert_group->all_reduce(&expert_squares, 1, "gradient norm over the expert-parallel group").wait();
+      squares += expert_squares;
+    }
     sum_over_model_parallel(&squares);
     const double norm = std::sqrt(squares);
     const double coef = clip_coefficient(norm, max_norm);
@@ -194,19 +236,23 @@ double DataParallel::clip_grad_norm(double max_norm) {
     return norm;
   }
   // This rank's reduced gradients: its chunks of the flat buffer (ZeRO-1), or the shard accumulator.
-  auto shard_grads = [this](const Bucket& b) {
-    return options_.zero_stage >= 2 ? shard_grads_.data<float>() + b.shard_offset
-                                    : params_.grads().data<float>() + b.own_begin;
+  auto shard_grads = [this](const Piece& piece) {
+    return options_.zero_stage >= 2 ? shard_grads_.data<float>() + piece.shard_offset
+                                    : params_.grads().data<float>() + piece.own_begin;
   };
-  // Each rank's share of the squared norm, then the sum over the group (and the stages).
+  // Each rank's share of the squared norm, then the sum over the group (and the stages). An
+  // expert's chunks are spread over its expert-data-parallel group, whose ranks are in the group
+  // with those of the other experts: the sum counts every element once.
   double squares = 0;
-  for (const Bucket& b : buckets_) squares += sum_squares(shard_grads(b), b.own_begin, b.own_end);
+  for (const Bucket& b : buckets_)
+    for (const Piece& piece : b.pieces) squares += sum_squares(shard_grads(piece), piece.own_begin, piece.own_end);
   group_.all_reduce(&squares, 1, "gradient norm").wait();
   sum_over_model_parallel(&squares);
   const double norm = std::sqrt(squares);
   const double coef = clip_coefficient(norm, max_norm);
   if (coef < 1.0)
-    for (const Bucket& b : buckets_) k.scale(shard_grads(b), b.own_end - b.own_begin, float(coef));
+    for (const Bucket& b : buckets_)
+      for (const Piece& piece : b.pieces) k.scale(shard_grads(piece), piece.own_end - piece.own_begin, float(coef));
   return norm;
 }
 
@@ -215,10 +261,11 @@ void DataParallel::optimizer_step(float lr) {
   if (options_.zero_stage == 0 || options_.zero_stage == 3) return;  // ZeRO-3 gathers on use
   ProfileScope profile("parameter_all_gather");
   for (Bucket& b : buckets_)
-    b.pending = buffers_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
-                                    format("parameters [{}, {})", b.begin, b.end));
+    for (Piece& piece : b.pieces)
+      piece.pending = piece.group->all_gather(params_.values().data<float>() + piece.begin, piece.end - piece.begin,
+                                              format("parameters [{}, {})", piece.begin, piece.end));
   for (Bucket& b : buckets_) {
-    b.pending.wait();
+    for (Piece& piece : b.pieces) piece.pending.wait();
     if (params_.has_bf16()) params_.refresh_bf16(b.begin, b.end);
   }
 }
@@ -227,15 +274,16 @@ void DataParallel::optimizer_step(float lr) {
 
 void DataParallel::gather(int unit, bool wait) {
   const size_t u = size_t(unit);
-  if (!gathered_[u] && !gathering_[u].valid()) {
+  if (!gathered_[u] && gathering_[u].empty()) {
     const Bucket& b = unit_bucket(unit);
     commit_values(b.begin, b.end);
-    gathering_[u] = buffers_.all_gather(params_.values().data<float>() + b.begin, b.end - b.begin,
-                                        format("parameters of unit {}", unit));
+    for (const Piece& piece : b.pieces)
+      gathering_[u].push_back(piece.group->all_gather(params_.values().data<float>() + piece.begin,
+                                                      piece.end - piece.begin, format("parameters of unit {}", unit)));
   }
   if (!wait || gathered_[u]) return;
-  gathering_[u].wait();
-  gathering_[u] = CommHandle();
+  for (CommHandle& h : gathering_[u]) h.wait();
+  gathering_[u].clear();
   const Bucket& b = unit_bucket(unit);
   if (params_.has_bf16()) params_.refresh_bf16(b.begin, b.end);
   gathered_[u] = 1;
@@ -244,7 +292,7 @@ void DataParallel::gather(int unit, bool wait) {
 // Drops the unit's parameters outside this rank's chunk (they read as zeros until gathered).
 void DataParallel::release(int unit) {
   const size_t u = size_t(unit);
-  if (gathering_[u].valid()) gather(unit, true);
+  if (!gathering_[u].empty()) gather(unit, true);
   if (!gathered_[u]) return;
   const Bucket& b = unit_bucket(unit);
   auto drop = [this](int64_t first, int64_t last) {
@@ -252,8 +300,10 @@ void DataParallel::release(int unit) {
     memory().decommit(params_.values().data<float>() + first, size_t(last - first) * sizeof(float));
     if (params_.has_bf16()) memory().decommit(params_.bf16_values().data<bf16>() + first, size_t(last - first) * 2);
   };
-  drop(b.begin, b.own_begin);
-  drop(b.own_end, b.end);
+  for (const Piece& piece : b.pieces) {
+    drop(piece.begin, piece.own_begin);
+    drop(piece.own_end, piece.end);
+  }
   gathered_[u] = 0;
 }
 
@@ -328,12 +378,14 @@ ModelStateBytes DataParallel::state_bytes() const {
 
 CommStats DataParallel::comm_stats() const {
   CommStats s = group_.stats();
-  if (&buffers_ == &group_) return s;
-  const CommStats d = buffers_.stats();
-  s.bytes_sent += d.bytes_sent;
-  s.collectives += d.collectives;
-  s.busy_seconds += d.busy_seconds;
-  s.blocked_seconds += d.blocked_seconds;
+  auto add = [&s](const CommStats& d) {
+    s.bytes_sent += d.bytes_sent;
+    s.collectives += d.collectives;
+    s.busy_seconds += d.busy_seconds;
+    s.blocked_seconds += d.blocked_seconds;
+  };
+  if (&buffers_ != &group_) add(buffers_.stats());
+  if (options_.expert_data_group) add(options_.expert_data_group->stats());
   return s;
 }
 

@@ -42,6 +42,14 @@ struct DataParallelOptions {
   // buckets and parameter gathers; nullptr: `group` itself (host memory). Host values -- the
   // gradient norm's squares -- always go through `group`.
   Communicator* device_group = nullptr;
+  // Expert parallel (parallel/expert_parallel.h): flat-buffer ranges (ascending, disjoint) of the
+  // experts this rank holds, which the other ranks of its expert-parallel group do not. Their
+  // gradients are reduced, and ZeRO shards them, over `expert_data_group` (the data-parallel
+  // ranks holding the same experts) instead of the group; without ZeRO the gradient norm adds
+  // their squares over `expert_group`. Host groups (expert parallel runs on the CPU).
+  std::vector<std::pair<int64_t, int64_t>> expert_ranges;
+  Communicator* expert_data_group = nullptr;
+  Communicator* expert_group = nullptr;
 };
 
 // `ranges` with `extra` added (empty ranges dropped), sorted and merged: DataParallelOptions::not_counted
@@ -98,15 +106,25 @@ class DataParallel final : public ModelHooks {
   void after_backward(int unit) override;
 
  private:
-  struct Bucket {
+  // A contiguous range of a bucket reduced over one group: the data-parallel one, or for the
+  // experts this rank holds the expert-data-parallel one.
+  struct Piece {
     int64_t begin = 0, end = 0;  // elements of the flat buffers
     int64_t own_begin = 0, own_end = 0;  // this rank's chunk
     int64_t shard_offset = 0;  // where the chunk's gradients sit in shard_grads_
-    int closing_unit = 0;      // the bucket is final when this unit's backward ends
+    bool experts = false;
+    Communicator* group = nullptr;  // its collectives (host values: the group's own memory)
     CommHandle pending;
-    bool needs_retire = false;  // stage >= 2: reduce-scattered, not yet added to the shard
+  };
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // elements of the flat buffers
+    std::vector<Piece> pieces;   // tiling [begin, end)
+    int closing_unit = 0;        // the bucket is final when this unit's backward ends
+    bool needs_retire = false;   // stage >= 2: reduce-scattered, not yet added to the shard
   };
   void make_buckets();
+  // [begin, end) cut at the expert ranges, each piece chunked over its group from `shard` on.
+  std::vector<Piece> make_pieces(int64_t begin, int64_t end, int64_t& shard);
   std::vector<OptimizerSegment> shard_segments(bool grads_in_shard) const;
   void launch_gradient_bucket(Bucket& b);
   void retire(Bucket& b);
@@ -138,7 +156,7 @@ class DataParallel final : public ModelHooks {
   bool tied_ = false;
   // ZeRO-3: which units are resident in full, and the all-gathers in flight.
   std::vector<char> gathered_;
-  std::vector<CommHandle> gathering_;
+  std::vector<std::vector<CommHandle>> gathering_;
 };
 
 }  // namespace fab

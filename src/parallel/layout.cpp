@@ -6,6 +6,7 @@
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "parallel/expert_parallel.h"
 
 namespace fab {
 namespace {
@@ -194,6 +195,11 @@ ParallelLayout parallel_layout(const TrainConfig& c, const ModelConfig& m, int w
   // plans on a machine without one too: the setting counts, not this machine's GPU).
   const bool on_host = c.device == "cpu" || (c.device == "auto" && !cuda_backend().available());
   check_context_parallel(c, m, l, on_host);
+  check_expert_parallel(c.expert_parallel_size, m, l.sizes(), on_host);
+  FAB_USER_CHECK(c.expert_parallel_size == 1 || !rl,
+                 "expert_parallel_size {} with stage {} is not implemented in Fabrica yet: each rank holds its share "
+                 "of the experts, and rollouts decode on whole weights",
+                 c.expert_parallel_size, c.stage);
   FAB_USER_CHECK(on_host || l.pp == 1,
                  "device {} with pipeline_parallel_size {} is not implemented in Fabrica yet: on a device a run is "
                  "data and tensor parallel (with ZeRO-0 to 3)",

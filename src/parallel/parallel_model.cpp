@@ -59,19 +59,25 @@ ParallelModel::ParallelModel(std::unique_ptr<DecoderModel> model, DeviceMesh* me
     if (m.is_moe()) model_->set_router_group(&cp_->group());  // router statistics of whole sequences
     data_ = &mesh->group("dp");
   }
-  dp.device_group = mesh->device_group(reduced_over);
-  dp_ = std::make_unique<DataParallel>(*model_, mesh->group(reduced_over), dp);
-  // 5. expert parallel, folded into data parallel: ep consecutive data-parallel ranks exchange their
-  // MoE layers' rows (nn/expert_exchange.h). Every rank holds every expert and computes its
-  // share, so the data-parallel gradient sum adds each expert's gradient from the ranks computing it.
+  // 4. expert parallel, folded into data parallel: ep consecutive data-parallel ranks hold E/ep
+  // experts each and exchange their MoE layers' rows (nn/expert_exchange.h); an expert's gradient
+  // is summed over the data-parallel ranks holding it.
   check_expert_parallel(config.expert_parallel_size, model_->config(), sizes, model_->options().device.is_host());
   if (config.expert_parallel_size > 1) {
     Communicator& data = mesh->group("dp");
     const int ep = int(config.expert_parallel_size);
+    FAB_CHECK(model_->experts().ranks == ep && model_->experts().rank == data.rank() % ep,
+              "the model and the mesh disagree on expert parallel");
     ep_ = data.split(data.rank() / ep, data.rank() % ep);
+    expert_data_ = data.split(data.rank() % ep, data.rank() / ep);
     experts_ = std::make_shared<ExpertExchange>(model_->config().moe.num_experts, ep_.get());
     model_->set_expert_exchange(experts_);
+    dp.expert_ranges = expert_ranges(*model_);
+    dp.expert_data_group = expert_data_.get();
+    dp.expert_group = ep_.get();
   }
+  dp.device_group = mesh->device_group(reduced_over);
+  dp_ = std::make_unique<DataParallel>(*model_, mesh->group(reduced_over), dp);
 }
 
 ParallelModel::~ParallelModel() = default;
@@ -86,6 +92,10 @@ int ParallelModel::processes() const {
 
 std::pair<int, int> ParallelModel::tensor_place() const {
   return tp_ ? std::pair{tp_->rank(), tp_->size()} : std::pair{0, 1};
+}
+
+std::pair<int, int> ParallelModel::expert_place() const {
+  return ep_ ? std::pair{ep_->rank(), ep_->size()} : std::pair{0, 1};
 }
 
 std::pair<int, int> ParallelModel::stage_place() const {
@@ -162,6 +172,11 @@ void ParallelModel::barrier(const std::string& what) {
 std::vector<NamedTensor> ParallelModel::whole_weights(bool main) {
   if (pipeline_) return gather_stage_weights(*pipeline_, tp_, dp_->group().rank() == 0);
   if (tp_) return gather_full_tensors(*model_, *tp_);
+  if (experts_ && !model_->lora().enabled()) {
+    std::vector<NamedTensor> tensors = gather_expert_weights(*model_, *ep_);
+    if (!main) tensors.clear();
+    return tensors;
+  }
   std::vector<NamedTensor> tensors;
   if (main && !model_->lora().enabled())
     for (const auto& [p, buffer] : model_->base_parameters()) tensors.push_back({p->name, buffer->values_f32(*p)});
@@ -171,7 +186,7 @@ std::vector<NamedTensor> ParallelModel::whole_weights(bool main) {
 void ParallelModel::save_trained_model(const std::string& dir, const std::string& base_model) {
   dp_->gather_all_parameters();
   const bool main = is_main();
-  if (pipeline_ || tp_) {  // gathered from the other ranks: whole tensors to write
+  if (pipeline_ || tp_ || (experts_ && !model_->lora().enabled())) {  // gathered: whole tensors to write
     const std::vector<NamedTensor> weights = whole_weights(main);
     if (main) save_model_folder(model_->config(), weights, dir);
   } else if (main) {

@@ -49,6 +49,8 @@ class ParallelModel {
   // Where this rank's checkpoint shards sit: (tensor-parallel rank, size), (stage, stages).
   std::pair<int, int> tensor_place() const;
   std::pair<int, int> stage_place() const;
+  // (expert-parallel rank, size): this rank holds experts [rank E/size, (rank+1) E/size).
+  std::pair<int, int> expert_place() const;
 
   // The micro-batches of one optimizer step, forward and backward: next(m) gives micro-batch m when
   // it runs (a pipeline takes them all first, then runs its schedule). Accumulates the gradient of
@@ -102,6 +104,7 @@ class ParallelModel {
   std::unique_ptr<PipelineParallel> pipeline_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<Communicator> ep_;  // the expert-parallel group, expert_parallel_size > 1
+  std::unique_ptr<Communicator> expert_data_;  // the data-parallel ranks holding this rank's experts
   std::shared_ptr<ExpertExchange> experts_;
   CommStats comm_at_last_report_, tp_at_last_report_, cp_at_last_report_;
   int64_t ep_at_last_report_ = 0;

@@ -15,6 +15,10 @@ ModelShare model_share(DecoderOptions base, const ParallelLayout& layout, Device
   if (layout.pp > 1)  // 2. pipeline parallel
     share.options.stage = pipeline_stage(layout.chunk_layers, layout.pp, mesh.coordinate("pp"));
   share.options.recompute_layers = config.recompute_layers;  // 3. recompute
+  if (config.expert_parallel_size > 1) {  // 4. expert parallel, folded into data parallel
+    const int ep = int(config.expert_parallel_size);
+    share.options.experts = ExpertShare{ep, mesh.coordinate("dp") % ep};
+  }
   return share;
 }
 

@@ -6,10 +6,15 @@
 //   2. pipeline parallel: the model holds this rank's stage, the layout's chunks for its "pp"
 //      coordinate (DecoderOptions::stage), and PipelineParallel runs the schedule over "pp";
 //   3. recompute: activation checkpointing of each layer this rank holds (recompute_layers);
-//   4. data parallel and ZeRO: DataParallel over "dp", the gradient norm summed over the
-//      model-parallel groups (tp, then pp) and leaving out what another rank of them counts.
-// Steps 1-3 decide what the model holds, so they come before it is built: model_share() gives the
-// options to build it with. Step 2's executor and step 4 wrap the built model: parallelize(). No
+//   4. expert parallel, folded into data parallel: the model holds the experts of its place in
+//      its group of expert_parallel_size consecutive dp ranks (DecoderOptions::experts), and
+//      exchanges its MoE layers' rows over that group (nn/expert_exchange.h);
+//   5. data parallel and ZeRO: DataParallel over "dp" (the experts' gradients over the ranks
+//      holding the same experts), the gradient norm summed over the model-parallel groups (tp,
+//      then pp) and leaving out what another rank of them counts.
+// Steps 1-4 decide what the model holds, so they come before it is built: model_share() gives the
+// options to build it with. Step 2's executor, step 4's exchange and step 5 wrap the built model:
+// parallelize(). No
 // state is global: the mesh is passed in and the results hold every object.
 #include <memory>
 

@@ -338,7 +338,9 @@ CheckpointPart take_part(const std::string& dir, ParallelModel& model, const Tra
                          bool save_only_model) {
   DataParallel& dp = model.data_parallel();
   Communicator& group = dp.group();
-  const bool stage_main = group.rank() == 0;  // of this stage's data-parallel group
+  // Without ZeRO the first data-parallel rank of a stage holds every moment there is (of its
+  // tensor-parallel slices) -- under expert parallel, the first ep ranks, each of its experts.
+  const bool stage_main = group.rank() < model.expert_place().second;
   CheckpointPart part;
   part.final_dir = dir;
   part.tmp = part.final_dir.string() + ".tmp";
@@ -358,8 +360,8 @@ CheckpointPart take_part(const std::string& dir, ParallelModel& model, const Tra
     part.config_yaml = config_yaml;
   }
   const std::string shard = stage_prefix(model) + optimizer_file(group.rank(), group.size(), tp_place(dp));
-  // Without ZeRO every data-parallel rank of a stage holds the whole optimizer state (of its
-  // tensor-parallel slices): data-parallel rank 0 writes it once. save_only_model: nobody does.
+  // Without ZeRO the other data-parallel ranks hold the same moments: they write none.
+  // save_only_model: nobody does.
   if (!save_only_model && (dp.zero_stage() > 0 || stage_main)) {
     part.shard_file = shard;
     const OptimizerShard s = optimizer_shard(dp);

@@ -3,7 +3,8 @@
 # moe_aux_loss_coef: metrics.jsonl reports aux_loss and moe_load_max_over_mean apart from the loss,
 # the output folder holds per-expert tensors (transformers 5's save_pretrained layout) and
 # `generate` runs on it; LoRA writes a PEFT adapter; bf16 follows fp32; a resumed run ends on the
-# same weights; 2 data-parallel workers under ZeRO-2 and ZeRO-3, 2 expert-parallel, 2 context-parallel
+# same weights; 2 data-parallel workers under ZeRO-2 and ZeRO-3, 2 expert-parallel (each holding 2 of the 4 experts;
+# the output gathers them), 2 context-parallel
 # and 2 tensor-parallel workers take the one-process steps to 1e-5; dpo, kto and
 # rm from LLaMA-Factory's examples, grpo with exact rollout log-probabilities; what MoE does not run
 # with yet is refused. Megatron's router options (seq_aux_loss, z-loss, capacity) give the same
@@ -75,6 +76,11 @@ for run in "z2 zero_stage=2 gradient_accumulation_steps=2" "z3 zero_stage=3 grad
   done
 done
 grep -q '"comm_ep_bytes_sent_per_step":[1-9]' dp2ep2/metrics.jsonl || fail "ep2 reports no all-to-all bytes"
+# Each ep2 worker holds 2 of the 4 experts; the saved folder has all of them, gathered.
+for e in 0 1 2 3; do
+  header_has dp2ep2/model.safetensors "model.layers.0.mlp.experts.$e.down_proj.weight" ||
+    fail "the ep2 output has no expert $e"
+done
 # Megatron's router options (per-sequence aux loss, z-loss, capacity 1 dropping the least probable
 # picks), per micro-batch: one process and 2 data-parallel workers take the same steps.
 meg="moe_router_load_balancing_type=seq_aux_loss moe_z_loss_coeff=0.001 moe_expert_capacity_factor=1.0"
@@ -93,6 +99,8 @@ refused() {  # refused LOGNAME "expected text" overrides...
   grep -q "$text" $log.log || { cat $log.log; fail "$log: no \"$text\""; }
 }
 refused ep "expert_parallel_size 2 does not divide the 1 data-parallel ranks" expert_model_parallel_size=2
+refused ep_grpo "expert_parallel_size 2 with stage grpo is not implemented" stage=grpo reward=exact_match \
+  gradient_accumulation_steps=1 max_new_tokens=8 nproc_per_node=2 expert_parallel_size=2
 refused gal "global_aux_loss is not implemented" moe_router_load_balancing_type=global_aux_loss
 refused bias "moe_router_enable_expert_bias" moe_router_enable_expert_bias=true
 refused tpsp "sequence_parallel with tensor_parallel_size 2 and a mixture-of-experts model is not implemented" nproc_per_node=2 \
@@ -130,11 +138,18 @@ for name in dpo kto reward; do
   "$fabrica" train $name.yaml max_steps=2 max_samples=8 cutoff_len=96 per_device_train_batch_size=2 \
     gradient_accumulation_steps=1 logging_steps=1 > $name.log 2>&1 || { cat $name.log; fail "$name on MoE"; }
 done
+# DPO under expert parallel (2 workers of 1 pair each, each holding 2 of the 4 frozen experts; the
+# reference log-probabilities through the same exchange): the one-process steps.
+"$fabrica" train dpo.yaml output_dir=out_dpo_ep2 max_steps=2 max_samples=8 cutoff_len=96 per_device_train_batch_size=1 \
+  gradient_accumulation_steps=1 logging_steps=1 nproc_per_node=2 expert_parallel_size=2 > dpo_ep2.log 2>&1 ||
+  { cat dpo_ep2.log; fail "dpo at ep2 on MoE"; }
 python3 - <<'PY' || fail "the preference stages' losses on MoE"
 import json, math
 rows = lambda name: [json.loads(l) for l in open(f"out_{name}/metrics.jsonl")]
 dpo, kto, rm = rows("dpo"), rows("kto"), rows("reward")
 assert abs(dpo[0]["loss"] - math.log(2)) < 1e-6, dpo[0]
+ep2 = rows("dpo_ep2")
+assert len(ep2) == len(dpo) == 2 and all(abs(a["loss"] - b["loss"]) < 1e-5 * b["loss"] for a, b in zip(ep2, dpo)), (ep2, dpo)
 assert abs(kto[0]["loss"] - 0.5) < 1e-6, kto[0]
 assert "rewards/accuracy" in rm[0] and math.isfinite(rm[0]["loss"]), rm[0]
 PY

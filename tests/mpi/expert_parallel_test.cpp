@@ -1,19 +1,28 @@
-// Expert parallel against one process. The MoE layer with its rows exchanged over the world gives
-// each rank the outputs and gradients it computes alone (the expert weights' gradients summed over
-// the ranks), and sends the bytes of the formula. Training at ep2 (at 4 ranks: ep2 x edp2) and
-// ep4, ZeRO 0-3, on qwen3_moe, qwen2_moe (shared expert, recompute) and mixtral reproduces one
-// process with the same global batch over 10 fp32 steps (1e-5), and a checkpoint saved at ep2
-// resumes at ep1 and ep4 with the uninterrupted run's losses.
+// Expert parallel against one process. The MoE layer with its rows exchanged over the world, each
+// rank holding its experts only, gives each rank the outputs and gradients one rank computes with
+// every expert (the expert weights' gradients summed over the ranks), and sends the bytes of the
+// formula. Each rank holds E/ep experts of transformers' own folders (both layouts), which gather
+// back to the folder's tensors. Training at ep2 (at 4 ranks: ep2 x edp2) and ep4, ZeRO 0-3, on
+// qwen3_moe, qwen2_moe (shared expert, recompute) and mixtral, and from a fused folder,
+// reproduces one process with the same global batch over 10 fp32 steps (1e-5) and saves its
+// weights; a checkpoint saved at ep2 resumes at ep1 and ep4 with the uninterrupted run's losses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+#include <cstring>
 #include <numeric>
 #include <random>
 
 #include "mpi/mpi_training.h"
 #include "mpi/mpi_world.h"
+#include "models/hf_model.h"
+#include "models/moe_weights.h"
 #include "nn/moe_ops.h"
+#include "parallel/expert_parallel.h"
 #include "test_util.h"
 
 namespace fab {
@@ -30,7 +39,8 @@ Var random_var(Shape shape, uint32_t seed, float scale) {
 std::vector<float> values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.numel()}; }
 
 // One MoE layer's forward and backward on this rank's rows: out, d h, d logits, and the expert
-// weights' gradients summed over the world.
+// weights' gradients summed over the world (under expert parallel each rank holds, and has the
+// gradients of, its experts only).
 struct LayerResult {
   std::vector<float> out, dh, dlogits, dgate_up, ddown;
 };
@@ -42,8 +52,18 @@ LayerResult run_layer(const MoeShape& s, std::shared_ptr<ExpertExchange> exchang
   Communicator& w = test::world();
   const int64_t N = rows_of_rank(w.rank()), C = 16;
   Var h = random_var({N, C}, 11 + uint32_t(w.rank()), 1.0f), logits = logits_of_rank(w.rank(), s.experts);
-  Var gate_up = random_var({s.experts * 2 * s.intermediate, C}, 5, 0.3f);
-  Var down = random_var({s.experts * C, s.intermediate}, 7, 0.3f);
+  const Var all_gate_up = random_var({s.experts * 2 * s.intermediate, C}, 5, 0.3f);
+  const Var all_down = random_var({s.experts * C, s.intermediate}, 7, 0.3f);
+  // Under expert parallel a rank holds its experts' weights only.
+  const int64_t first = exchange ? exchange->first_expert() : 0, held = exchange ? exchange->local_experts() : s.experts;
+  const int64_t gate_up_rows = 2 * s.intermediate, down_rows = C;
+  auto rows = [](const Var& all, int64_t begin, int64_t n) {
+    Tensor t = Tensor::empty({n, all->value.dim(1)}, DType::f32, MemoryCategory::activations);
+    std::memcpy(t.data<float>(), all->value.data<float>() + begin * t.dim(1), t.bytes());
+    return make_var(t);
+  };
+  Var gate_up = rows(all_gate_up, first * gate_up_rows, held * gate_up_rows);
+  Var down = rows(all_down, first * down_rows, held * down_rows);
   auto aux = std::make_shared<RouterLoss>(s.experts, s.top_k, std::vector<float>{}, 0.1);
   Tape tape;
   Var out = moe_experts(tape, h, logits, {gate_up, down, {}, {}}, s, aux, std::move(exchange));
@@ -51,8 +71,14 @@ LayerResult run_layer(const MoeShape& s, std::shared_ptr<ExpertExchange> exchang
   const Var dout = random_var({N, C}, 31 + uint32_t(w.rank()), 1.0f);
   grad_of(out) = dout->value;
   tape.backward();
-  LayerResult r{values(out->value), values(grad_of(h)), values(grad_of(logits)), values(grad_of(gate_up)),
-                values(grad_of(down))};
+  // The weights' gradients in place in the whole blocks (zero for the experts held elsewhere).
+  auto whole = [](const Var& mine, const Var& all, int64_t begin_row) {
+    std::vector<float> v(size_t(all->value.numel()), 0.0f);
+    std::copy_n(grad_of(mine).data<float>(), mine->value.numel(), v.begin() + begin_row * all->value.dim(1));
+    return v;
+  };
+  LayerResult r{values(out->value), values(grad_of(h)), values(grad_of(logits)),
+                whole(gate_up, all_gate_up, first * gate_up_rows), whole(down, all_down, first * down_rows)};
   w.all_reduce(r.dgate_up.data(), int64_t(r.dgate_up.size()), "expert gradients").wait();
   w.all_reduce(r.ddown.data(), int64_t(r.ddown.size()), "expert gradients").wait();
   return r;
@@ -177,28 +203,141 @@ TEST(MoeTensorParallel, EachFamilyReproducesOneProcess) {
   }
 }
 
-// The expert-parallel layout is not in a checkpoint (every rank holds every expert): saved at ep2,
-// the run resumes at ep1 (the same ranks, plain data parallel) and, at 4 ranks, at ep4, and its
-// steps repeat the uninterrupted run's losses.
+// LoRA (lora_target all: attention, the dense layers' MLP and qwen2_moe's shared expert adapted,
+// the experts frozen, each rank holding its share of them frozen) at ep = the world against one
+// process. qwen3_moe's MoE layer ends in its last expert's tensor, which only the last rank holds.
+TEST(ExpertParallel, LoraWithFrozenExpertsReproducesOneProcess) {
+  Communicator& w = test::world();
+  for (const auto& [name, json] : {std::pair{"ep_lora_qwen3_moe", kQwen3Moe}, {"ep_lora_qwen2_moe", kQwen2Moe}}) {
+    const std::string model = test::model_folder(name, json);
+    const std::string lora = "finetuning_type: lora\nlora_target: all\nlora_rank: 4\n";
+    const std::vector<double> reference =
+        one_process(moe_config(model, std::string(name) + "_alone", 2 * w.size(), lora));
+    const TrainConfig c = moe_config(model, std::string(name) + "_split", 2,
+                                     lora + "expert_parallel_size: " + std::to_string(w.size()) + "\nzero_stage: 1\n");
+    test::expect_same_losses(test::train_at_layout(c, w, 48), reference, std::string(name) + " LoRA ep");
+  }
+}
+
+// transformers' own tiny folders (tests/reference/moe, both layouts): at ep = the world each rank
+// holds E/ep experts of every MoE layer and every other tensor whole, and the experts gathered over
+// the group are the folder's, bit for bit.
+TEST(ExpertParallel, EachRankHoldsItsShareOfTheExperts) {
+  Communicator& w = test::world();
+  for (const std::string family : {"qwen3_moe", "qwen3_moe_fused", "qwen2_moe", "qwen2_moe_fused", "mixtral_fused"}) {
+    const std::string folder = std::string(FAB_SOURCE_DIR) + "/tests/reference/moe/" + family;
+    const auto whole = load_model_folder(folder, DecoderOptions{}, 1);
+    DecoderOptions split;
+    split.experts = {w.size(), w.rank()};
+    const auto mine = load_model_folder(folder, split, 1);
+    const ModelConfig& c = whole->config();
+    const int64_t E = c.moe.num_experts, I = c.moe.moe_intermediate_size, C = c.hidden_size;
+    int64_t moe_layers = 0, whole_elements = 0, my_elements = 0;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.is_moe_layer(i);
+    for (const auto& [p, buffer] : whole->base_parameters()) whole_elements += p->numel();
+    for (const auto& [p, buffer] : mine->base_parameters()) my_elements += p->numel();
+    const int64_t experts = moe_layers * E * 3 * I * C;
+    EXPECT_EQ(my_elements, whole_elements - experts + experts / w.size()) << family;
+    std::map<std::string, Tensor> want;
+    for (const auto& [p, buffer] : whole->base_parameters()) want[p->name] = buffer->values_f32(*p);
+    const std::vector<NamedTensor> got = gather_expert_weights(*mine, w);
+    ASSERT_EQ(got.size(), want.size()) << family;
+    for (const NamedTensor& t : got) {
+      ASSERT_TRUE(want.count(t.name)) << family << ": " << t.name;
+      const Tensor& x = want.at(t.name);
+      ASSERT_EQ(t.tensor.shape(), x.shape()) << family << ": " << t.name;
+      EXPECT_EQ(std::memcmp(t.tensor.data<float>(), x.data<float>(), x.bytes()), 0) << family << ": " << t.name;
+    }
+  }
+}
+
+// The tiny qwen2_moe's random weights in transformers 5's fused layout: each layer's per-expert
+// tensors back to back are its (E, 2I, C) gate_up_proj and (E, C, I) down_proj.
+std::string fused_qwen2_moe_folder(const std::string& name) {
+  const std::string folder = test::model_folder(name, kQwen2Moe);
+  if (test::world().rank() == 0) {
+    const auto model = load_model_folder(folder, DecoderOptions{}, 3);
+    const ModelConfig& c = model->config();
+    std::map<std::string, Tensor> values;
+    for (const auto& [p, buffer] : model->base_parameters()) values[p->name] = buffer->values_f32(*p);
+    std::vector<NamedTensor> tensors;
+    std::set<std::string> experts;
+    const int64_t E = c.moe.num_experts, I = c.moe.moe_intermediate_size, C = c.hidden_size;
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const MoeLayerNames n = moe_layer_names(c, i);
+      const std::string p = "model.layers." + std::to_string(i) + ".mlp.experts.";
+      for (const auto& [block, fused, shape] : {std::tuple{n.gate_up, "gate_up_proj", Shape{E, 2 * I, C}},
+                                                std::tuple{n.down, "down_proj", Shape{E, C, I}}}) {
+        Tensor t = Tensor::empty(shape, DType::f32, MemoryCategory::temporaries);
+        int64_t at = 0;
+        for (const NamedShape& part : block) {
+          std::memcpy(t.data<float>() + at, values.at(part.name).data<float>(), values.at(part.name).bytes());
+          at += values.at(part.name).numel();
+          experts.insert(part.name);
+        }
+        tensors.push_back({p + fused, t});
+      }
+    }
+    for (const auto& [name, t] : values)
+      if (!experts.count(name)) tensors.push_back({name, t});
+    save_safetensors(folder + "/model.safetensors", tensors);
+  }
+  test::world().barrier("fused folder");
+  return folder;
+}
+
+// Trained at ep = the world under ZeRO-2 from a fused folder (qwen2_moe, with its shared expert),
+// the run takes one process's steps, and the saved folder (the experts gathered, fused as the
+// source was) holds one process's weights (1e-4 of each tensor's scale: after 10 AdamW steps a
+// bias whose gradients are near 0 moves by 1e-5 of it between summation orders; an expert in the
+// wrong place would be off by the whole scale).
+TEST(ExpertParallel, FusedFolderTrainsAndSavesAsOneProcess) {
+  Communicator& w = test::world();
+  const std::string model = fused_qwen2_moe_folder("ep_fused_model");
+  const TrainConfig alone = moe_config(model, "ep_fused_alone", 2 * w.size(), "");
+  const std::vector<double> reference = one_process(alone);
+  const TrainConfig c = moe_config(model, "ep_fused_split", 2,
+                                   "expert_parallel_size: " + std::to_string(w.size()) + "\nzero_stage: 2\n");
+  test::expect_same_losses(test::train_at_layout(c, w, 48), reference, "qwen2_moe fused ep");
+  if (w.rank() != 0) return;
+  const SafetensorsFile a = SafetensorsFile::open(alone.output_dir + "/model.safetensors");
+  const SafetensorsFile b = SafetensorsFile::open(c.output_dir + "/model.safetensors");
+  ASSERT_EQ(a.names(), b.names());
+  EXPECT_TRUE(b.contains("model.layers.0.mlp.experts.gate_up_proj"));
+  for (const std::string& name : a.names()) {
+    const Tensor x = a.as_f32(name), y = b.as_f32(name);
+    float scale = 0;
+    for (int64_t i = 0; i < x.numel(); ++i) scale = std::max(scale, std::fabs(x.data<float>()[i]));
+    for (int64_t i = 0; i < x.numel(); ++i)
+      ASSERT_NEAR(y.data<float>()[i], x.data<float>()[i], 1e-4f * scale) << name << " [" << i << "]";
+  }
+}
+
+// Saved at ep2 (each rank's optimizer file holding its experts' moments, the weights whole), the
+// run resumes at ep1 (the same ranks, plain data parallel) and, at 4 ranks, at ep4, each rank
+// taking its own experts' moments from the files, and its steps repeat the uninterrupted run's losses.
 TEST(ExpertParallel, CheckpointSavedAtEp2ResumesAtEp1AndEp4) {
   Communicator& w = test::world();
   const std::string model = test::model_folder("ep_resume_model", kQwen3Moe);
-  const std::string saved = test::fresh_scratch_dir("ep_saved");
-  const auto full = test::train_at_layout(
-      test::train_config(model, saved, 1, "gradient_accumulation_steps: 2\n",
-                         "moe_aux_loss_coef: 0.05\nmax_steps: 10\nsave_steps: 5\nexpert_parallel_size: 2\nzero_stage: 1\n"),
-      w, 48);
-  ASSERT_EQ(full.size(), 10u);
-  for (int ep = 1; ep <= w.size(); ep *= 4) {
-    const std::string name = "ep_resumed_at_" + std::to_string(ep);
-    const auto c = test::train_config(model, test::fresh_scratch_dir(name), 1, "gradient_accumulation_steps: 2\n",
-                                      "moe_aux_loss_coef: 0.05\nmax_steps: 10\nexpert_parallel_size: " +
-                                          std::to_string(ep) + "\nzero_stage: 1\nresume_from_checkpoint: " + saved +
-                                          "/checkpoint-5\noverwrite_output_dir: true\n");
-    const auto resumed = test::train_at_layout(c, w, 48);
-    ASSERT_EQ(resumed.size(), 5u) << name;
-    for (const StepRecord& r : resumed)
-      EXPECT_NEAR(r.loss, full[size_t(r.step - 1)].loss, 1e-5 * r.loss) << name << " step " << r.step;
+  for (int saved_stage : {0, 1}) {  // without ZeRO the first ep ranks write their experts' moments
+    const std::string saved = test::fresh_scratch_dir("ep_saved_z" + std::to_string(saved_stage));
+    const auto full = test::train_at_layout(
+        test::train_config(model, saved, 1, "gradient_accumulation_steps: 2\n",
+                           "moe_aux_loss_coef: 0.05\nmax_steps: 10\nsave_steps: 5\nexpert_parallel_size: 2\n"
+                           "zero_stage: " + std::to_string(saved_stage) + "\n"),
+        w, 48);
+    ASSERT_EQ(full.size(), 10u);
+    for (int ep = 1; ep <= w.size(); ep *= 4) {
+      const std::string name = "ep_resumed_at_" + std::to_string(ep) + "_from_z" + std::to_string(saved_stage);
+      const auto c = test::train_config(model, test::fresh_scratch_dir(name), 1, "gradient_accumulation_steps: 2\n",
+                                        "moe_aux_loss_coef: 0.05\nmax_steps: 10\nexpert_parallel_size: " +
+                                            std::to_string(ep) + "\nzero_stage: 1\nresume_from_checkpoint: " + saved +
+                                            "/checkpoint-5\noverwrite_output_dir: true\n");
+      const auto resumed = test::train_at_layout(c, w, 48);
+      ASSERT_EQ(resumed.size(), 5u) << name;
+      for (const StepRecord& r : resumed)
+        EXPECT_NEAR(r.loss, full[size_t(r.step - 1)].loss, 1e-5 * r.loss) << name << " step " << r.step;
+    }
   }
 }
 
