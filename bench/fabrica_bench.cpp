@@ -176,7 +176,8 @@ int pipeline_bench(const Flags& flags, const fab::ModelConfig& cfg, int64_t seq,
   model.init_random(1234);
   PipelineParallel pipeline(model, world, chunks);
   LocalCommunicator alone;
-  DataParallelOptions dp_options{0, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, {}, {}};
+  DataParallelOptions dp_options;
+  dp_options.adamw = {0.9f, 0.95f, 1e-8f, 0.1f};
   dp_options.model_parallel_groups = {&world};
   DataParallel dp(model, alone, dp_options);
   Rng rng(42);  // every stage the same batches
@@ -389,7 +390,9 @@ int main(int argc, char** argv) {
     built = std::make_unique<DecoderModel>(cfg, options);
     built->init_random(1234);
   }
-  DataParallelOptions dp_options{flags.zero, 25 << 20, {0.9f, 0.95f, 1e-8f, 0.1f}, {}, {}};
+  DataParallelOptions dp_options;
+  dp_options.zero_stage = flags.zero;
+  dp_options.adamw = {0.9f, 0.95f, 1e-8f, 0.1f};
   if (tp) {
     dp_options.model_parallel_groups = {world.get()};
     dp_options.not_counted = ranges_counted_elsewhere(*built);

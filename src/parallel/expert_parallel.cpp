@@ -17,10 +17,13 @@ void check_expert_parallel(int64_t ep, const ModelConfig& model, const ParallelS
                  model.model_type);
   FAB_USER_CHECK(model.moe.num_experts % ep == 0, "expert_parallel_size {} does not divide the {} experts of {}", ep,
                  model.moe.num_experts, model.model_type);
-  FAB_USER_CHECK(sizes.dp % ep == 0,
-                 "expert_parallel_size {} does not divide the {} data-parallel ranks (expert parallel is folded into "
+  // Under context parallel the experts fold into dp x cp (Megatron's parallel folding): every rank
+  // of a replica routes its share of the rows.
+  const int64_t ranks = sizes.dp * sizes.cp;
+  FAB_USER_CHECK(ranks % ep == 0,
+                 "expert_parallel_size {} does not divide the {} data-parallel ranks{} (expert parallel is folded into "
                  "data parallel)",
-                 ep, sizes.dp);
+                 ep, ranks, sizes.cp > 1 ? format(" (data_parallel {} x context_parallel_size {})", sizes.dp, sizes.cp) : "");
   FAB_USER_CHECK(sizes.tp == 1 && sizes.pp == 1,
                  "expert_parallel_size {} with tensor_parallel_size {} / pipeline_parallel_size {} is not implemented "
                  "in Fabrica yet",

@@ -16,9 +16,10 @@
 namespace fab {
 
 // expert_parallel_size folded into the data-parallel dimension (Megatron's parallel folding): ep
-// consecutive data-parallel ranks form an expert-parallel group, so ep must divide dp and the
-// experts. UserErrors name the sizes; ep with tensor or pipeline parallel, on a device, or on a
-// model without experts is refused.
+// consecutive ranks of the group gradients are reduced over (dp, or dp x cp under context
+// parallel) form an expert-parallel group, so ep must divide it and the experts. UserErrors name
+// the sizes; ep with tensor or pipeline parallel, on a device, or on a model without experts is
+// refused.
 void check_expert_parallel(int64_t ep, const ModelConfig& model, const ParallelSizes& sizes, bool on_host);
 
 // Flat-buffer ranges of the trainable parameters (ascending, disjoint) holding the experts of

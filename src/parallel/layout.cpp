@@ -95,11 +95,10 @@ void check_context_parallel(const TrainConfig& c, const ModelConfig& m, const Pa
   if (l.cp == 1) return;
   const auto refuse = [&](bool bad, const std::string& what) {
     FAB_USER_CHECK(!bad, "context_parallel_size {} with {} is not implemented in Fabrica yet: context parallel runs "
-                         "pt, sft, dpo, kto and rm on the CPU, with tensor and pipeline parallel and data "
+                         "pt, sft, dpo, kto and rm on the CPU, with tensor, pipeline and expert parallel and data "
                          "parallel (and ZeRO)",
                    l.cp, what);
   };
-  refuse(c.expert_parallel_size > 1, format("expert_parallel_size {}", c.expert_parallel_size));
   refuse(m.vision.has_value(), format("a vision-language model ({})", m.model_type));
   refuse(c.stage != Stage::sft && c.stage != Stage::pt && c.stage != Stage::dpo && c.stage != Stage::kto &&
              c.stage != Stage::rm,

@@ -64,7 +64,7 @@ ParallelModel::ParallelModel(std::unique_ptr<DecoderModel> model, DeviceMesh* me
   // is summed over the data-parallel ranks holding it.
   check_expert_parallel(config.expert_parallel_size, model_->config(), sizes, model_->options().device.is_host());
   if (config.expert_parallel_size > 1) {
-    Communicator& data = mesh->group("dp");
+    Communicator& data = mesh->group(reduced_over);  // under context parallel, dp x cp
     const int ep = int(config.expert_parallel_size);
     FAB_CHECK(model_->experts().ranks == ep && model_->experts().rank == data.rank() % ep,
               "the model and the mesh disagree on expert parallel");

@@ -17,7 +17,7 @@ ModelShare model_share(DecoderOptions base, const ParallelLayout& layout, Device
   share.options.recompute_layers = config.recompute_layers;  // 3. recompute
   if (config.expert_parallel_size > 1) {  // 4. expert parallel, folded into data parallel
     const int ep = int(config.expert_parallel_size);
-    share.options.experts = ExpertShare{ep, mesh.coordinate("dp") % ep};
+    share.options.experts = ExpertShare{ep, mesh.group(layout.cp > 1 ? "cp-dp" : "dp").rank() % ep};
   }
   return share;
 }

@@ -70,6 +70,7 @@ void keep_checkpoint_layout(const std::string& checkpoint, PlanConstraints& fixe
   fixed.pp = int(number("pipeline_parallel_size", 1));
   fixed.vpp = int(number("virtual_pipeline_parallel_size", 1));
   fixed.zero_stage = int(number("zero_stage", 0));
+  fixed.ep = int(number("expert_parallel_size", 1));
   fixed.recompute = flag("recompute_layers");
   fixed.sequence_parallel = flag("sequence_parallel");
   fixed.micro_batch_size = number("per_device_train_batch_size", 1);
@@ -79,13 +80,15 @@ void keep_checkpoint_layout(const std::string& checkpoint, PlanConstraints& fixe
 namespace {
 
 std::string layout_text(const nlohmann::json& l) {
-  return format("tp {} x cp {} x pp {}{} x dp {}{}, zero_stage {}, recompute {}, micro-batch {} x {} accumulation steps",
+  const int ep = l.value("expert_parallel_size", 1);
+  return format("tp {} x cp {} x pp {}{} x dp {}{}{}, zero_stage {}, recompute {}, micro-batch {} x {} accumulation steps",
                 l["tensor_parallel_size"].get<int>(), l["context_parallel_size"].get<int>(),
                 l["pipeline_parallel_size"].get<int>(),
                 l["virtual_pipeline_parallel_size"].get<int>() > 1
                     ? format(" (vpp {})", l["virtual_pipeline_parallel_size"].get<int>())
                     : std::string(),
                 l["data_parallel_size"].get<int>(), l["sequence_parallel"].get<bool>() ? " (sequence parallel)" : "",
+                ep > 1 ? format(", expert parallel {}", ep) : std::string(),
                 l["zero_stage"].get<int>(), l["recompute"].get<bool>() ? "on" : "off",
                 l["micro_batch_size"].get<int64_t>(), l["gradient_accumulation_steps"].get<int64_t>());
 }
@@ -178,6 +181,7 @@ void apply_planned_layout(const nlohmann::json& l, TrainConfig& c) {
   if (c.pipeline_parallel_size > 1) c.pipeline_layers = l["pipeline_layers"].get<std::vector<int64_t>>();
   c.sequence_parallel = l["sequence_parallel"].get<bool>();
   c.zero_stage = l["zero_stage"].get<int64_t>();
+  c.expert_parallel_size = l.value("expert_parallel_size", int64_t(1));
   c.recompute_layers = l["recompute"].get<bool>();
   c.per_device_train_batch_size = l["micro_batch_size"].get<int64_t>();
   c.gradient_accumulation_steps = l["gradient_accumulation_steps"].get<int64_t>();

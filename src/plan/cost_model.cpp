@@ -43,9 +43,41 @@ int replicas(const PlanLayout& l) { return l.dp * l.cp; }
 // replicated head, so k and v are split min(tp, kv heads) ways, everything else tp ways.
 double kv_split(const ModelConfig& m, int tp) { return double(std::min<int64_t>(tp, m.num_key_value_heads)); }
 
-double layer_parameters_per_rank(const ModelConfig& m, int tp) {
+// The experts are whole on every tp rank (split by ep instead), k and v as kv_split says.
+double layer_parameters_per_rank(const ModelConfig& m, int tp, int ep) {
   const double kv = 2 * double(m.hidden_size) * double(m.num_key_value_heads * m.head_dim);
-  return (layer_parameters(m) - kv) / tp + kv / kv_split(m, tp);
+  const double experts = expert_parameters(m);
+  return (layer_parameters(m) - kv - experts) / tp + kv / kv_split(m, tp) + experts / ep;
+}
+
+// A mixture-of-experts model's mean layer, per token: its MoE layers' share of the layers, and the
+// MLP's multiply-adds (router, top-k experts, shared expert and its gate; a dense layer's 3 C I).
+double moe_layer_fraction(const ModelConfig& m) {
+  if (!m.is_moe()) return 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < m.num_hidden_layers; ++i) n += m.is_moe_layer(i);
+  return double(n) / double(m.num_hidden_layers);
+}
+
+// The MLP's kept activations per token, in units of 3 values (a dense layer's gate, up and their
+// SwiGLU product: I / tp each). A MoE layer (nn/moe_ops.cpp) keeps the router's logits and
+// probabilities (2E), per routed row (k of them) its dispatched input, gate/up, SwiGLU and
+// output (2C + 3I) and the output combined back (C), the token's sum (C), and a shared expert's
+// 3 S: the mean layer's count, not measured against a run yet.
+double mlp_kept_intermediate(const ModelConfig& m, int tp) {
+  const double f = moe_layer_fraction(m), C = double(m.hidden_size);
+  const MoeConfig& e = m.moe;
+  const double moe = 2 * double(e.num_experts) + double(e.num_experts_per_tok) * (3 * C + 3 * double(e.moe_intermediate_size)) +
+                     C + 3 * double(e.shared_expert_intermediate_size) / tp;
+  return f * moe / 3 + (1 - f) * double(m.intermediate_size) / tp;
+}
+
+double mlp_multiply_adds(const ModelConfig& m) {
+  const double C = double(m.hidden_size), f = moe_layer_fraction(m);
+  const MoeConfig& e = m.moe;
+  const double moe = C * double(e.num_experts) + 3 * C * double(e.num_experts_per_tok * e.moe_intermediate_size) +
+                     3 * C * double(e.shared_expert_intermediate_size) + (e.shared_expert_intermediate_size ? C : 0);
+  return f * moe + (1 - f) * 3 * C * double(m.intermediate_size);
 }
 
 // Parameters one rank of stage s holds: its chunks' layers, the embedding on chunk 0, the head
@@ -54,7 +86,7 @@ double layer_parameters_per_rank(const ModelConfig& m, int tp) {
 double stage_parameters(const ModelConfig& m, const PlanLayout& l, int s) {
   double n = 0;
   for (int k = s; k <= last_chunk(l); k += l.pp) {
-    n += double(l.chunk_layers[size_t(k)]) * layer_parameters_per_rank(m, l.tp);
+    n += double(l.chunk_layers[size_t(k)]) * layer_parameters_per_rank(m, l.tp, l.ep);
     if (k == 0) n += embedding_parameters(m) / l.tp;
     if (k == last_chunk(l))
       n += (head_parameters(m) + (m.tie_word_embeddings && l.pp > 1 ? embedding_parameters(m) : 0)) / l.tp;
@@ -62,10 +94,17 @@ double stage_parameters(const ModelConfig& m, const PlanLayout& l, int s) {
   return n;
 }
 
+// Of those, the experts (E/ep of each MoE layer's): reduced and ZeRO-sharded over replicas / ep.
+double stage_expert_parameters(const ModelConfig& m, const PlanLayout& l, int s);
+
 double stage_layers(const PlanLayout& l, int s) {
   double n = 0;
   for (int k = s; k <= last_chunk(l); k += l.pp) n += double(l.chunk_layers[size_t(k)]);
   return n;
+}
+
+double stage_expert_parameters(const ModelConfig& m, const PlanLayout& l, int s) {
+  return stage_layers(l, s) * expert_parameters(m) / l.ep;
 }
 
 // Micro-batches (in units of the stage's whole set of layers) whose activations stage s holds at
@@ -126,7 +165,7 @@ KeptActivations fabrica_activations(const ModelConfig& m, const PlanLayout& l, i
   const double t = l.tp, T = rank_tokens(l, sequence_length);
   const double padded = l.sequence_parallel ? std::ceil(T / t) * t : T, local = l.sequence_parallel ? padded / t : T;
   const double C = double(m.hidden_size), D = double(m.head_dim), H = double(m.num_attention_heads) / t,
-               KV = double(m.num_key_value_heads) / kv_split(m, l.tp), I = double(m.intermediate_size) / t;
+               KV = double(m.num_key_value_heads) / kv_split(m, l.tp), I = mlp_kept_intermediate(m, l.tp);
   const double q = H * D, kv = KV * D, qk = m.qk_norm ? 1 : 0;
   KeptActivations a;
   a.local_rows = local;
@@ -152,7 +191,12 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
   const ModelConfig& m = p.model;
   const StateBytesPerParameter per = state_bytes(c.device, p.bf16);
   const double e = activation_element_bytes(c.device, p.bf16);
-  MemoryBreakdown b = model_state_memory(stage_parameters(m, l, s), replicas(l), l.zero_stage, c.device, p.bf16);
+  const double experts = stage_expert_parameters(m, l, s);
+  MemoryBreakdown b = model_state_memory(stage_parameters(m, l, s) - experts, replicas(l), l.zero_stage, c.device, p.bf16);
+  const MemoryBreakdown held = model_state_memory(experts, replicas(l) / l.ep, l.zero_stage, c.device, p.bf16);
+  b.parameters += held.parameters;
+  b.gradients += held.gradients;
+  b.optimizer_state += held.optimizer_state;
   const double tokens = rank_tokens(l, p.sequence_length);
   const double sp_split = l.sequence_parallel ? l.tp : 1;
   const bool last = s == last_chunk(l) % l.pp;
@@ -188,7 +232,7 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
     // hold 25 MB (one unit each under ZeRO-3), or what is left of the stage: the largest is the
     // bigger of 25 MB and the largest unit, at most the stage's whole gradient. The ring keeps a
     // receive buffer of one chunk (1/dp) of it.
-    const double largest_unit = std::max(embedding_parameters(m) / l.tp, layer_parameters_per_rank(m, l.tp));
+    const double largest_unit = std::max(embedding_parameters(m) / l.tp, layer_parameters_per_rank(m, l.tp, l.ep));
     const double largest_bucket = l.zero_stage == 3
                                       ? largest_unit * per.gradients
                                       : std::min(stage_gradients, std::max(kBucketBytes, largest_unit * per.gradients));
@@ -201,7 +245,7 @@ MemoryBreakdown stage_memory(const PlanProblem& p, const ClusterSpec& c, const P
     // ZeRO-3: the rest of the unit being used and of the one prefetched (the tied embedding stays
     // gathered until its backward).
     if (l.zero_stage == 3)
-      b.buffers += (1.0 - 1.0 / dp) * per.weights * (largest_unit + layer_parameters_per_rank(m, l.tp));
+      b.buffers += (1.0 - 1.0 / dp) * per.weights * (largest_unit + layer_parameters_per_rank(m, l.tp, l.ep));
   }
   // Context parallel (parallel/context_parallel.h): a layer's ring holds the key/value block in
   // hand and the one arriving, and in backward their gradients travelling with them: 4 blocks of
@@ -231,8 +275,8 @@ double cp_ring_blocks(const PlanLayout& l) { return (l.recompute ? 3.0 : 2.0) * 
 
 // One micro-batch's forward + backward on stage s, with its tp collectives and stage sends.
 struct MicroBatchTime {
-  double compute = 0, tensor_comm = 0, context_comm = 0, pipeline_comm = 0;
-  double total() const { return compute + tensor_comm + context_comm + pipeline_comm; }
+  double compute = 0, tensor_comm = 0, context_comm = 0, pipeline_comm = 0, expert_comm = 0;
+  double total() const { return compute + tensor_comm + context_comm + pipeline_comm + expert_comm; }
 };
 
 MicroBatchTime stage_micro_batch(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l, int s) {
@@ -269,6 +313,18 @@ MicroBatchTime stage_micro_batch(const PlanProblem& p, const ClusterSpec& c, con
     const double attention = tokens * stage_layers(l, s) * attention_flops * layer_passes / l.tp / rate;
     t.context_comm = std::max(0.0, ring - c.comm_overlap * attention);
   }
+  if (l.ep > 1) {
+    // Expert parallel (nn/expert_exchange.h): per MoE layer, the counts, then each routed row
+    // bound for another rank's experts ((ep - 1) / ep of the k T rows, routing balanced) crosses
+    // twice forward (dispatch, combine) and twice backward, C fp32 values each; recompute replays
+    // the forward's two. Not overlapped with compute.
+    const double moe_layers = stage_layers(l, s) * moe_layer_fraction(m);
+    const double crossing = tokens * double(m.moe.num_experts_per_tok) * (l.ep - 1) / l.ep;
+    const double bytes = crossing * double(m.hidden_size) * 4;
+    const LinkSpec& link = link_for(c, l.tp * l.cp * l.dp);
+    const double exchanges = l.recompute ? 6 : 4;
+    t.expert_comm = moe_layers * ((exchanges + 1) * (l.ep - 1) * link.latency + exchanges * bytes / link.bandwidth);
+  }
   if (l.pp > 1) {
     const LinkSpec& link = link_for(c, l.tp * l.cp * l.dp * l.pp);
     const double bytes = tokens * double(m.hidden_size) * e / (l.sequence_parallel ? l.tp : 1);
@@ -289,10 +345,20 @@ double bucketed(double bytes, double bucket, int ranks, const LinkSpec& link, bo
 double layer_parameters(const ModelConfig& m) {
   const double c = double(m.hidden_size), q = double(m.num_attention_heads * m.head_dim),
                kv = double(m.num_key_value_heads * m.head_dim);
-  double n = 2 * c + c * (q + 2 * kv) + q * c + 3 * c * double(m.intermediate_size);
+  double n = 2 * c + c * (q + 2 * kv) + q * c;
   if (m.attention_bias) n += q + 2 * kv;
   if (m.qk_norm) n += 2 * double(m.head_dim);
-  return n;
+  if (!m.is_moe()) return n + 3 * c * double(m.intermediate_size);
+  const MoeConfig& e = m.moe;
+  const double shared = e.shared_expert_intermediate_size ? 3 * c * double(e.shared_expert_intermediate_size) + c : 0;
+  const double f = moe_layer_fraction(m);
+  return n + f * (c * double(e.num_experts) + shared) + expert_parameters(m) +
+         (1 - f) * 3 * c * double(m.intermediate_size);
+}
+
+double expert_parameters(const ModelConfig& m) {
+  return moe_layer_fraction(m) * double(m.moe.num_experts) * 3 * double(m.hidden_size) *
+         double(m.moe.moe_intermediate_size);
 }
 
 double embedding_parameters(const ModelConfig& m) { return double(m.vocab_size) * double(m.hidden_size); }
@@ -305,8 +371,8 @@ double head_parameters(const ModelConfig& m) {
 // average (the same count balanced_layer_split balances).
 double layer_forward_flops(const ModelConfig& m, int64_t sequence_length) {
   const double C = double(m.hidden_size), D = double(m.head_dim), H = double(m.num_attention_heads),
-               KV = double(m.num_key_value_heads), I = double(m.intermediate_size);
-  return 2 * (C * (H + 2 * KV) * D + H * D * C + 3 * C * I) + 2 * 2 * H * D * double(sequence_length) / 2;
+               KV = double(m.num_key_value_heads);
+  return 2 * (C * (H + 2 * KV) * D + H * D * C + mlp_multiply_adds(m)) + 2 * 2 * H * D * double(sequence_length) / 2;
 }
 
 double head_forward_flops(const ModelConfig& m) { return 2.0 * double(m.vocab_size) * double(m.hidden_size); }
@@ -318,7 +384,7 @@ double head_forward_flops(const ModelConfig& m) { return 2.0 * double(m.vocab_si
 //   log-sum-exp (a fp32 values), the gate and up projections and their SwiGLU product (3 I).
 LayerActivationBytes layer_activation_bytes(const ModelConfig& m, double e) {
   const double h = double(m.hidden_size), q = double(m.num_attention_heads * m.head_dim),
-               kv = double(m.num_key_value_heads * m.head_dim), I = double(m.intermediate_size);
+               kv = double(m.num_key_value_heads * m.head_dim), I = mlp_kept_intermediate(m, 1);
   return {4 * h * e, e * (2 * q + 2 * kv + 3 * I) + 4 * double(m.num_attention_heads)};
 }
 
@@ -368,6 +434,7 @@ TimeBreakdown predict_time(const PlanProblem& p, const ClusterSpec& c, const Pla
   t.tensor_comm = slowest.tensor_comm * ga;
   t.context_comm = slowest.context_comm * ga;
   t.pipeline_comm = slowest.pipeline_comm * ga;
+  t.expert_comm = slowest.expert_comm * ga;
   // Narayanan et al. 2021: the 1F1B bubble is (p - 1) micro-batch times, interleaving divides it by v.
   t.bubble = double(l.pp - 1) / l.vpp * slowest.total();
   // Data parallel / ZeRO, the bytes DataParallel sends (parallel/data_parallel.h).
@@ -395,7 +462,8 @@ TimeBreakdown predict_time(const PlanProblem& p, const ClusterSpec& c, const Pla
   t.data_comm_exposed = std::max(0.0, hideable - c.comm_overlap * hide) + exposed;
   const double optimizer_params = l.zero_stage >= 1 ? stage_params / dp : stage_params;
   t.optimizer = optimizer_params * kOptimizerTraffic / c.device.memory_bandwidth;
-  t.step = t.compute + t.tensor_comm + t.context_comm + t.pipeline_comm + t.bubble + t.data_comm_exposed + t.optimizer;
+  t.step = t.compute + t.tensor_comm + t.context_comm + t.pipeline_comm + t.expert_comm + t.bubble +
+           t.data_comm_exposed + t.optimizer;
   t.bubble_fraction = t.bubble / (t.bubble + ga * slowest.total());
   const double tokens = double(p.global_batch * p.sequence_length);
   t.tokens_per_s = tokens / t.step;

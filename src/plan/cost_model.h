@@ -31,6 +31,10 @@ struct PlanLayout {
   // Context parallel: each row's tokens split over cp ranks (ring attention); world = tp x cp x pp
   // x dp, and gradients are reduced, and ZeRO shards, over dp x cp.
   int cp = 1;
+  // Expert parallel, folded into dp x cp: each rank holds E/ep of a mixture-of-experts model's
+  // experts (their gradients reduced, and ZeRO-sharded, over dp x cp / ep) and exchanges its
+  // routed rows by all-to-all.
+  int ep = 1;
 };
 
 struct MemoryBreakdown {
@@ -52,6 +56,7 @@ struct TimeBreakdown {
   double context_comm = 0;    // cp's ring sends of keys and values, the part attention does not hide
   double pipeline_comm = 0;   // stage-to-stage sends
   double bubble = 0;          // pipeline fill and drain
+  double expert_comm = 0;     // ep's all-to-all of routed rows (on the critical path)
   double data_comm = 0;       // dp/ZeRO collectives, all of them
   double data_comm_exposed = 0;  // the part not hidden behind backward
   double optimizer = 0;
@@ -61,10 +66,14 @@ struct TimeBreakdown {
 };
 
 // Parameters of decoder layer / embedding / LM head + final norm (tied: the head has none of its own).
+// A mixture-of-experts model's layers differ (dense ones, mlp_only_layers): the mean layer.
 double layer_parameters(const ModelConfig& m);
+// Of those, the routed experts' (the mean layer's; 0 without experts): what expert parallel splits.
+double expert_parameters(const ModelConfig& m);
 double embedding_parameters(const ModelConfig& m);
 double head_parameters(const ModelConfig& m);
-// Forward FLOPs per token: a decoder layer at this sequence length (causal), the LM head.
+// Forward FLOPs per token: a decoder layer at this sequence length (causal; a mixture of experts'
+// mean layer: the router, top-k experts and a shared expert), the LM head.
 double layer_forward_flops(const ModelConfig& m, int64_t sequence_length);
 double head_forward_flops(const ModelConfig& m);
 // Activation bytes one decoder layer keeps for backward, per token, before tp/sp division:

@@ -57,7 +57,7 @@ class LegalityCache {
 
   const Legality& check(const PlanLayout& l) {
     const int ga_residue = l.vpp > 1 ? int(l.gradient_accumulation_steps % l.pp) : 0;
-    const auto key = std::make_tuple(l.tp, l.cp, l.pp, l.vpp, l.zero_stage, ga_residue);
+    const auto key = std::make_tuple(l.tp, l.cp, l.pp, l.vpp, l.zero_stage, ga_residue, l.ep);
     auto it = cache_.find(key);
     if (it == cache_.end()) it = cache_.emplace(key, evaluate(l)).first;
     return it->second;
@@ -73,6 +73,7 @@ class LegalityCache {
     c.sequence_parallel = l.sequence_parallel;
     if (!given(run_, "pipeline_schedule")) c.pipeline_schedule = l.vpp > 1 ? "interleaved_1f1b" : "1f1b";
     c.zero_stage = l.zero_stage;
+    c.expert_parallel_size = l.ep;
     c.gradient_accumulation_steps = l.gradient_accumulation_steps;
     c.cutoff_len = problem_.sequence_length;
     if (l.pp > 1 && run_.pipeline_layers.empty()) c.pipeline_layers = l.chunk_layers;
@@ -89,7 +90,7 @@ class LegalityCache {
   const PlanProblem& problem_;
   const TrainConfig& run_;
   int devices_;
-  std::map<std::tuple<int, int, int, int, int, int>, Legality> cache_;
+  std::map<std::tuple<int, int, int, int, int, int, int>, Legality> cache_;
 };
 
 class SplitCache {
@@ -215,6 +216,8 @@ PlanConstraints plan_constraints(const TrainConfig& config) {
   fix({"recompute_layers", "gradient_checkpointing", "disable_gradient_checkpointing"}, "recompute_layers",
       config.recompute_layers, fixed.recompute);
   fix({"sequence_parallel"}, "sequence_parallel", config.sequence_parallel, fixed.sequence_parallel);
+  fix({"expert_parallel_size", "expert_model_parallel_size"}, "expert_parallel_size", int(config.expert_parallel_size),
+      fixed.ep);
   for (const char* key : {"pipeline_layers", "pipeline_schedule"})
     if (given(config, key)) fixed.keys.push_back(format("{} (as set)", key));
   return fixed;
@@ -277,18 +280,24 @@ Plan make_plan(const PlanProblem& p, const ClusterSpec& c, const PlanConstraints
           const int max_zero = fixed.zero_stage ? *fixed.zero_stage : dp * cp > 1 ? 3 : 0;
           for (int zero = 0; zero <= max_zero; ++zero) {
             if (!allowed(fixed.zero_stage, zero)) continue;
-            PlanLayout base;
-            base.tp = int(tp);
-            base.cp = int(cp);
-            base.pp = int(pp);
-            base.vpp = vpp;
-            base.dp = dp;
-            base.zero_stage = zero;
-            base.sequence_parallel = fixed.sequence_parallel.value_or(tp > 1);
-            const bool own_split = !fixed.run.pipeline_layers.empty() &&
-                                   int64_t(fixed.run.pipeline_layers.size()) == pp * vpp;
-            base.chunk_layers = own_split ? fixed.run.pipeline_layers : splits.split(int(pp) * vpp);
-            plan_family(p, c, fixed, base, legality, plan);
+            // Expert parallel folds into dp x cp: each divisor of it that divides the experts.
+            for (int64_t ep : divisors(int64_t(dp) * cp, int64_t(dp) * cp)) {
+              if (!allowed(fixed.ep, int(ep))) continue;
+              if (ep > 1 && (!p.model.is_moe() || p.model.moe.num_experts % ep != 0)) continue;
+              PlanLayout base;
+              base.tp = int(tp);
+              base.cp = int(cp);
+              base.pp = int(pp);
+              base.vpp = vpp;
+              base.dp = dp;
+              base.ep = int(ep);
+              base.zero_stage = zero;
+              base.sequence_parallel = fixed.sequence_parallel.value_or(tp > 1);
+              const bool own_split = !fixed.run.pipeline_layers.empty() &&
+                                     int64_t(fixed.run.pipeline_layers.size()) == pp * vpp;
+              base.chunk_layers = own_split ? fixed.run.pipeline_layers : splits.split(int(pp) * vpp);
+              plan_family(p, c, fixed, base, legality, plan);
+            }
           }
         }
       }
@@ -351,15 +360,16 @@ std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec
   }
   out += format("{} layouts evaluated in {} s, {} fit\n\n", plan.evaluated, fixed(plan.seconds, 3), plan.layouts.size());
   char line[256];
-  std::snprintf(line, sizeof line, "%3s %3s %3s %3s %3s %4s %4s %9s %4s %5s %10s %9s %11s %6s %6s\n", "#", "tp", "cp",
-                "pp", "vpp", "dp", "zero", "recompute", "mbs", "ga", "memory", "step s", "tokens/s", "MFU", "bubble");
+  std::snprintf(line, sizeof line, "%3s %3s %3s %3s %3s %4s %3s %4s %9s %4s %5s %10s %9s %11s %6s %6s\n", "#", "tp",
+                "cp", "pp", "vpp", "dp", "ep", "zero", "recompute", "mbs", "ga", "memory", "step s", "tokens/s", "MFU",
+                "bubble");
   out += line;
   bool any_planned_only = false;
   for (int i = 0; i < std::min<int>(top, int(plan.layouts.size())); ++i) {
     const PlannedLayout& r = plan.layouts[size_t(i)];
     const PlanLayout& l = r.layout;
-    std::snprintf(line, sizeof line, "%3d %3d %3d %3d %3d %4d %4d %9s %4lld %5lld %10s %9.3f %11.0f %5.1f%% %5.1f%%%s\n",
-                  i + 1, l.tp, l.cp, l.pp, l.vpp, l.dp, l.zero_stage, l.recompute ? "on" : "off",
+    std::snprintf(line, sizeof line, "%3d %3d %3d %3d %3d %4d %3d %4d %9s %4lld %5lld %10s %9.3f %11.0f %5.1f%% %5.1f%%%s\n",
+                  i + 1, l.tp, l.cp, l.pp, l.vpp, l.dp, l.ep, l.zero_stage, l.recompute ? "on" : "off",
                   (long long)l.micro_batch_size, (long long)l.gradient_accumulation_steps,
                   gigabytes(r.memory.total()).c_str(), r.time.step, r.time.tokens_per_s, 100 * r.time.mfu,
                   100 * r.time.bubble_fraction, r.implemented ? "" : " *");
@@ -374,10 +384,11 @@ std::string plan_table(const Plan& plan, const PlanProblem& p, const ClusterSpec
     const PlannedLayout& best = plan.layouts.front();
     out += "\nmemory of #1 per device: " + memory_breakdown_text(best.memory) + "\n";
     const TimeBreakdown& t = best.time;
-    out += format("time of #1 per step: compute {} s, tp comm {} s, cp comm {} s (not hidden), pp comm {} s, bubble {} "
-                  "s, dp comm {} s ({} s exposed), optimizer {} s\n",
+    out += format("time of #1 per step: compute {} s, tp comm {} s, cp comm {} s (not hidden), pp comm {} s, ep comm "
+                  "{} s, bubble {} s, dp comm {} s ({} s exposed), optimizer {} s\n",
                   fixed(t.compute, 3), fixed(t.tensor_comm, 3), fixed(t.context_comm, 3), fixed(t.pipeline_comm, 3),
-                  fixed(t.bubble, 3), fixed(t.data_comm, 3), fixed(t.data_comm_exposed, 3), fixed(t.optimizer, 3));
+                  fixed(t.expert_comm, 3), fixed(t.bubble, 3), fixed(t.data_comm, 3), fixed(t.data_comm_exposed, 3),
+                  fixed(t.optimizer, 3));
   } else {
     out += "no layout fits: see the pruned families below\n";
   }
@@ -416,6 +427,7 @@ nlohmann::json layout_json(const PlannedLayout& r) {
           {"pipeline_parallel_size", l.pp},
           {"virtual_pipeline_parallel_size", l.vpp},
           {"data_parallel_size", l.dp},
+          {"expert_parallel_size", l.ep},
           {"sequence_parallel", l.sequence_parallel},
           {"zero_stage", l.zero_stage},
           {"recompute", l.recompute},
@@ -440,6 +452,7 @@ nlohmann::json layout_json(const PlannedLayout& r) {
                     {"tensor_comm", t.tensor_comm},
                     {"context_comm", t.context_comm},
                     {"pipeline_comm", t.pipeline_comm},
+                    {"expert_comm", t.expert_comm},
                     {"bubble", t.bubble},
                     {"data_comm", t.data_comm},
                     {"data_comm_exposed", t.data_comm_exposed},

@@ -43,7 +43,7 @@ struct Plan {
 // set are kept as given: only layouts with these sizes are searched.
 struct PlanConstraints {
   TrainConfig run;
-  std::optional<int> tp, cp, pp, vpp, zero_stage;
+  std::optional<int> tp, cp, pp, vpp, zero_stage, ep;
   std::optional<bool> recompute, sequence_parallel;
   std::optional<int64_t> micro_batch_size;
   std::vector<std::string> keys;  // "tensor_parallel_size=2", ...: what fixed them, for messages
@@ -61,8 +61,9 @@ PlanProblem problem_from_config(const TrainConfig& config, const ModelConfig& mo
 
 // Enumerates tp (dividing the devices, within a node, dividing the heads as parallel_layout
 // requires), cp (rows of at least 2 cp tokens), pp (up to the layers, split by
-// balanced_layer_split), vpp, ZeRO stage, recompute and the micro-batch sizes that divide global
-// batch / dp; legality is parallel_layout's.
+// balanced_layer_split), vpp, ep (a mixture-of-experts model: dividing dp x cp and the experts),
+// ZeRO stage, recompute and the micro-batch sizes that divide global batch / dp; legality is
+// parallel_layout's.
 Plan make_plan(const PlanProblem& problem, const ClusterSpec& cluster, const PlanConstraints& constraints = {});
 
 // The fastest fitting layout that Fabrica runs (nullptr when there is none).

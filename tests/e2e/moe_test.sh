@@ -58,11 +58,13 @@ dp="max_steps=3 save_steps=0 max_samples=12 shuffle=false per_device_train_batch
 "$fabrica" train run.yaml $dp output_dir=dp1 gradient_accumulation_steps=4 > dp1.log 2>&1 || { cat dp1.log; fail "dp1"; }
 # The same with expert parallel: Megatron's expert_model_parallel_size=2 over the 2 workers; with
 # context parallel (each sample's tokens split over the 2 workers, the router statistics summed
-# over them, so the aux loss is the whole sequences'); and with tensor parallel (attention sliced,
+# over them, so the aux loss is the whole sequences'), also with the two shares exchanging their rows
+# over expert parallel 2; and with tensor parallel (attention sliced,
 # the experts whole on both workers).
 for run in "z2 zero_stage=2 gradient_accumulation_steps=2" "z3 zero_stage=3 gradient_accumulation_steps=2" \
            "ep2 zero_stage=1 expert_model_parallel_size=2 gradient_accumulation_steps=2" \
            "cp2 context_parallel_size=2 gradient_accumulation_steps=4" \
+           "cp2ep2 context_parallel_size=2 expert_parallel_size=2 gradient_accumulation_steps=4" \
            "tp2 tensor_parallel_size=2 gradient_accumulation_steps=4"; do
   set -- $run
   name=dp2$1; shift

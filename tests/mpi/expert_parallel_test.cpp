@@ -219,6 +219,23 @@ TEST(ExpertParallel, LoraWithFrozenExpertsReproducesOneProcess) {
   }
 }
 
+// Context parallel 2 with expert parallel folded into dp x cp (ep2 at 2 ranks: the two shares of
+// each row exchange their rows; at 4 ranks ep2 and ep4 over cp2 x dp2), ZeRO-1, the aux loss's
+// statistics summed over cp, against one process.
+TEST(ExpertParallel, WithContextParallelReproducesOneProcess) {
+  Communicator& w = test::world();
+  if (w.size() % 2) GTEST_SKIP() << "context parallel 2 needs an even world";
+  const std::string model = test::model_folder("ep_cp_qwen3_moe", kQwen3Moe);
+  const int dp = w.size() / 2;
+  const std::vector<double> reference = one_process(moe_config(model, "ep_cp_alone", 2 * dp, ""));
+  for (int ep = 2; ep <= w.size(); ep *= 2) {
+    const TrainConfig c = moe_config(model, "ep_cp_ep" + std::to_string(ep), 2,
+                                     "context_parallel_size: 2\nzero_stage: 1\nexpert_parallel_size: " +
+                                         std::to_string(ep) + "\n");
+    test::expect_same_losses(test::train_at_layout(c, w, 48), reference, "cp2 ep" + std::to_string(ep));
+  }
+}
+
 // transformers' own tiny folders (tests/reference/moe, both layouts): at ep = the world each rank
 // holds E/ep experts of every MoE layer and every other tensor whole, and the experts gathered over
 // the group are the folder's, bit for bit.

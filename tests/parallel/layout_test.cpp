@@ -201,8 +201,12 @@ TEST(ParallelLayout, ContextParallelRefusesWhatIsNotBuilt) {
           "num_key_value_heads":2,"max_position_embeddings":64})",
       "config.json");
   EXPECT_EQ(parallel_layout(config("context_parallel_size: 2\n"), moe, 2).cp, 2);  // MoE: the router statistics summed over cp
-  EXPECT_NE(error_of(config("context_parallel_size: 2\nexpert_parallel_size: 2\n"), moe, 4)
-                .find("context_parallel_size 2 with expert_parallel_size 2 is not implemented"),
+  // Expert parallel folds into dp x cp: ep2 at cp2 x dp1, ep4 at cp2 x dp2; not ep4 at cp2 x dp1.
+  EXPECT_EQ(parallel_layout(config("context_parallel_size: 2\nexpert_parallel_size: 2\n"), moe, 2).cp, 2);
+  EXPECT_EQ(parallel_layout(config("context_parallel_size: 2\nexpert_parallel_size: 4\n"), moe, 4).dp, 2);
+  EXPECT_NE(error_of(config("context_parallel_size: 2\nexpert_parallel_size: 4\n"), moe, 2)
+                .find("expert_parallel_size 4 does not divide the 2 data-parallel ranks (data_parallel 1 x "
+                      "context_parallel_size 2)"),
             std::string::npos);
 }
 

@@ -510,3 +510,94 @@ TEST(PlanEnumeration, LongRowsThatDoNotFitOneRankGetContextParallel) {
 
 }  // namespace
 }  // namespace fab
+
+namespace fab {
+namespace {
+
+// A qwen2_moe-like model: 16 experts (top-2) with a shared expert, the last layer dense.
+ModelConfig planned_moe() {
+  ModelConfig m = llama(4, 256, 4, 2, 704, 8192);
+  m.model_type = "qwen2_moe";
+  m.moe.num_experts = 16;
+  m.moe.num_experts_per_tok = 2;
+  m.moe.moe_intermediate_size = 512;
+  m.moe.shared_expert_intermediate_size = 256;
+  m.moe.mlp_only_layers = {3};
+  return m;
+}
+
+PlanLayout expert_layout(int dp, int ep) {
+  PlanLayout l;
+  l.dp = dp;
+  l.ep = ep;
+  l.zero_stage = 1;
+  l.chunk_layers = {4};
+  return l;
+}
+
+// Issue 28: the planner counts a mixture of experts' own parameters (the experts, routers and
+// shared expert of its MoE layers, the dense MLP of the others) and its active FLOPs (top-k
+// experts); expert parallel holds E/ep of the experts' states per rank, ZeRO sharding them over
+// dp / ep, and pays the all-to-all of the routed rows.
+TEST(PlanMemory, ExpertParallelHoldsItsShareOfTheExperts) {
+  const ModelConfig m = planned_moe();
+  EXPECT_NEAR(m.num_hidden_layers * layer_parameters(m) + embedding_parameters(m) + head_parameters(m),
+              double(m.num_parameters()), 1e-6 * double(m.num_parameters()));
+  const double experts = 3.0 * 16 * 512 * 256 * 3;  // three MoE layers of 16 experts
+  EXPECT_NEAR(expert_parameters(m) * m.num_hidden_layers, experts, 1e-6 * experts);
+  // Active FLOPs: the mean layer's MLP is 3/4 of (router, two experts, shared expert and its gate)
+  // and 1/4 of a dense 704-wide MLP.
+  const double C = 256, attention = 2 * (C * (4 + 2 * 2) * 64 + 4 * 64 * C) + 2 * 2 * 4 * 64 * 128.0 / 2;
+  const double mlp = 0.75 * (C * 16 + 3 * C * 2 * 512 + 3 * C * 256 + C) + 0.25 * 3 * C * 704;
+  EXPECT_NEAR(layer_forward_flops(m, 128), attention + 2 * mlp, 1e-6 * (attention + 2 * mlp));
+
+  const PlanProblem p{m, 128, 4, false};
+  const ClusterSpec c = this_machine(4);
+  const MemoryBreakdown one = predict_memory(p, c, expert_layout(4, 1)), two = predict_memory(p, c, expert_layout(4, 2));
+  // fp32 weights and gradients: 4 bytes each; ZeRO-1 AdamW moments (8 bytes) over dp, the
+  // experts' over dp / ep: ep2 holds half the experts and shards their moments over 2 ranks.
+  EXPECT_NEAR(one.parameters - two.parameters, 4 * experts / 2, 1.0);
+  EXPECT_NEAR(one.gradients - two.gradients, 4 * experts / 2, 1.0);
+  EXPECT_NEAR(one.optimizer_state - two.optimizer_state, 8 * experts / 4 - 8 * experts / 2 / 2, 1.0);
+  const TimeBreakdown t1 = predict_time(p, c, expert_layout(4, 1)), t2 = predict_time(p, c, expert_layout(4, 2));
+  EXPECT_EQ(t1.expert_comm, 0);
+  EXPECT_GT(t2.expert_comm, 0);
+  EXPECT_NEAR(t2.compute, t1.compute, 1e-12);
+}
+
+// The search tries ep on a mixture of experts (dividing dp x cp and the experts; a dense model
+// never), parallel: auto picks it when the experts do not fit a rank otherwise, and a run's
+// expert_parallel_size fixes it.
+TEST(PlanEnumeration, MixtureOfExpertsGetsExpertParallelWhenItsExpertsDoNotFit) {
+  const ModelConfig m = planned_moe();
+  const PlanProblem p{m, 128, 4, false};
+  ClusterSpec c = this_machine(4);
+  PlanLayout fitted = expert_layout(4, 1);
+  fitted.zero_stage = 3;
+  const PlanLayout smaller = [&] {
+    PlanLayout l = fitted;
+    l.ep = 4;
+    return l;
+  }();
+  c.device.memory_bytes = (predict_memory(p, c, fitted).total() + predict_memory(p, c, smaller).total()) / 2;
+  const Plan plan = make_plan(p, c);
+  ASSERT_FALSE(plan.layouts.empty());
+  for (const PlannedLayout& r : plan.layouts) EXPECT_GT(r.layout.ep, 1) << "ep 1 does not fit";
+  const PlannedLayout* chosen = first_runnable(plan);
+  ASSERT_NE(chosen, nullptr);
+  EXPECT_GT(layout_json(*chosen)["expert_parallel_size"].get<int>(), 1);
+  EXPECT_NE(plan_table(plan, p, c, 3).find(" ep "), std::string::npos);
+  TrainConfig run = parse_train_config("max_steps: 1\nparallel: auto\nexpert_parallel_size: 2\n", "run.yaml");
+  c = this_machine(4);
+  const Plan fixed = make_plan(p, c, plan_constraints(run));
+  ASSERT_FALSE(fixed.layouts.empty());
+  for (const PlannedLayout& r : fixed.layouts) EXPECT_EQ(r.layout.ep, 2);
+  TrainConfig applied;
+  apply_planned_layout(layout_json(fixed.layouts.front()), applied);
+  EXPECT_EQ(applied.expert_parallel_size, 2);
+  for (const PlannedLayout& r : make_plan({llama(4, 256, 4, 2, 704, 8192), 128, 4, false}, c).layouts)
+    EXPECT_EQ(r.layout.ep, 1) << "a dense model has no experts";
+}
+
+}  // namespace
+}  // namespace fab
