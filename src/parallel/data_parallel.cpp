@@ -35,6 +35,7 @@ DataParallel::DataParallel(DecoderModel& model, Communicator& group, const DataP
   FAB_USER_CHECK(options_.bucket_bytes > 0, "ddp_bucket_size must be positive, got {}", options_.bucket_bytes);
   tied_ = model.config().tie_word_embeddings;
   make_buckets();
+  check_same_layout();
   const int stage = options_.zero_stage;
   if (stage >= 2) {
     int64_t shard = 0;
@@ -94,6 +95,21 @@ void DataParallel::make_buckets() {
     b.pieces = make_pieces(b.begin, b.end, shard);
     buckets_.push_back(std::move(b));
   }
+}
+
+void DataParallel::check_same_layout() {
+  if (group_.size() == 1) return;
+  double pieces = 0;
+  for (const Bucket& b : buckets_) pieces += double(b.pieces.size());
+  const double mine[3] = {double(params_.numel()), double(buckets_.size()), pieces};
+  double first[3] = {mine[0], mine[1], mine[2]};
+  group_.broadcast(first, sizeof first, 0, "data parallel: rank 0's parameter layout").wait();
+  double differs = std::equal(mine, mine + 3, first) ? 0 : 1;
+  group_.all_reduce(&differs, 1, "data parallel: same parameter layout").wait();
+  FAB_USER_CHECK(differs == 0,
+                 "the data-parallel ranks hold different trainable parameters (this rank: {} elements in {} buckets, "
+                 "rank 0: {} in {}): the trainable set must not depend on the rank",
+                 int64_t(mine[0]), int64_t(mine[1]), int64_t(first[0]), int64_t(first[1]));
 }
 
 std::vector<DataParallel::Piece> DataParallel::make_pieces(int64_t begin, int64_t end, int64_t& shard) {

@@ -123,6 +123,9 @@ class DataParallel final : public ModelHooks {
     bool needs_retire = false;   // stage >= 2: reduce-scattered, not yet added to the shard
   };
   void make_buckets();
+  // Every rank of the group must hold the same trainable tensors (so the same buckets and
+  // pieces), or the collectives would pair different ranges: a UserError on every rank. Collective.
+  void check_same_layout();
   // [begin, end) cut at the expert ranges, each piece chunked over its group from `shard` on.
   std::vector<Piece> make_pieces(int64_t begin, int64_t end, int64_t& shard);
   std::vector<OptimizerSegment> shard_segments(bool grads_in_shard) const;

@@ -422,11 +422,14 @@ MemoryBreakdown predict_memory(const PlanProblem& p, const ClusterSpec& c, const
 TimeBreakdown predict_time(const PlanProblem& p, const ClusterSpec& c, const PlanLayout& l) {
   const ModelConfig& m = p.model;
   MicroBatchTime slowest;
-  double stage_params = 0;
+  double stage_params = 0, stage_experts = 0;
   for (int s = 0; s < l.pp; ++s) {
     const MicroBatchTime t = stage_micro_batch(p, c, l, s);
     if (t.total() > slowest.total()) slowest = t;
-    stage_params = std::max(stage_params, stage_parameters(m, l, s));
+    if (stage_parameters(m, l, s) > stage_params) {
+      stage_params = stage_parameters(m, l, s);
+      stage_experts = stage_expert_parameters(m, l, s);
+    }
   }
   const double ga = double(l.gradient_accumulation_steps);
   TimeBreakdown t;
@@ -460,7 +463,9 @@ TimeBreakdown predict_time(const PlanProblem& p, const ClusterSpec& c, const Pla
   }
   t.data_comm = hideable + exposed;
   t.data_comm_exposed = std::max(0.0, hideable - c.comm_overlap * hide) + exposed;
-  const double optimizer_params = l.zero_stage >= 1 ? stage_params / dp : stage_params;
+  // ZeRO shards the experts over the dp / ep ranks holding them.
+  const double optimizer_params =
+      l.zero_stage >= 1 ? (stage_params - stage_experts) / dp + stage_experts * l.ep / dp : stage_params;
   t.optimizer = optimizer_params * kOptimizerTraffic / c.device.memory_bandwidth;
   t.step = t.compute + t.tensor_comm + t.context_comm + t.pipeline_comm + t.expert_comm + t.bubble +
            t.data_comm_exposed + t.optimizer;

@@ -1,6 +1,7 @@
 #include "train/finetuning.h"
 
 #include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "core/error.h"
@@ -125,6 +126,24 @@ std::vector<std::string> freeze_patterns(const TrainConfig& c, int64_t num_layer
   return patterns;
 }
 
+// LLaMA-Factory matches transformers' parameter names, and transformers 5 names a MoE layer's
+// experts without an index: Mixtral's block_sparse_moe (the name in its checkpoints, and
+// Fabrica's) is the module `mlp`, and every expert's tensors are the fused mlp.experts.* (so
+// ".2." picks layer 2, never expert 2 of every layer, and all of a layer's experts train or none).
+std::string transformers5_name(const std::string& name) {
+  static const std::string checkpoint_name = ".block_sparse_moe.", experts = ".experts.";
+  std::string module = name;
+  if (const size_t at = module.find(checkpoint_name); at != std::string::npos)
+    module.replace(at, checkpoint_name.size(), ".mlp.");
+  if (const size_t at = module.find(experts); at != std::string::npos) {
+    size_t digits = at + experts.size();
+    while (digits < module.size() && std::isdigit(static_cast<unsigned char>(module[digits]))) ++digits;
+    if (digits > at + experts.size() && digits < module.size() && module[digits] == '.')
+      module.erase(at + experts.size(), digits + 1 - (at + experts.size()));
+  }
+  return module;
+}
+
 }  // namespace
 
 void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& options) {
@@ -135,12 +154,7 @@ void apply_finetuning(const TrainConfig& c, int64_t num_layers, DecoderOptions& 
   } else if (c.finetuning_type == "freeze") {
     const std::vector<std::string> patterns = freeze_patterns(c, num_layers);
     options.trainable = [patterns](const std::string& name) {
-      // LLaMA-Factory matches transformers' parameter names: in transformers 5 Mixtral's
-      // block_sparse_moe (the name in its checkpoints, and Fabrica's) is the module `mlp`.
-      static const std::string checkpoint_name = ".block_sparse_moe.";
-      std::string module = name;
-      if (const size_t at = module.find(checkpoint_name); at != std::string::npos)
-        module.replace(at, checkpoint_name.size(), ".mlp.");
+      const std::string module = transformers5_name(name);
       return std::any_of(patterns.begin(), patterns.end(),
                          [&](const std::string& p) { return module.find(p) != std::string::npos; });
     };

@@ -154,6 +154,25 @@ TEST_P(MoeLora, FreezeTrainsTheMlpsWithTransformersGradients) {
   EXPECT_GT(routers, 0u);
 }
 
+// The freeze patterns match transformers 5's names, where experts carry no index: ".2." (layer 2
+// of 4, freeze_trainable_layers 2) trains layer 2's experts and never expert 2 of layers 0 and 1,
+// so every expert-parallel rank registers the same trainable tensors.
+TEST(MoeFreeze, LayerPatternsNeverPickAnExpertByItsIndex) {
+  TrainConfig c = parse_train_config("model_name_or_path: m\noutput_dir: o\nfinetuning_type: freeze\n"
+                                     "freeze_trainable_layers: 2\n", "run.yaml");
+  DecoderOptions options;
+  apply_finetuning(c, 4, options);
+  ASSERT_TRUE(options.trainable);
+  EXPECT_FALSE(options.trainable("model.layers.0.mlp.experts.2.gate_proj.weight"));
+  EXPECT_FALSE(options.trainable("model.layers.1.block_sparse_moe.experts.3.w1.weight"));
+  EXPECT_FALSE(options.trainable("model.layers.1.mlp.experts.gate_up_proj"));
+  EXPECT_TRUE(options.trainable("model.layers.2.mlp.experts.0.down_proj.weight"));
+  EXPECT_TRUE(options.trainable("model.layers.3.block_sparse_moe.experts.1.w2.weight"));
+  EXPECT_TRUE(options.trainable("model.layers.3.mlp.experts.down_proj"));
+  EXPECT_TRUE(options.trainable("model.layers.2.self_attn.q_proj.weight"));
+  EXPECT_FALSE(options.trainable("model.layers.0.self_attn.q_proj.weight"));
+}
+
 // peft 0.21 writes qwen3_moe's adapters for gate/up/down with target_parameters (a LoRA inside
 // the fused experts) and rank_pattern {".*\\.gate_up_proj": 2r}: the first is refused by name,
 // the second alone (it names no module Fabrica adapts) read as r everywhere. A pattern on a module

@@ -219,6 +219,19 @@ TEST(ExpertParallel, LoraWithFrozenExpertsReproducesOneProcess) {
   }
 }
 
+// Freeze tuning of mixtral's last layer (freeze_trainable_layers 1: the pattern ".1.", which
+// transformers 5's names give no expert) at ep = the world: every rank trains the same set, its
+// share of layer 1's experts among them, and takes one process's steps.
+TEST(ExpertParallel, FreezeTuningReproducesOneProcess) {
+  Communicator& w = test::world();
+  const std::string model = test::model_folder("ep_freeze_mixtral", kMixtral);
+  const std::string freeze = "finetuning_type: freeze\nfreeze_trainable_layers: 1\n";
+  const std::vector<double> reference = one_process(moe_config(model, "ep_freeze_alone", 2 * w.size(), freeze));
+  const TrainConfig c = moe_config(model, "ep_freeze_split", 2,
+                                   freeze + "expert_parallel_size: " + std::to_string(w.size()) + "\nzero_stage: 2\n");
+  test::expect_same_losses(test::train_at_layout(c, w, 48), reference, "mixtral freeze ep");
+}
+
 // Context parallel 2 with expert parallel folded into dp x cp (ep2 at 2 ranks: the two shares of
 // each row exchange their rows; at 4 ranks ep2 and ep4 over cp2 x dp2), ZeRO-1, the aux loss's
 // statistics summed over cp, against one process.
