@@ -432,9 +432,10 @@ std::unique_ptr<MlpBlock> DecoderModel::make_moe_mlp(int64_t i) const {
   auto mlp = std::make_unique<MoeMlp>();
   mlp->router = make_linear({n.router.name}, {});
   mlp->router.weight_bf16 = Tensor();  // the router in fp32 in bf16 mode too (Megatron's moe_router_dtype fp32)
-  const ParamBuffer &gate_up = buffer_of(names(n.gate_up)[0]), &down = buffer_of(names(n.down)[0]);
-  mlp->experts = {gate_up.fused(names(n.gate_up)), down.fused(names(n.down)), gate_up.bf16_fused(names(n.gate_up)),
-                  down.bf16_fused(names(n.down))};
+  const std::vector<std::string> gate_up_names = names(n.gate_up), down_names = names(n.down);
+  const ParamBuffer &gate_up = buffer_of(gate_up_names[0]), &down = buffer_of(down_names[0]);
+  mlp->experts = {gate_up.fused(gate_up_names), down.fused(down_names), gate_up.bf16_fused(gate_up_names),
+                  down.bf16_fused(down_names)};
   mlp->shape = {m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.norm_topk_prob, i};
   if (n.has_shared_expert()) {
     const std::string p = layer_prefix(i);

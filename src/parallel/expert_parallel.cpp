@@ -61,7 +61,7 @@ std::vector<std::pair<int64_t, int64_t>> expert_ranges(const DecoderModel& model
   return ranges;
 }
 
-std::vector<NamedTensor> gather_expert_weights(const DecoderModel& model, Communicator& group) {
+std::vector<NamedTensor> gather_expert_weights(const DecoderModel& model, Communicator& group, bool main) {
   const ModelConfig& c = model.config();
   const int ranks = group.size(), rank = group.rank();
   std::vector<NamedTensor> out;
@@ -96,10 +96,11 @@ std::vector<NamedTensor> gather_expert_weights(const DecoderModel& model, Commun
         Tensor full = Tensor::empty(t.shape, DType::f32, MemoryCategory::temporaries);
         std::memcpy(full.data<float>(), all.data<float>() + from, full.bytes());
         from += full.numel();
-        out.push_back({t.name, full});
+        if (main) out.push_back({t.name, full});
       }
     }
   }
+  if (!main) return {};
   for (const auto& [p, buffer] : model.base_parameters())
     if (!experts.count(p->name)) out.push_back({p->name, buffer->values_f32(*p)});
   return out;

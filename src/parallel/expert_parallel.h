@@ -28,7 +28,8 @@ std::vector<std::pair<int64_t, int64_t>> expert_ranges(const DecoderModel& model
 
 // Every base parameter of a model that holds E/ep experts, as Hugging Face names and shapes it:
 // each MoE layer's experts gathered over the expert-parallel `group` (rank r holds experts
-// [r E/ep, (r+1) E/ep)), the rest as this rank holds it. Collective over the group.
-std::vector<NamedTensor> gather_expert_weights(const DecoderModel& model, Communicator& group);
+// [r E/ep, (r+1) E/ep)), the rest as this rank holds it, on the rank that writes them (`main`;
+// the others get none). Collective over the group.
+std::vector<NamedTensor> gather_expert_weights(const DecoderModel& model, Communicator& group, bool main);
 
 }  // namespace fab

@@ -172,11 +172,7 @@ void ParallelModel::barrier(const std::string& what) {
 std::vector<NamedTensor> ParallelModel::whole_weights(bool main) {
   if (pipeline_) return gather_stage_weights(*pipeline_, tp_, dp_->group().rank() == 0);
   if (tp_) return gather_full_tensors(*model_, *tp_);
-  if (experts_ && !model_->lora().enabled()) {
-    std::vector<NamedTensor> tensors = gather_expert_weights(*model_, *ep_);
-    if (!main) tensors.clear();
-    return tensors;
-  }
+  if (experts_ && !model_->lora().enabled()) return gather_expert_weights(*model_, *ep_, main);
   std::vector<NamedTensor> tensors;
   if (main && !model_->lora().enabled())
     for (const auto& [p, buffer] : model_->base_parameters()) tensors.push_back({p->name, buffer->values_f32(*p)});

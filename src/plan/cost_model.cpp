@@ -426,8 +426,8 @@ TimeBreakdown predict_time(const PlanProblem& p, const ClusterSpec& c, const Pla
   for (int s = 0; s < l.pp; ++s) {
     const MicroBatchTime t = stage_micro_batch(p, c, l, s);
     if (t.total() > slowest.total()) slowest = t;
-    if (stage_parameters(m, l, s) > stage_params) {
-      stage_params = stage_parameters(m, l, s);
+    if (const double n = stage_parameters(m, l, s); n > stage_params) {
+      stage_params = n;
       stage_experts = stage_expert_parameters(m, l, s);
     }
   }

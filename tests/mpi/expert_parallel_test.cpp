@@ -270,7 +270,7 @@ TEST(ExpertParallel, EachRankHoldsItsShareOfTheExperts) {
     EXPECT_EQ(my_elements, whole_elements - experts + experts / w.size()) << family;
     std::map<std::string, Tensor> want;
     for (const auto& [p, buffer] : whole->base_parameters()) want[p->name] = buffer->values_f32(*p);
-    const std::vector<NamedTensor> got = gather_expert_weights(*mine, w);
+    const std::vector<NamedTensor> got = gather_expert_weights(*mine, w, true);
     ASSERT_EQ(got.size(), want.size()) << family;
     for (const NamedTensor& t : got) {
       ASSERT_TRUE(want.count(t.name)) << family << ": " << t.name;
